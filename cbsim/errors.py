@@ -1,0 +1,31 @@
+"""User-facing errors: they name the file, the key path and what was expected; the CLI prints them
+without a traceback and exits with code 2."""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    def __init__(self, path: str, expected: str, got=None, file: str | None = None, has_got: bool = True):
+        self.path = path or "<root>"
+        self.expected = expected
+        self.got = got
+        self.file = file
+        self.has_got = has_got
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = f"{self.file}: " if self.file else ""
+        got = f", got {self.got!r}" if self.has_got else ""
+        return f"{where}{self.path}: expected {self.expected}{got}"
+
+    def in_file(self, file: str) -> "ConfigError":
+        """The same error, now naming the file it came from."""
+        return ConfigError(self.path, self.expected, self.got, file, self.has_got)
+
+    def under(self, prefix: str) -> "ConfigError":
+        """The same error with its key path nested under `prefix`."""
+        path = f"{prefix}.{self.path}" if self.path != "<root>" else prefix
+        return ConfigError(path, self.expected, self.got, self.file, self.has_got)
+
+
+def missing(path: str, expected: str) -> ConfigError:
+    return ConfigError(path, f"a value ({expected})", has_got=False)

@@ -1,0 +1,38 @@
+"""The cost-model interface the event loop calls; implementations live in cbsim.profiler.costmodels.
+
+The simulator only ever asks "how long does a step of this shape take". `decode_run_times` is
+the fast path for a run of pure-decode steps in which every context grows by one token per step;
+an implementation that overrides it must return exactly (bit for bit) what `step_time` returns
+for each of those steps, which is what lets the replica skip ahead without changing results.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .shape import StepShape
+
+
+class CostModel:
+    """Base class: subclasses implement `step_time`; may override `decode_run_times`."""
+
+    name = "base"
+
+    def step_time(self, shape: StepShape) -> float:
+        """Seconds one forward step of this shape takes. Called once per simulated step."""
+        raise NotImplementedError
+
+    def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
+        """Durations of `steps` consecutive pure-decode steps; step j has contexts + j.
+
+        Called by a replica that may skip ahead; the default asks `step_time` step by step.
+        """
+        out = np.empty(steps, dtype=np.float64)
+        base = [int(x) for x in contexts]
+        n = len(base)
+        for j in range(steps):
+            out[j] = self.step_time(StepShape(decode=tuple(x + j for x in base), tokens_sampled=n))
+        return out
+
+    def describe(self) -> dict:
+        """A small JSON-able description recorded with the results."""
+        return {"type": self.name}

@@ -1,0 +1,35 @@
+"""StepPlan: a policy's decision for one step, frozen.
+
+A policy returns a plan; the replica applies it in two halves of one commit: at the step's start
+(admissions, preemptions, KV blocks: the memory the step writes) and at its end (progress and
+sampled tokens). `epochs` pins each scheduled entry to the request's epoch at planning time, so
+an entry whose request was preempted in between is ignored instead of completing it twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    scheduled: dict[int, int] = field(default_factory=dict)  # request id -> num_new_tokens
+    admitted: tuple[int, ...] = ()  # waiting requests that join the running set
+    preempted: tuple[int, ...] = ()  # running requests evicted before the step runs
+    padding: tuple[int, ...] = ()  # finished requests kept in the batch (charged, no token)
+    hold_finished: bool = False  # keep finished requests (and their KV) until the whole batch is done
+    epochs: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_new_tokens(self) -> dict[int, int]:
+        return self.scheduled
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.padding and not self.preempted
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.scheduled.values())
+
+
+EMPTY_PLAN = StepPlan()

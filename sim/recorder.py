@@ -1,0 +1,100 @@
+"""Recorder: what happened, kept compactly while the simulation runs; computed on afterwards.
+
+Steps are rows in growable numpy columns, indexed by a global step number (all replicas share
+the numbering; each row names its replica).
+
+Output tokens are not stored one by one. A request's tokens come in *runs*: maximal sequences of
+consecutive steps of one replica in each of which it produced one token (a decode batch that
+keeps it every step is one run; a prefill-only step, a preemption or a move to another replica
+ends it). A run is (request id, first step, last step, tokens) and a token's time is the end of
+its step, so every token time and every inter-token gap can be reconstructed exactly from the
+step table, at a memory cost of one run instead of hundreds of tokens.
+"""
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from .growable import Column
+from .request import Request
+
+STEP_COLUMNS = {
+    "replica": np.int32,
+    "start": np.float64,
+    "end": np.float64,
+    "prefill_tokens": np.int64,
+    "decode_tokens": np.int64,
+    "padding_tokens": np.int64,
+    "num_seqs": np.int32,
+    "kv_blocks_used": np.int64,
+    "preemptions": np.int32,
+    "swap_bytes": np.float64,
+}
+
+
+class Recorder:
+    def __init__(self):
+        self.columns = {name: Column(dtype) for name, dtype in STEP_COLUMNS.items()}
+        self.run_request = array("q")
+        self.run_first_step = array("q")
+        self.run_last_step = array("q")
+        self.run_tokens = array("q")
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.columns["start"])
+
+    def add_step(self, **row) -> int:
+        """Append one step row (every column of STEP_COLUMNS); returns its global step index."""
+        index = self.num_steps
+        for name, column in self.columns.items():
+            column.append(row[name])
+        return index
+
+    def add_steps(self, **rows) -> int:
+        """Append many step rows at once (scalars broadcast); returns the first new index."""
+        first = self.num_steps
+        count = len(rows["start"])
+        for name, column in self.columns.items():
+            value = rows[name]
+            column.extend(np.broadcast_to(value, (count,)) if np.ndim(value) == 0 else value)
+        return first
+
+    def token(self, req: Request, step: int, previous_step: int) -> None:
+        """Note that `req` produced one token in `step`; `previous_step` is its replica's last step."""
+        if req.run_tokens and req.last_token_step == previous_step:
+            req.run_tokens += 1
+        else:
+            self.close_run(req)
+            req.run_start_step = step
+            req.run_tokens = 1
+        req.last_token_step = step
+
+    def tokens_bulk(self, reqs, first_step: int, last_step: int) -> None:
+        """Every request in `reqs` produced a token in each of the consecutive steps first..last."""
+        count = last_step - first_step + 1
+        for req in reqs:
+            # the caller guarantees each request's run reaches first_step - 1
+            req.run_tokens += count
+            req.last_token_step = last_step
+
+    def close_run(self, req: Request) -> None:
+        """End the request's open run, if any (on a break, a preemption or its completion)."""
+        if req.run_tokens:
+            self.run_request.append(req.id)
+            self.run_first_step.append(req.run_start_step)
+            self.run_last_step.append(req.last_token_step)
+            self.run_tokens.append(req.run_tokens)
+            req.run_tokens = 0
+
+    def step_table(self) -> dict[str, np.ndarray]:
+        return {name: column.array() for name, column in self.columns.items()}
+
+    def run_table(self) -> dict[str, np.ndarray]:
+        return {
+            "request_id": np.frombuffer(self.run_request, dtype=np.int64) if self.run_request else np.zeros(0, np.int64),
+            "first_step": np.frombuffer(self.run_first_step, dtype=np.int64) if self.run_first_step else np.zeros(0, np.int64),
+            "last_step": np.frombuffer(self.run_last_step, dtype=np.int64) if self.run_last_step else np.zeros(0, np.int64),
+            "tokens": np.frombuffer(self.run_tokens, dtype=np.int64) if self.run_tokens else np.zeros(0, np.int64),
+        }

@@ -1,0 +1,73 @@
+"""One request and its progress.
+
+Invariant: a request's whole progress is `num_computed_tokens` against `num_tokens`
+(prompt + generated so far), as in vLLM V1. A new request is far behind, a decode is one
+token behind, a prefill chunk advances the counter by the chunk, recompute preemption resets
+it to zero. When the counter catches up, the step samples one output token. There is no
+prefill/decode flag: `need` says which phase a request is in.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Status(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # recompute: back in the waiting queue with the counter reset
+    SWAPPED = 3  # KV on the host: back in the waiting queue with the counter kept
+    FINISHED = 4
+    REJECTED = 5
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A request as the simulator sees it; identity-hashed, mutated only by a replica's commit."""
+
+    id: int
+    arrival: float
+    prompt_len: int
+    output_len: int
+    prefix_hashes: tuple[int, ...] | None = None
+    priority: int = 0  # larger is more important
+    # progress
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    status: Status = Status.WAITING
+    # bookkeeping owned by the replica that runs it
+    replica: int = -1
+    epoch: int = 0  # bumped on every preemption; a stale step entry carries the old one
+    admit_seq: int = -1  # order of the latest admission (victim = last admitted)
+    num_blocks: int = 0  # KV blocks held on the GPU
+    num_swapped_blocks: int = 0  # KV blocks held on the host
+    num_preemptions: int = 0
+    first_scheduled: float = math.nan
+    first_scheduled_step: int = -1
+    first_token_time: float = math.nan
+    first_token_step: int = -1
+    completion_time: float = math.nan
+    reject_reason: str = ""
+    # token-run tracking (see recorder.py): the step of the last token and where its run began
+    last_token_step: int = -1
+    run_start_step: int = -1
+    run_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output generated so far: what must be in the KV cache to sample the next token."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def need(self) -> int:
+        """Tokens still to compute before the next output token can be sampled."""
+        return self.prompt_len + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_done(self) -> bool:
+        return self.num_output_tokens >= self.output_len
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.prompt_len + self.num_output_tokens - self.num_computed_tokens > 1 or self.num_output_tokens == 0
