@@ -18,6 +18,7 @@ class StepPlan:
     padding: tuple[int, ...] = ()  # finished requests kept in the batch (charged, no token)
     hold_finished: bool = False  # keep finished requests (and their KV) until the whole batch is done
     epochs: dict[int, int] = field(default_factory=dict)
+    blocks: dict[int, int] = field(default_factory=dict)  # request id -> KV blocks it holds during the step
 
     @property
     def num_new_tokens(self) -> dict[int, int]:

@@ -52,6 +52,10 @@ class Recorder:
             column.append(row[name])
         return index
 
+    def set_end(self, step: int, end: float) -> None:
+        """Close a step row opened at the step's start (its end is known only when it finishes)."""
+        self.columns["end"].data[step] = end
+
     def add_steps(self, **rows) -> int:
         """Append many step rows at once (scalars broadcast); returns the first new index."""
         first = self.num_steps

@@ -1,0 +1,124 @@
+"""BatchBuilder: one step's plan, accumulated under the budgets without touching the state.
+
+Invariants kept while building: tokens scheduled <= token budget, sequences (padding included)
+<= max_num_seqs, KV blocks granted <= free blocks (+ blocks of victims preempted in this plan),
+and a new admission leaves the watermark free. A running request short of blocks preempts
+victims (last admitted, or lowest priority) among the running requests not yet scheduled in this
+step, and finally itself.
+"""
+from __future__ import annotations
+
+from cbsim.sim.plan import StepPlan
+from cbsim.sim.request import Request, Status
+from cbsim.sim.state import SchedulerState
+
+
+class BatchBuilder:
+    def __init__(self, state: SchedulerState, token_budget: int | None, max_num_seqs: int):
+        self.state = state
+        self.kv = state.kv
+        self.tokens_left = token_budget if token_budget is not None else 1 << 62
+        self.seqs_left = max_num_seqs
+        self.free = state.kv.free_blocks
+        self.scheduled: dict[int, int] = {}
+        self.epochs: dict[int, int] = {}
+        self.blocks: dict[int, int] = {}
+        self.admitted: list[int] = []
+        self.preempted: list[int] = []
+        self.padding: list[int] = []
+        self._out: set[int] = set()  # ids preempted in this plan
+        self.num_prefills = 0  # prefill rows (chunks or whole prompts) scheduled so far
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def has_room(self) -> bool:
+        return self.seqs_left > 0 and self.tokens_left > 0
+
+
+    def is_out(self, req: Request) -> bool:
+        return req.id in self._out
+
+    def is_scheduled(self, req: Request) -> bool:
+        return req.id in self.scheduled
+
+    # -- running requests ----------------------------------------------------------------
+    def schedule_running(self, req: Request, num_tokens: int, preempt: bool = True) -> bool:
+        """Schedule `num_tokens` of a running request, preempting others if KV is short.
+
+        Returns False (nothing scheduled) if the request itself had to be preempted or, with
+        preempt=False, if its blocks do not fit.
+        """
+        target = self.kv.blocks_for(req.num_computed_tokens + num_tokens)
+        extra = target - req.num_blocks
+        while extra > self.free:
+            if not preempt:
+                return False
+            victim = self._pick_victim(exclude=req)
+            self._preempt(victim or req)
+            if victim is None:
+                return False
+        self._take(req, num_tokens, target, max(extra, 0))
+        return True
+
+    def add_padding(self, req: Request) -> None:
+        """Keep a finished request's slot in the batch: charged like a decode row, no token."""
+        self.padding.append(req.id)
+        self.seqs_left -= 1
+
+    # -- waiting requests ----------------------------------------------------------------
+    def admit(self, req: Request, num_tokens: int, reserve_tokens: int = 0) -> bool:
+        """Admit a waiting request with `num_tokens` this step if every budget allows.
+
+        KV: blocks for what it holds after the step, or for `reserve_tokens` if larger, or for its
+        whole known input with reserve_full_prompt; the watermark must stay free.
+        """
+        if self.seqs_left <= 0 or num_tokens > self.tokens_left or num_tokens <= 0:
+            return False
+        tokens = req.num_computed_tokens + num_tokens
+        if self.kv.reserve_full_prompt:
+            tokens = max(tokens, req.num_tokens)
+        target = self.kv.blocks_for(max(tokens, reserve_tokens))
+        extra = target - req.num_blocks
+        if extra > self.free - self.kv.watermark_blocks:
+            return False
+        self._take(req, num_tokens, target, extra)
+        self.admitted.append(req.id)
+        return True
+
+    # -- result --------------------------------------------------------------------------
+    def build(self, hold_finished: bool = False) -> StepPlan:
+        return StepPlan(
+            scheduled=self.scheduled,
+            admitted=tuple(self.admitted),
+            preempted=tuple(self.preempted),
+            padding=tuple(self.padding),
+            hold_finished=hold_finished,
+            epochs=self.epochs,
+            blocks=self.blocks,
+        )
+
+    # -- internals -----------------------------------------------------------------------
+    def _take(self, req: Request, num_tokens: int, target_blocks: int, extra_blocks: int) -> None:
+        self.scheduled[req.id] = num_tokens
+        self.epochs[req.id] = req.epoch
+        self.blocks[req.id] = target_blocks
+        self.tokens_left -= num_tokens
+        self.seqs_left -= 1
+        self.free -= extra_blocks
+        if req.num_output_tokens == 0 or req.need > 1:
+            self.num_prefills += 1
+
+    def _pick_victim(self, exclude: Request) -> Request | None:
+        candidates = [r for r in self.state.running
+                      if r is not exclude and r.id not in self.scheduled and r.id not in self._out
+                      and r.status == Status.RUNNING]
+        if not candidates:
+            return None
+        if self.state.victim == "lowest_priority":
+            return min(candidates, key=lambda r: (r.priority, -r.admit_seq))
+        return max(candidates, key=lambda r: r.admit_seq)
+
+    def _preempt(self, victim: Request) -> None:
+        self._out.add(victim.id)
+        self.preempted.append(victim.id)
+        self.free += victim.num_blocks

@@ -1,0 +1,82 @@
+"""Small building blocks that policies compose: decodes, ongoing prefills, admissions.
+
+Each helper walks a queue in order and stops at the first request that does not fit (no
+overtaking), so FCFS order holds unless a policy reorders the queue itself.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from cbsim.sim.request import Request
+
+from .batch import BatchBuilder
+
+
+def is_decode(req: Request) -> bool:
+    """A request whose prompt is done and that is one token behind."""
+    return req.num_output_tokens > 0 and req.need == 1
+
+
+class PrefillLimit:
+    """At most `max_rows` prefill rows per step, of which at most `max_long` have need > threshold."""
+
+    def __init__(self, max_rows: int | None = None, max_long: int | None = None, threshold: int | None = None):
+        self.max_rows = max_rows
+        self.max_long = max_long
+        self.threshold = threshold
+        self.long_taken = 0
+
+    def is_long(self, req: Request) -> bool:
+        return self.threshold is not None and req.need > self.threshold
+
+    def allows(self, req: Request, builder: BatchBuilder) -> bool:
+        if self.max_rows is not None and builder.num_prefills >= self.max_rows:
+            return False
+        return not (self.max_long is not None and self.is_long(req) and self.long_taken >= self.max_long)
+
+    def take(self, req: Request) -> None:
+        if self.is_long(req):
+            self.long_taken += 1
+
+
+def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> None:
+    """One token for every running decode, oldest first, preempting others when KV runs short."""
+    for req in running:
+        if b.seqs_left <= 0 or b.tokens_left <= 0:
+            return
+        if is_decode(req) and not b.is_scheduled(req) and not b.is_out(req):
+            b.schedule_running(req, 1)
+
+
+def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: PrefillLimit | None = None,
+                      max_chunk: int | None = None) -> None:
+    """Next chunk of every running request still in prefill, in admission order."""
+    for req in running:
+        if is_decode(req) or req.is_done or b.is_scheduled(req) or b.is_out(req):
+            continue
+        if b.seqs_left <= 0 or b.tokens_left <= 0 or (limit and not limit.allows(req, b)):
+            return
+        n = min(req.need, b.tokens_left, max_chunk or req.need)
+        if b.schedule_running(req, n) and limit:
+            limit.take(req)
+
+
+def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = True,
+                   limit: PrefillLimit | None = None, min_chunk: int = 1,
+                   reserve: Callable[[Request], int] | None = None) -> None:
+    """Admit waiting requests in queue order while the budgets allow, then stop.
+
+    chunk=True: the last one admitted may get only part of its prompt (what the token budget
+    leaves, but not less than min_chunk unless that finishes it); chunk=False: whole prompts only.
+    `reserve(req)` asks for KV blocks for that many tokens up front (e.g. prompt + max output).
+    """
+    for req in waiting:
+        if b.seqs_left <= 0 or b.tokens_left <= 0 or (limit and not limit.allows(req, b)):
+            return
+        n = min(req.need, b.tokens_left) if chunk else req.need
+        if n < min(min_chunk, req.need):
+            return
+        if not b.admit(req, n, reserve(req) if reserve else 0):
+            return
+        if limit:
+            limit.take(req)

@@ -1,0 +1,41 @@
+"""Orca iteration-level scheduling: the batch changes every step, prompts run whole.
+
+Each step: every running request decodes one token, and waiting requests join (FCFS, up to the
+batch size `max_num_seqs`) with their whole prompt in the same step. Orca reserves KV for a
+request's maximum length (prompt + max output) at admission, so it never preempts; `paged`
+allocates block by block instead, like vLLM, and may preempt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cbsim.schema import option
+
+from .base import Budgets, Policy
+from .batch import BatchBuilder
+from .helpers import admit_prefills, fill_decodes
+from .registry import register
+
+
+@dataclass
+class OrcaConfig(Budgets):
+    max_num_seqs: int = option(64, help="max batch size")
+    kv_reservation: Literal["max_len", "paged"] = option("max_len", help="reserve KV for prompt + output at "
+                                                         "admission (Orca), or allocate page by page")
+
+
+@register("orca")
+class Orca(Policy):
+    """Iteration-level batching: running decodes plus whole new prompts in the same step."""
+
+    Config = OrcaConfig
+    chunks_prompts = False
+
+    def schedule(self, state):
+        cfg = self.config
+        b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
+        fill_decodes(b, state.running)
+        reserve = (lambda r: r.prompt_len + r.output_len) if cfg.kv_reservation == "max_len" else None
+        admit_prefills(b, state.waiting, chunk=False, reserve=reserve)
+        return b.build()

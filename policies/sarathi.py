@@ -1,0 +1,45 @@
+"""Sarathi-Serve stall-free batching (vLLM chunked prefill): decodes never wait for a prefill."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbsim.schema import option, require
+
+from .base import Budgets, Policy
+from .batch import BatchBuilder
+from .helpers import PrefillLimit, admit_prefills, continue_prefills, fill_decodes
+from .registry import register
+
+
+@dataclass
+class SarathiConfig(Budgets):
+    token_budget: int | None = option(512, help="tokens per step: decodes first, prefill chunks fill the rest")
+    max_num_partial_prefills: int = option(1, help="max prefill rows (ongoing or new) in one step")
+    max_long_partial_prefills: int = option(1, help="of those, max rows whose remaining prompt exceeds "
+                                            "long_prefill_token_threshold (lets short prompts overtake long ones)")
+    long_prefill_token_threshold: int | None = option(None, help="remaining prompt tokens above which a prefill "
+                                                      "counts as long; null = no distinction")
+
+    def validate(self) -> None:
+        Budgets.validate(self)
+        require(self.max_num_partial_prefills >= 1, "max_num_partial_prefills", "an integer >= 1",
+                self.max_num_partial_prefills)
+        require(self.max_long_partial_prefills >= 1, "max_long_partial_prefills", "an integer >= 1",
+                self.max_long_partial_prefills)
+
+
+@register("sarathi")
+class Sarathi(Policy):
+    """Stall-free: all running decodes first, then ongoing partial prefills, then new prefills, chunked."""
+
+    Config = SarathiConfig
+
+    def schedule(self, state):
+        cfg = self.config
+        b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
+        fill_decodes(b, state.running)
+        limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills,
+                             cfg.long_prefill_token_threshold)
+        continue_prefills(b, state.running, limit)
+        admit_prefills(b, state.waiting, limit=limit)
+        return b.build()

@@ -1,0 +1,22 @@
+"""SchedulerState: the read-only view a policy decides from.
+
+The replica owns the containers and lends them; a policy reads them and returns a StepPlan, and
+must never mutate them (the replica applies plans). `running` is in admission order.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kv_cache import KVCache
+from .request import Request
+
+
+@dataclass(slots=True)
+class SchedulerState:
+    kv: KVCache
+    max_model_len: int
+    victim: str = "last_admitted"  # last_admitted | lowest_priority
+    now: float = 0.0
+    waiting: deque[Request] = field(default_factory=deque)
+    running: list[Request] = field(default_factory=list)
