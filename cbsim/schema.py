@@ -5,6 +5,7 @@ path)` checks types, rejects unknown keys and names the key path of the first er
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -15,9 +16,9 @@ from .errors import ConfigError, missing
 
 def option(default=dataclasses.MISSING, help: str = "", **kw):
     """A config field with help text; mutable defaults go through default_factory."""
-    if isinstance(default, (list, dict)):
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         value = default
-        return dataclasses.field(default_factory=lambda: type(value)(value), metadata={"help": help}, **kw)
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata={"help": help}, **kw)
     return dataclasses.field(default=default, metadata={"help": help}, **kw)
 
 
@@ -73,14 +74,14 @@ def coerce(tp, value, path: str):
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return coerce(options[0], value, path)
+        for arg in options:
             try:
                 return coerce(arg, value, path)
-            except ConfigError as err:
-                errors.append(err)
+            except ConfigError:
+                pass
         raise ConfigError(path, _type_name(tp), value)
     if origin is Literal:
         if value in args:

@@ -18,25 +18,28 @@ def is_decode(req: Request) -> bool:
 
 
 class PrefillLimit:
-    """At most `max_rows` prefill rows per step, of which at most `max_long` have need > threshold."""
+    """At most `max_partial` prefill rows per step left unfinished by it (ongoing or new chunks; a
+    prompt that completes in the step does not count), and at most `max_long` rows whose remaining
+    prompt exceeds `threshold` tokens."""
 
-    def __init__(self, max_rows: int | None = None, max_long: int | None = None, threshold: int | None = None):
-        self.max_rows = max_rows
+    def __init__(self, max_partial: int | None = None, max_long: int | None = None, threshold: int | None = None):
+        self.max_partial = max_partial
         self.max_long = max_long
         self.threshold = threshold
+        self.partial_taken = 0
         self.long_taken = 0
 
     def is_long(self, req: Request) -> bool:
         return self.threshold is not None and req.need > self.threshold
 
-    def allows(self, req: Request, builder: BatchBuilder) -> bool:
-        if self.max_rows is not None and builder.num_prefills >= self.max_rows:
+    def allows(self, req: Request, num_tokens: int) -> bool:
+        if self.max_partial is not None and num_tokens < req.need and self.partial_taken >= self.max_partial:
             return False
         return not (self.max_long is not None and self.is_long(req) and self.long_taken >= self.max_long)
 
-    def take(self, req: Request) -> None:
-        if self.is_long(req):
-            self.long_taken += 1
+    def take(self, req: Request, num_tokens: int) -> None:
+        self.partial_taken += num_tokens < req.need
+        self.long_taken += self.is_long(req)
 
 
 def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> None:
@@ -54,11 +57,13 @@ def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: Prefil
     for req in running:
         if is_decode(req) or req.is_done or b.is_scheduled(req) or b.is_out(req):
             continue
-        if b.seqs_left <= 0 or b.tokens_left <= 0 or (limit and not limit.allows(req, b)):
+        if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
         n = min(req.need, b.tokens_left, max_chunk or req.need)
+        if limit and not limit.allows(req, n):
+            return
         if b.schedule_running(req, n) and limit:
-            limit.take(req)
+            limit.take(req, n)
 
 
 def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = True,
@@ -67,16 +72,17 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
     """Admit waiting requests in queue order while the budgets allow, then stop.
 
     chunk=True: the last one admitted may get only part of its prompt (what the token budget
-    leaves, but not less than min_chunk unless that finishes it); chunk=False: whole prompts only.
+    leaves, but not less than min_chunk unless that finishes it or the step is otherwise empty);
+    chunk=False: whole prompts only.
     `reserve(req)` asks for KV blocks for that many tokens up front (e.g. prompt + max output).
     """
     for req in waiting:
-        if b.seqs_left <= 0 or b.tokens_left <= 0 or (limit and not limit.allows(req, b)):
+        if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
         n = min(req.need, b.tokens_left) if chunk else req.need
-        if n < min(min_chunk, req.need):
+        if (n < min(min_chunk, req.need) and b.scheduled) or (limit and not limit.allows(req, n)):
             return
         if not b.admit(req, n, reserve(req) if reserve else 0):
             return
         if limit:
-            limit.take(req)
+            limit.take(req, n)

@@ -14,7 +14,8 @@ from .registry import register
 @dataclass
 class SarathiConfig(Budgets):
     token_budget: int | None = option(512, help="tokens per step: decodes first, prefill chunks fill the rest")
-    max_num_partial_prefills: int = option(1, help="max prefill rows (ongoing or new) in one step")
+    max_num_partial_prefills: int = option(1, help="max prefill rows a step leaves unfinished (chunked prompts "
+                                           "in flight); prompts that complete within the step are not limited")
     max_long_partial_prefills: int = option(1, help="of those, max rows whose remaining prompt exceeds "
                                             "long_prefill_token_threshold (lets short prompts overtake long ones)")
     long_prefill_token_threshold: int | None = option(None, help="remaining prompt tokens above which a prefill "

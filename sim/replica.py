@@ -224,7 +224,8 @@ class Replica:
     def _fast_forward_ends(self, plan, shape, start, duration, swap_bytes):
         """End times of 2+ identical decode steps starting with this one, or None to step once."""
         running = self.running
-        if (not self.settings.fast_forward or swap_bytes or plan.admitted or plan.padding or shape.prefill
+        if (not self.settings.fast_forward or swap_bytes or plan.admitted or plan.preempted or plan.padding
+                or shape.prefill
                 or len(shape.decode) != len(running) or len(running) == 0
                 or (self.waiting and not self.policy.steady_when_blocked)):
             return None

@@ -1,0 +1,25 @@
+"""Workloads: the requests a simulation replays.
+
+Sources: an explicit list, a real trace (Azure LLM 2023, Mooncake, ShareGPT / arXiv lengths,
+Vidur processed traces), or synthetic arrival processes and length distributions, optionally with
+shared system prompts or multi-turn conversations that fill `Request.prefix_hashes`.
+
+    cfg = parse_workload(experiment["workload"])          # ConfigError names the bad key
+    requests = build_requests(cfg, np.random.default_rng(seed), base_dir=experiment_dir)
+    print(format_description(describe_requests(requests)))
+"""
+from .arrivals import ARRIVALS, sample_arrivals
+from .build import build_requests, make_requests
+from .config import ExplicitRequest, WorkloadConfig, check_workload, parse_tagged, parse_workload
+from .describe import describe_requests, format_description, plot_workload
+from .lengths import LENGTHS, sample_lengths
+from .prefixes import SharedPrefixConfig, block_hash, content_id, hash_chain
+from .trace_source import TraceConfig, load_trace, resolve_path
+from .traces import TraceData, read_trace
+
+__all__ = [
+    "ARRIVALS", "LENGTHS", "ExplicitRequest", "SharedPrefixConfig", "TraceConfig", "TraceData", "WorkloadConfig",
+    "block_hash", "build_requests", "check_workload", "content_id", "describe_requests", "format_description",
+    "hash_chain", "load_trace", "make_requests", "parse_tagged", "parse_workload", "plot_workload", "read_trace",
+    "resolve_path", "sample_arrivals", "sample_lengths",
+]

@@ -1,0 +1,148 @@
+"""The Python entry points: run_experiment(config) -> Results, load_cost_model(mapping).
+
+A run is a function: it builds everything from the config and one seeded numpy Generator,
+simulates, computes metrics with pandas, and writes its own output folder only when asked.
+The CLI, notebooks, sweeps and CI all call run_experiment.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from .config import ExperimentConfig, load_config
+from .errors import ConfigError
+
+
+@dataclass
+class Results:
+    """What a run produced: per-request and per-step tables, the summary, and the raw record."""
+
+    config: ExperimentConfig
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    itl: object  # cbsim.sim.metrics.ITLDistribution
+    recorder: object  # cbsim.sim.recorder.Recorder
+    out_dir: Path | None = None
+
+    def token_times(self, request_id: int) -> np.ndarray:
+        """Every output-token time of one request (expanded from the compact token runs)."""
+        from cbsim.sim.metrics import token_times
+
+        return token_times(self.recorder, request_id)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write config, tables, summary, plots and trace into `out_dir`."""
+        from cbsim.sim.metrics import stall_events
+        from cbsim.sim.plots import plot_run
+        from cbsim.sim.trace_export import write_chrome_trace
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = self.config
+        (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        for name, frame in (("requests", self.requests), ("steps", self.steps)):
+            if "csv" in cfg.output.formats:
+                frame.to_csv(out / f"{name}.csv", index=False)
+            if "parquet" in cfg.output.formats:
+                frame.to_parquet(out / f"{name}.parquet", index=False)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        if cfg.output.plots:
+            plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
+                     stalls=stall_events(self.itl, cfg.metrics.stall_factor),
+                     cdf_max_points=cfg.metrics.cdf_max_points)
+        if cfg.output.trace:
+            write_chrome_trace(self.steps, out / "trace.json", cfg.metrics.trace_max_steps)
+        self.out_dir = out
+        return out
+
+
+def load_cost_model(mapping: dict, model="llama-3-8b"):
+    """The cost model a YAML `cost_model:` mapping describes, for asking step times in a notebook:
+
+    >>> cost = load_cost_model({"type": "roofline", "gpu": "h100", "tp": 1})
+    >>> cost.step_time(StepShape.from_batch(prefill=[(512, 0)], decode=[1000] * 8))
+    """
+    from cbsim.profiler.costmodels import load_cost_model as load
+    from cbsim.profiler.specs import model_spec
+
+    return load(mapping, model_spec(model, "model"))
+
+
+def build_replica_parts(cfg: ExperimentConfig):
+    """Model spec, cost model, KV-cache factory and replica settings for a config."""
+    from cbsim.profiler.costmodels import load_cost_model as load
+    from cbsim.profiler.specs import model_spec
+    from cbsim.sim.kv_cache import KVCache
+    from cbsim.sim.replica import ReplicaSettings
+
+    model = model_spec(cfg.model, "model")
+    cost = load(cfg.cost_model, model)
+    cluster = cfg.cluster
+    tp = cluster.tp or cfg.cost_model.get("tp", 1)
+    kv_cfg = cluster.kv_cache
+    num_blocks = kv_blocks(cfg, model, tp)
+    settings = ReplicaSettings(
+        preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
+        swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
+        max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward)
+
+    def make_kv():
+        return KVCache(num_blocks, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * num_blocks)),
+                       kv_cfg.reserve_full_prompt, model.kv_bytes_per_token(tp))
+
+    return model, cost, make_kv, settings
+
+
+def kv_blocks(cfg: ExperimentConfig, model, tp: int) -> int:
+    kv_cfg = cfg.cluster.kv_cache
+    if kv_cfg.num_blocks != "auto":
+        return kv_cfg.num_blocks
+    from cbsim.profiler.specs import gpu_spec, kv_cache_blocks
+
+    gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu")
+    if gpu is None:
+        raise ConfigError("cluster.kv_cache.num_blocks", "an integer, or 'auto' with a GPU (set cluster.gpu, or use "
+                          "a cost model with a gpu)", "auto")
+    return kv_cache_blocks(model, gpu_spec(gpu, "cluster.gpu"), tp, kv_cfg.block_size, kv_cfg.gpu_memory_utilization)
+
+
+def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> Results:
+    """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
+
+    Writes the output folder when `out_dir` is given or the config's `output.dir` is set.
+    """
+    from cbsim.policies import make_policy
+    from cbsim.sim.metrics import itl_distribution, request_frame, step_frame, summarize
+    from cbsim.sim.simulation import simulate
+    from cbsim.workloads import build_requests, parse_workload
+
+    cfg = load_config(config, overrides)
+    try:
+        rng = np.random.default_rng(cfg.seed)
+        base_dir = Path(cfg.source).parent if cfg.source else None
+        requests = build_requests(parse_workload(cfg.workload, "workload"), rng, base_dir)
+        _, cost, make_kv, settings = build_replica_parts(cfg)
+    except ConfigError as err:
+        raise err.in_file(cfg.source) if cfg.source else err
+    started = time.perf_counter()
+    recorder, _ = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
+                           replicas=cfg.cluster.replicas, router=cfg.cluster.router, max_time=cfg.sim.max_time)
+    wall = time.perf_counter() - started
+    steps = step_frame(recorder)
+    table = request_frame(requests, recorder, steps, cfg.metrics)
+    itl = itl_distribution(recorder, requests, steps)
+    summary = summarize(table, steps, recorder, cfg.metrics, itl=itl)
+    summary["sim_wall_seconds"] = wall
+    results = Results(cfg, table, steps, summary, itl, recorder)
+    target = out_dir or cfg.output.dir
+    if target:
+        results.write(target)
+    return results

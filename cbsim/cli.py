@@ -1,0 +1,101 @@
+"""The `cbsim` command line (typer). User errors print one line naming the file, key and
+expectation, and exit with code 2, without a traceback."""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
+
+
+def user_errors(func):
+    """Turn ConfigError (and a missing file) into a clean message and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as err:
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "throughput_tokens_per_s",
+                "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2e_p50",
+                "slo_attainment", "dec_at_p_mean", "short_p_mean", "num_preemptions", "num_stalls",
+                "sim_wall_seconds")
+
+
+@app.command()
+@user_errors
+def run(file: Path = typer.Argument(..., help="experiment YAML"),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
+        out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)")):
+    """Run one experiment and write its results folder."""
+    from .api import run_experiment
+    from .config import load_config
+
+    cfg = load_config(file, set_)
+    target = out or cfg.output.dir or Path("results") / cfg.name
+    results = run_experiment(cfg, out_dir=target)
+    width = max(len(k) for k in SUMMARY_KEYS)
+    for key in SUMMARY_KEYS:
+        value = results.summary.get(key)
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        typer.echo(f"{key:<{width}}  {text}")
+    typer.echo(f"results: {target}")
+
+
+@app.command()
+@user_errors
+def validate(file: Path = typer.Argument(..., help="experiment YAML"),
+             set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key")):
+    """Check an experiment file without running it."""
+    from .config import load_config
+
+    cfg = load_config(file, set_)
+    typer.echo(f"{file}: ok ({cfg.policy['name']} on {cfg.cost_model['type']} cost model)")
+
+
+@app.command()
+def policies():
+    """List every policy with its parameters and help text."""
+    from cbsim.policies import policy_help
+
+    for name, summary, fields in policy_help():
+        typer.secho(f"{name}", bold=True, nl=False)
+        typer.echo(f"  {summary}")
+        for field, kind, default, text in fields:
+            typer.echo(f"    {field} ({kind}, default {default!r}): {text}")
+
+
+def _register_optional_commands() -> None:
+    """Commands that live beside their subsystem (profiler, workloads) register themselves."""
+    import importlib
+
+    for module in ("cbsim.profiler.profile_cli", "cbsim.profiler.fit_cli", "cbsim.workloads.cli"):
+        try:
+            importlib.import_module(module).register(app)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+
+
+_register_optional_commands()
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

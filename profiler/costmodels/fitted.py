@@ -1,0 +1,156 @@
+"""Cost model `fitted`: step time from a profile fitted to measurements (profiler/fit.py).
+
+    layer  = g(T) + a1 P + a2 Kp + b1 Kd + b2 n_dec + b3 n_pref + k      (features.py)
+    gpu    = L (layer + allreduce(T)) + lm_head(rows) + step_overhead
+    step   = gpu + cpu, or max(gpu, cpu) with overlap                      (cpu_overhead.py)
+
+Invariant: `step_time` (plain Python on the shape's aggregates, a few microseconds) and
+`decode_run_times` (numpy over a run of decode steps, where only Kd changes) call the same
+private function `_gpu` with the same operands in the same order, so they agree bit for bit.
+The profile's out-of-fold residual quantiles give `prediction_interval` and `sample_factor`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cbsim.errors import ConfigError
+from cbsim.schema import option, require
+from cbsim.sim.cost import CostModel
+from cbsim.sim.shape import StepShape
+
+from ..features import aggregates, ramp_values_at_knots, segment_name
+from .allreduce import AllReduce
+from .cpu_overhead import CpuOverhead, CpuOverheadConfig
+from .curves import Curve
+from .registry import register_cost_model
+
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@register_cost_model("fitted")
+class FittedCostModel(CostModel):
+    @dataclass
+    class Config:
+        profile: str = option(help="fitted profile JSON (cbsim fit); a relative path is also looked up in the "
+                              "shipped profiles folder")
+        num_layers: int | None = option(None, help="decoder layers; default: the profile's")
+        step_overhead: float | None = option(None, help="seconds added per step on the GPU side; default: the profile's")
+        cpu_overhead: CpuOverheadConfig = option(CpuOverheadConfig(), help="host-side step overhead")
+
+        def validate(self) -> None:
+            require(self.num_layers is None or self.num_layers >= 1, "num_layers", "an integer >= 1", self.num_layers)
+            require(self.step_overhead is None or self.step_overhead >= 0, "step_overhead", "a number >= 0",
+                    self.step_overhead)
+
+    def __init__(self, profile: dict, *, num_layers: int | None = None, step_overhead: float | None = None,
+                 cpu_overhead: CpuOverhead = CpuOverhead(), source: str = ""):
+        if profile.get("type") != "fitted":
+            raise ValueError(f"{source or 'profile'} is not a fitted profile (type {profile.get('type')!r})")
+        self.profile = profile
+        self.source = source
+        self.cpu = cpu_overhead
+        self.num_layers = int(num_layers or profile["num_layers"])
+        self.step_overhead = float(profile["step_overhead"] if step_overhead is None else step_overhead)
+        coef = profile["coefficients"]
+        knots = profile["knots"]
+        slopes = [coef[segment_name(knots, k)] for k in range(len(knots))]
+        self._g = Curve(knots, ramp_values_at_knots(knots, slopes), tail_slope=slopes[-1])
+        self._a1, self._a2 = coef["pairs"], coef["prefill_kv"]
+        self._b1, self._b2, self._b3 = coef["decode_kv"], coef["num_decode"], coef["num_prefill"]
+        self._k = coef["const"]
+        self._lm0, self._lm1 = profile["lm_head"]["const"], profile["lm_head"]["per_row"]
+        self.allreduce = AllReduce(profile["allreduce"]) if profile.get("allreduce") else None
+        res = profile["residuals"]
+        self._probs, self._quantiles = list(res["probs"]), list(res["quantiles"])
+
+    @classmethod
+    def from_config(cls, config: "FittedCostModel.Config", model=None) -> "FittedCostModel":
+        return cls.from_file(resolve_profile(config.profile), num_layers=config.num_layers,
+                             step_overhead=config.step_overhead,
+                             cpu_overhead=CpuOverhead.from_config(config.cpu_overhead))
+
+    @classmethod
+    def from_file(cls, path, **kwargs) -> "FittedCostModel":
+        """Load a fitted profile JSON; errors name the file."""
+        path = Path(path)
+        try:
+            profile = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError("profile", "an existing fitted profile JSON", str(path)) from None
+        except json.JSONDecodeError as err:
+            raise ConfigError("profile", f"valid JSON ({err})", str(path), file=str(path)) from None
+        return cls(profile, source=str(path), **kwargs)
+
+    # --- the one function of aggregates --------------------------------------------------
+
+    def _layer(self, tokens, pairs, kp, kd, n_dec, n_pref):
+        """One layer's seconds; `kd` may be a numpy array (a decode run)."""
+        return (self._g.at(tokens) + self._a1 * pairs + self._a2 * kp + self._b1 * kd
+                + self._b2 * n_dec + self._b3 * n_pref + self._k)
+
+    def _gpu(self, tokens, pairs, kp, kd, n_dec, n_pref, rows):
+        layer = self._layer(tokens, pairs, kp, kd, n_dec, n_pref)
+        if self.allreduce is not None:
+            layer = layer + self.allreduce.seconds(tokens)
+        lm = self._lm0 + self._lm1 * rows if rows else 0.0
+        return self.num_layers * layer + lm + self.step_overhead
+
+    # --- interface ---------------------------------------------------------------------
+
+    def layer_time(self, shape: StepShape) -> float:
+        """Seconds of one decoder layer's compute (what the profiler measured per row)."""
+        return self._layer(*aggregates(shape))
+
+    def gpu_time(self, shape: StepShape) -> float:
+        """Seconds of the step on the GPU (all layers, all-reduce, LM head, step overhead)."""
+        return self._gpu(*aggregates(shape), shape.tokens_sampled)
+
+    def step_time(self, shape: StepShape) -> float:
+        return self.cpu.combine(self._gpu(*aggregates(shape), shape.tokens_sampled), shape.num_seqs)
+
+    def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
+        contexts = np.asarray(contexts, dtype=np.int64)
+        n = len(contexts)
+        kd = int(contexts.sum()) + n * np.arange(steps, dtype=np.int64)
+        gpu = self._gpu(n, 0.0, 0, kd, n, 0, n)
+        return self.cpu.combine_many(gpu, n)
+
+    def _quantile(self, p: float) -> float:
+        """Residual quantile (log space) at probability p, linear between stored probabilities."""
+        probs, qs = self._probs, self._quantiles
+        i = min(max(bisect_right(probs, p) - 1, 0), len(probs) - 2)
+        w = (p - probs[i]) / (probs[i + 1] - probs[i])
+        return qs[i] + w * (qs[i + 1] - qs[i])
+
+    def prediction_interval(self, shape: StepShape, q: float = 0.9) -> tuple[float, float]:
+        """Central interval holding a fraction q of measurements like this one (from residuals)."""
+        if not 0.0 < q < 1.0:
+            raise ValueError("q must be in (0, 1)")
+        gpu = self.gpu_time(shape)
+        lo = gpu * math.exp(self._quantile((1 - q) / 2))
+        hi = gpu * math.exp(self._quantile((1 + q) / 2))
+        return self.cpu.combine(lo, shape.num_seqs), self.cpu.combine(hi, shape.num_seqs)
+
+    def sample_factor(self, rng: np.random.Generator) -> float:
+        """A multiplicative noise factor drawn from the fit's residual distribution."""
+        return math.exp(self._quantile(float(rng.random())))
+
+    def describe(self) -> dict:
+        p = self.profile
+        return {"type": self.name, "profile": self.source, "model": p.get("model"), "gpu": p.get("gpu"),
+                "tp": p.get("tp"), "num_layers": self.num_layers, "step_overhead": self.step_overhead,
+                "cpu_overhead": self.cpu.describe()}
+
+
+def resolve_profile(name: str) -> Path:
+    """A profile path as given, else relative to the shipped profiles folder (also profiles/fitted/)."""
+    for candidate in (Path(name), PROFILES / name, PROFILES / "fitted" / name):
+        if candidate.exists():
+            return candidate
+    raise ConfigError("profile", f"an existing file (also looked in {PROFILES})", name)

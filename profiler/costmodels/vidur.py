@@ -1,0 +1,173 @@
+"""Cost model `vidur`: step times composed from Vidur's published per-operator GPU measurements.
+
+A step of T tokens (prefill chunks plus decode rows) on one TP shard takes
+    L * (token_ops(T) + attention + allreduce(T)) + emb(T) + lm_head(rows)
+and then the CPU overhead term (cpu_overhead.py). token_ops is the sum of the layer's
+token-level operators from mlp.csv (norms, QKV, RoPE, O-proj, gate/up, activation, down,
+residual add), interpolated in num_tokens between measured points; attention comes from
+attention.csv where published, else from a calibrated roofline (vidur_attention.py); the
+all-reduce from the network tables (allreduce.py). This is Vidur's composition, plus the
+embedding and an LM-head term Vidur leaves out.
+
+The model reads only a converted JSON profile (profiler/profiles/vidur/, or a path): never the
+shared CSVs. Invariant: `decode_run_times` evaluates the same private function of aggregates as
+`step_time`, with only the decode-context sum varying, so the two agree bit for bit.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cbsim.errors import ConfigError
+from cbsim.schema import option, require
+from cbsim.sim.cost import CostModel
+from cbsim.sim.shape import StepShape
+
+from .allreduce import AllReduce
+from .cpu_overhead import CpuOverhead, CpuOverheadConfig
+from .curves import Curve, isotonic
+from .registry import register_cost_model
+from .vidur_attention import make_attention
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "vidur"
+
+
+@register_cost_model("vidur")
+class VidurCostModel(CostModel):
+    @dataclass
+    class Config:
+        gpu: str = option("a100", help="GPU Vidur profiled: a100 or h100 (shipped profiles)")
+        model: str | None = option(None, help="llama-2-70b, llama-2-7b, llama-3-8b, ...; default: the experiment's model")
+        tp: int = option(1, help="tensor-parallel degree (GPUs per replica)")
+        profile: str | None = option(None, help="a converted profile JSON (cbsim vidur-convert; a bare name is looked "
+                                     "up in the shipped profiles/vidur/); overrides gpu/model/tp")
+        num_layers: int | None = option(None, help="decoder layers; default: the profile's")
+        monotone: bool = option(True, help="smooth the measured tables into non-decreasing ones (isotonic "
+                                "regression); false reproduces every published median exactly")
+        cpu_overhead: CpuOverheadConfig = option(CpuOverheadConfig(), help="host-side step overhead")
+
+        def validate(self) -> None:
+            require(self.tp >= 1, "tp", "an integer >= 1", self.tp)
+            require(self.num_layers is None or self.num_layers >= 1, "num_layers", "an integer >= 1", self.num_layers)
+
+    def __init__(self, profile: dict, *, num_layers: int | None = None, monotone: bool = True,
+                 cpu_overhead: CpuOverhead = CpuOverhead(), source: str = ""):
+        if profile.get("type") != "vidur":
+            raise ValueError(f"{source or 'profile'} is not a vidur profile (type {profile.get('type')!r})")
+        self.profile = profile
+        self.source = source
+        self.monotone = monotone
+        self.cpu = cpu_overhead
+        self.num_layers = int(num_layers or profile["num_layers"])
+        ops = profile["token_ops"]
+        tokens = ops["num_tokens"]
+        self._ops = {op: Curve(tokens, np.asarray(ms) * 1e-3) for op, ms in ops["ms"].items()}
+        total = np.sum([np.asarray(ms) for ms in ops["ms"].values()], axis=0) * 1e-3
+        emb = np.asarray(ops["emb_ms"]) * 1e-3
+        self._token_ops = Curve(tokens, isotonic(total) if monotone else total)
+        self._emb = Curve(tokens, isotonic(emb) if monotone else emb)
+        up = np.asarray(ops["ms"][profile["lm_head"]["op"]]) * 1e-3
+        self._lm_head = Curve(tokens, isotonic(up) if monotone else up)
+        self._lm_ratio = float(profile["lm_head"]["ratio"])
+        self.attention = make_attention(profile["attention"], monotone)
+        self.allreduce = AllReduce(profile["allreduce"], monotone) if profile.get("allreduce") else None
+
+    @classmethod
+    def from_config(cls, config: "VidurCostModel.Config", model=None) -> "VidurCostModel":
+        if config.profile is not None:
+            path = Path(config.profile)
+            if not path.exists() and (PROFILE_DIR / path).exists():
+                path = PROFILE_DIR / path  # a shipped file by name
+            key = "profile"
+        else:
+            name = config.model or getattr(model, "name", None)
+            if not name:
+                raise ConfigError("model", "a model name (the experiment names none)", None)
+            path = PROFILE_DIR / f"{config.gpu}-{normalise_model_name(name)}-tp{config.tp}.json"
+            key = "model"
+            if not path.exists():
+                raise ConfigError(key, "a model/GPU/TP with a shipped vidur profile: " + ", ".join(shipped_profiles())
+                                  + " (or convert one with `cbsim vidur-convert` and pass profile:)",
+                                  f"{config.gpu}-{normalise_model_name(name)}-tp{config.tp}")
+        return cls.from_file(path, num_layers=config.num_layers, monotone=config.monotone,
+                             cpu_overhead=CpuOverhead.from_config(config.cpu_overhead), key=key)
+
+    @classmethod
+    def from_file(cls, path, key: str = "profile", **kwargs) -> "VidurCostModel":
+        """Load a converted profile; errors name the file."""
+        path = Path(path)
+        try:
+            profile = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(key, "an existing vidur profile JSON", str(path)) from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(key, f"valid JSON ({err})", str(path), file=str(path)) from None
+        return cls(profile, source=str(path), **kwargs)
+
+    # --- the pieces -------------------------------------------------------------------------
+
+    def operator_time(self, op: str, tokens: float) -> float:
+        """Seconds of one published token-level operator at `tokens` (raw medians, interpolated)."""
+        return self._ops[op].at(tokens)
+
+    def _gpu(self, tokens: int, attn, rows: int):
+        """GPU seconds of a step from its aggregates; `attn` (per layer) may be a numpy array."""
+        per_layer = self._token_ops.at(tokens)
+        if self.allreduce is not None:
+            per_layer = per_layer + self.allreduce.seconds(tokens)
+        fixed = self._emb.at(tokens)
+        if rows:
+            fixed = fixed + self._lm_head.at(rows) * self._lm_ratio
+        return self.num_layers * (per_layer + attn) + fixed
+
+    def _prefill_attention(self, shape: StepShape) -> float:
+        total = 0.0
+        for c, h in shape.prefill:
+            total += self.attention.prefill(c, h)
+        return total
+
+    def layer_time(self, shape: StepShape) -> float:
+        """Seconds of one decoder layer's compute (no all-reduce, embedding, LM head or CPU)."""
+        n = len(shape.decode)
+        attn = self._prefill_attention(shape) + self.attention.decode(n, sum(shape.decode))
+        return self._token_ops.at(shape.num_tokens) + attn
+
+    def step_time(self, shape: StepShape) -> float:
+        n = len(shape.decode)
+        attn = self._prefill_attention(shape) + self.attention.decode(n, sum(shape.decode))
+        gpu = self._gpu(shape.num_prefill_tokens + n, attn, shape.tokens_sampled)
+        return self.cpu.combine(gpu, shape.num_seqs)
+
+    def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
+        contexts = np.asarray(contexts, dtype=np.int64)
+        n = len(contexts)
+        kv = int(contexts.sum()) + n * np.arange(steps, dtype=np.int64)
+        attn = 0.0 + self.attention.decode_many(n, kv)
+        return self.cpu.combine_many(self._gpu(n, attn, n), n)
+
+    def describe(self) -> dict:
+        p = self.profile
+        return {
+            "type": self.name, "profile": self.source, "gpu": p["gpu"], "model": p["model"], "tp": p["tp"],
+            "num_layers": self.num_layers, "monotone": self.monotone, "cpu_overhead": self.cpu.describe(),
+            "measured": p["provenance"]["measured"],
+        }
+
+
+def normalise_model_name(name: str) -> str:
+    """'meta-llama/Meta-Llama-3-8B' or 'Llama-2-7b-hf' -> 'llama-3-8b' / 'llama-2-7b'."""
+    name = name.split("/")[-1].lower()
+    if name.startswith("meta-"):
+        name = name[len("meta-"):]
+    for suffix in ("-hf", "-instruct"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def shipped_profiles() -> list[str]:
+    """Names (gpu-model-tpN) of the vidur profiles shipped with the package."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))

@@ -1,0 +1,208 @@
+"""Plots of one run, written as PNGs (matplotlib, Agg backend; every figure is closed after saving).
+
+Plots read the tables metrics.py builds and compute nothing beyond binning for display. Runs of
+at most `max_raw_steps` steps on at most MAX_RAW_REPLICAS replicas are drawn step by step (each
+step spans its [start, end), one panel per replica); larger runs are aggregated into NUM_BINS
+time bins (tokens per second, mean/max step duration, max KV per bin) and the title says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .metrics import cdf_points, weighted_percentile  # noqa: E402
+
+NUM_BINS = 500
+MAX_RAW_REPLICAS = 4
+MAX_LEGEND_REPLICAS = 8
+PREFILL, DECODE, STALL = "tab:blue", "tab:orange", "tab:red"
+
+
+def plot_run(requests_df: pd.DataFrame, steps_df: pd.DataFrame, itl_values: np.ndarray,
+             itl_weights: np.ndarray, out_dir, *, stalls: pd.DataFrame | None = None,
+             cdf_max_points: int = 2000, max_raw_steps: int = 20_000) -> list[Path]:
+    """Write latency_cdf.png, step_timeline.png and kv_usage.png into `out_dir`; return their paths.
+
+    `stalls` (a metrics.stall_events frame) marks stalls on the timeline when given.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = len(steps_df) <= max_raw_steps and steps_df["replica"].nunique() <= MAX_RAW_REPLICAS
+    figures = {
+        "latency_cdf.png": plot_latency_cdf(requests_df, itl_values, itl_weights, cdf_max_points),
+        "step_timeline.png": plot_step_timeline(steps_df, stalls, raw),
+        "kv_usage.png": plot_kv_usage(steps_df, raw),
+    }
+    paths = []
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(out / name)
+    return paths
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _time_axis(ax, low: float, high: float) -> None:
+    """Log time axis labelled in ms/s; minor ticks (2, 5 per decade) labelled when the span is short."""
+    ax.set_xscale("log")
+    label = ticker.FuncFormatter(lambda v, _: _fmt_s(v))
+    ax.xaxis.set_major_formatter(label)
+    ax.xaxis.set_minor_locator(ticker.LogLocator(subs=(2.0, 5.0)))
+    ax.xaxis.set_minor_formatter(label if high < 100 * low else ticker.NullFormatter())
+    ax.tick_params(axis="x", which="minor", labelsize=7)
+
+
+def _cdf_panel(ax, values, weights, label, color, max_points) -> None:
+    x, y = cdf_points(values, weights, max_points)
+    if not (x > 0).any():
+        ax.text(0.5, 0.5, f"no {label} values", ha="center", va="center", transform=ax.transAxes)
+        return
+    ax.step(x[x > 0], y[x > 0], where="post", color=color, label=f"{label} CDF")
+    for q, style in ((50, ":"), (90, "-."), (99, "--")):
+        v = weighted_percentile(values, weights, q)
+        ax.axvline(v, color="gray", linestyle=style, linewidth=1, label=f"p{q} = {_fmt_s(v)}")
+    _time_axis(ax, x[x > 0][0], x[-1])
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("fraction ≤ x")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def plot_latency_cdf(requests_df, itl_values, itl_weights, max_points=2000):
+    """TTFT CDF over requests and ITL CDF over token gaps, log time axis, p50/p90/p99 marked."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    ttft = requests_df["ttft"].to_numpy(dtype=np.float64)
+    ttft = ttft[~np.isnan(ttft)]
+    _cdf_panel(left, ttft, np.ones(len(ttft)), "TTFT", PREFILL, max_points)
+    left.set_title(f"Time to first token ({len(ttft)} requests)")
+    left.set_xlabel("TTFT (log scale)")
+    itl_values, itl_weights = np.asarray(itl_values, dtype=np.float64), np.asarray(itl_weights)
+    _cdf_panel(right, itl_values, itl_weights, "ITL", DECODE, max_points)
+    right.set_title(f"Inter-token latency ({int(itl_weights.sum())} gaps)")
+    right.set_xlabel("ITL (log scale)")
+    fig.suptitle("Latency distributions")
+    return fig
+
+
+def _bars(start, end, height):
+    """Outline of one bar per step over [start, end): x and y arrays for fill_between."""
+    x = np.column_stack([start, start, end, end]).ravel()
+    y = np.column_stack([np.zeros_like(height), height, height, np.zeros_like(height)]).ravel()
+    return x, y.astype(np.float64)
+
+
+def _bins(steps_df):
+    """Time bin edges over the run and each step's bin (by its end)."""
+    t0, t1 = steps_df["start"].min(), steps_df["end"].max()
+    edges = np.linspace(t0, t1 if t1 > t0 else t0 + 1.0, NUM_BINS + 1)
+    which = np.clip(np.searchsorted(edges, steps_df["end"].to_numpy(), side="right") - 1, 0, NUM_BINS - 1)
+    return edges, which
+
+
+def _mark_stalls(ax, stalls, replica=None) -> None:
+    """Red ticks along the bottom of the panel at the end of each stall gap."""
+    if stalls is None or len(stalls) == 0:
+        return
+    mine = stalls if replica is None else stalls[stalls["replica"] == replica]
+    if len(mine):
+        ax.plot(mine["time"], np.full(len(mine), 0.04), "^", color=STALL, markersize=6,
+                transform=ax.get_xaxis_transform(), clip_on=False,
+                label=f"stall ({int(mine['count'].sum())} gaps, longest {_fmt_s(mine['length'].max())})")
+
+
+def _tokens_panel(ax, x, prefill, decode, stalls, unit: str, title: str, replica=None) -> None:
+    """Prefill tokens filled on the left axis, decode tokens as a line on a right axis of their own
+    (prefill chunks are often 10-100x the decode count, so one axis would flatten the decodes)."""
+    right = ax.twinx()
+    ax.fill_between(x, 0, prefill, step="post", color=PREFILL, alpha=0.7, linewidth=0, label=f"prefill {unit}")
+    right.step(x, decode, where="post", color=DECODE, linewidth=1.2, label=f"decode {unit} (right axis)")
+    ax.set_ylim(0, max(1.0, float(np.max(prefill, initial=0))) * 1.3)  # headroom for the legend
+    right.set_ylim(0, max(1.0, float(np.max(decode, initial=0))) * 1.3)
+    ax.set_ylabel(f"prefill {unit}", color=PREFILL)
+    right.set_ylabel(f"decode {unit}", color=DECODE)
+    ax.set_title(title)
+    _mark_stalls(ax, stalls, replica)
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper left", ncol=3, fontsize=8)
+
+
+def plot_step_timeline(steps_df: pd.DataFrame, stalls=None, raw: bool = True):
+    """Prefill vs decode tokens over time (stalls marked) and step duration on a second panel."""
+    replicas = sorted(steps_df["replica"].unique()) if raw else [None]
+    fig, axes = plt.subplots(len(replicas) + 1, 1, figsize=(11, 2.6 * (len(replicas) + 1)), sharex=True,
+                             squeeze=False)
+    axes, dur = axes[:-1, 0], axes[-1, 0]
+    if raw:
+        for ax, r in zip(axes, replicas):
+            s = steps_df[steps_df["replica"] == r]
+            start, end = s["start"].to_numpy(), s["end"].to_numpy()
+            x, p = _bars(start, end, s["prefill_tokens"].to_numpy())
+            _, d = _bars(start, end, s["decode_tokens"].to_numpy())
+            _tokens_panel(ax, x, p, d, stalls, "tokens per step",
+                          f"Replica {r}: tokens in each step ({len(s)} steps)", r)
+            dur.plot(start, s["duration"] * 1e3, ".", markersize=3, label=f"replica {r}")
+        dur.set_title("Step duration (one dot per step, at its start)")
+    elif len(steps_df):
+        edges, which = _bins(steps_df)
+        width, x = edges[1] - edges[0], edges[:-1]
+        p = np.bincount(which, steps_df["prefill_tokens"].to_numpy(), NUM_BINS) / width
+        d = np.bincount(which, steps_df["decode_tokens"].to_numpy(), NUM_BINS) / width
+        _tokens_panel(axes[0], x, p, d, stalls, "tokens/s",
+                      f"Tokens per second, all replicas ({len(steps_df)} steps in {NUM_BINS} time bins)")
+        ms = steps_df["duration"].to_numpy() * 1e3
+        count = np.bincount(which, minlength=NUM_BINS)
+        mean = np.bincount(which, ms, NUM_BINS) / np.maximum(count, 1)
+        top = np.full(NUM_BINS, np.nan)
+        np.fmax.at(top, which, ms)
+        used = count > 0
+        dur.plot(x[used], top[used], "-", color="tab:gray", linewidth=0.8, label="max per bin")
+        dur.plot(x[used], mean[used], "-", color="tab:green", linewidth=1.2, label="mean per bin")
+        dur.set_title("Step duration (per time bin)")
+    dur.set_ylabel("duration (ms)")
+    dur.set_xlabel("simulated time (s)")
+    dur.grid(True, alpha=0.3)
+    if len(steps_df):
+        dur.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def plot_kv_usage(steps_df: pd.DataFrame, raw: bool = True):
+    """KV blocks in use over time, one line per replica (max per time bin for large runs)."""
+    fig, ax = plt.subplots(figsize=(11, 3.5))
+    replicas = sorted(steps_df["replica"].unique())
+    edges, which = (None, None) if raw else _bins(steps_df)
+    for r in replicas:
+        mask = (steps_df["replica"] == r).to_numpy()
+        s = steps_df[mask]
+        label = f"replica {r}" if len(replicas) <= MAX_LEGEND_REPLICAS else None
+        if raw:  # a step's value over [start, end); the line breaks where the replica idles
+            start, end = s["start"].to_numpy(), s["end"].to_numpy()
+            idle = np.r_[False, start[1:] > end[:-1]]
+            nan = np.where(idle, np.nan, start)
+            x = np.column_stack([nan, start, end]).ravel()
+            value = s["kv_blocks_used"].to_numpy(dtype=np.float64)
+            y = np.column_stack([np.where(idle, np.nan, value), value, value]).ravel()
+            ax.plot(x, y, linewidth=1, label=label)
+        else:
+            top = np.full(NUM_BINS, np.nan)
+            np.fmax.at(top, which[mask], s["kv_blocks_used"].to_numpy(dtype=np.float64))
+            used = ~np.isnan(top)
+            ax.step(edges[:-1][used], top[used], where="post", linewidth=1, label=label)
+    ax.set_title("KV cache blocks in use" + (" (gaps: replica idle)" if raw else f" (max per time bin, {NUM_BINS} bins)"))
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("blocks used")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if len(replicas) <= MAX_LEGEND_REPLICAS and len(steps_df):
+        ax.legend(loc="upper right", fontsize=8)
+    return fig

@@ -1,0 +1,70 @@
+"""Small factories for tests: requests, a traced policy, and one-call simulations on CPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cbsim.policies import make_policy
+from cbsim.profiler.costmodels import load_cost_model
+from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.request import Request
+from cbsim.sim.simulation import simulate
+
+
+def make_requests(specs) -> list[Request]:
+    """Requests from (arrival, prompt_len, output_len[, priority]) tuples, ids in order."""
+    return [Request(i, float(s[0]), int(s[1]), int(s[2]), priority=int(s[3]) if len(s) > 3 else 0)
+            for i, s in enumerate(specs)]
+
+
+class TracedPolicy:
+    """Wraps a policy and keeps every plan it returned (with the time it was asked)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+        self.config = inner.config
+        self.steady_when_blocked = inner.steady_when_blocked
+        self.plans = []
+
+    def schedule(self, state):
+        plan = self.inner.schedule(state)
+        decoding = {r.id for r in list(state.running) + list(state.waiting)
+                    if r.num_output_tokens > 0 and r.need == 1}
+        self.plans.append((state.now, plan, decoding))
+        return plan
+
+    def reject_reason(self, req, state):
+        return self.inner.reject_reason(req, state)
+
+
+@dataclass
+class Run:
+    requests: list
+    recorder: object
+    replicas: list
+    policies: list = field(default_factory=list)
+
+
+def run_policy(policy: dict, requests: list[Request], *, cost: dict | None = None, num_blocks: int = 10_000,
+               block_size: int = 16, watermark_blocks: int = 0, max_model_len: int = 100_000,
+               preemption: str = "recompute", victim: str = "last_admitted", fast_forward: bool = True,
+               replicas: int = 1, router: str = "round_robin", trace: bool = False,
+               reserve_full_prompt: bool = False) -> Run:
+    """Simulate `requests` under one policy on CPU (unit cost model unless `cost` is given)."""
+    cost_model = load_cost_model(cost or {"type": "unit"})
+    policies = []
+
+    def new_policy():
+        p = make_policy(policy)
+        if trace:
+            p = TracedPolicy(p)
+            policies.append(p)
+        return p
+
+    settings = ReplicaSettings(preemption_mode=preemption, victim=victim, max_model_len=max_model_len,
+                               fast_forward=fast_forward, swap_bandwidth=1e9)
+    recorder, pool = simulate(requests, new_policy, cost_model,
+                              lambda: KVCache(num_blocks, block_size, watermark_blocks, reserve_full_prompt, 1024.0),
+                              settings, replicas=replicas, router=router)
+    return Run(requests, recorder, pool, policies)

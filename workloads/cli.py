@@ -1,0 +1,40 @@
+"""`cbsim workload FILE`: build an experiment's workload, print its statistics, optionally plot it.
+
+Registered by cbsim.cli through `register(app)`; it builds exactly the requests `cbsim run` would
+(same seed, same base folder for trace paths) without running the simulation.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    from cbsim.cli import user_errors
+
+    @app.command("workload")
+    @user_errors
+    def workload(file: Path = typer.Argument(..., help="experiment YAML (its `workload:` section is used)"),
+                 plot: Optional[Path] = typer.Option(None, "--plot", help="also write a PNG of the workload here"),
+                 seed: Optional[int] = typer.Option(None, "--seed", help="random seed (default: the experiment's)")):
+        """Describe the requests an experiment's workload generates."""
+        from cbsim.config import read_yaml
+        from cbsim.errors import ConfigError
+
+        from .build import build_requests
+        from .config import parse_workload
+        from .describe import describe_requests, format_description, plot_workload
+
+        data = read_yaml(file)
+        try:
+            cfg = parse_workload(data.get("workload"), "workload")
+            rng = np.random.default_rng(seed if seed is not None else data.get("seed", 0))
+            requests = build_requests(cfg, rng, base_dir=file.parent)
+        except ConfigError as err:
+            raise err.in_file(str(file))
+        typer.echo(format_description(describe_requests(requests)))
+        if plot is not None:
+            typer.echo(f"plot: {plot_workload(requests, plot, title=f'{file.name}: workload')}")

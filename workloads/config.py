@@ -1,0 +1,184 @@
+"""The experiment's `workload:` section: which source of requests, and its options.
+
+Invariant: a parsed WorkloadConfig names exactly one source, and every error names its key path:
+- an explicit list (`requests`), used as is;
+- a trace (`trace`): arrivals and lengths from a file; `arrival` may replace its timestamps and is
+  required for traces without them (sharegpt, arxiv); `shared_prefix` may add system prompts;
+- synthetic: `num_requests` with an `arrival` process and `prompt_len` / `output_len`
+  distributions, optionally a `shared_prefix` structure.
+
+Distribution mappings are discriminated by `type` (`{type: poisson, rate: 4.0}`); `parse_tagged`
+picks the dataclass by `type` and parses the remaining keys with cbsim.schema.parse.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+
+from cbsim.errors import ConfigError, missing
+from cbsim.schema import coerce, option, parse, require
+
+from .arrivals import ARRIVALS, ArrivalConfig
+from .lengths import LENGTHS, LengthConfig
+from .prefixes import SharedPrefixConfig
+from .trace_source import TraceConfig
+from .traces import LENGTH_ONLY_FORMATS
+
+
+@dataclass
+class ExplicitRequest:
+    """One request of an explicit list."""
+
+    arrival: float = option(help="arrival time in seconds (>= 0)")
+    prompt_len: int = option(help="prompt tokens (>= 1)")
+    output_len: int = option(help="output tokens to generate (>= 1)")
+    priority: int = option(0, help="scheduling priority; larger is more important")
+
+    def validate(self):
+        require(self.arrival >= 0, "arrival", "a time >= 0", self.arrival)
+        require(self.prompt_len >= 1, "prompt_len", "a length >= 1", self.prompt_len)
+        require(self.output_len >= 1, "output_len", "a length >= 1", self.output_len)
+
+
+@dataclass
+class WorkloadConfig:
+    """Where requests come from: an explicit list, a trace, or synthetic distributions."""
+
+    num_requests: int | None = option(None, help="synthetic only: how many requests to generate (>= 1); with a "
+                                                 "trace use trace.max_requests or trace.sample instead")
+    arrival: ArrivalConfig | None = option(
+        None, help="arrival process, {type: ...}: poisson(rate) | gamma(rate, cv) | constant(rate) | all_at_once "
+                   "| bursts(on_rate, off_rate, on_seconds, off_seconds) | diurnal(mean_rate, amplitude, period); "
+                   "with a trace it replaces the trace's timestamps")
+    prompt_len: LengthConfig | None = option(
+        None, help="prompt length distribution, {type: ...}: fixed(value) | uniform(min, max) "
+                   "| lognormal(median, sigma, min, max) | zipf(a, min, max) | empirical(values or trace); "
+                   "min/max truncate (out-of-range draws are redrawn, never clamped)")
+    output_len: LengthConfig | None = option(None, help="output length distribution, same forms as prompt_len")
+    requests: list[ExplicitRequest] | None = option(
+        None, help="explicit list of {arrival, prompt_len, output_len, priority}, used as is (sorted by arrival)")
+    trace: TraceConfig | None = option(None, help="a real trace to replay (see its own keys)")
+    shared_prefix: SharedPrefixConfig | None = option(
+        None, help="synthetic shared prefixes (system prompts or multi-turn) filling prefix_hashes")
+
+    @property
+    def source(self) -> str:
+        """'requests', 'trace' or 'synthetic'."""
+        if self.requests is not None:
+            return "requests"
+        return "trace" if self.trace is not None else "synthetic"
+
+    @property
+    def hash_block_size(self) -> int | None:
+        """Tokens per block of the requests' prefix_hashes, or None when they carry none."""
+        if self.shared_prefix is not None:
+            return self.shared_prefix.hash_block_size
+        if self.trace is not None and self.trace.format == "mooncake":
+            return self.trace.hash_block_size
+        return None
+
+
+_TAGGED = {"arrival": ARRIVALS, "prompt_len": LENGTHS, "output_len": LENGTHS}
+
+
+def parse_workload(mapping, path: str = "workload") -> WorkloadConfig:
+    """Validate a `workload:` mapping; raises ConfigError naming the key path of the first problem."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(path, "a mapping (the workload section)", mapping)
+    plain = {k: v for k, v in mapping.items() if k not in _TAGGED}
+    _precheck(WorkloadConfig, plain, path)
+    cfg = parse(WorkloadConfig, plain, path)
+    tagged = {k: parse_tagged(kinds, mapping[k], f"{path}.{k}")
+              for k, kinds in _TAGGED.items() if mapping.get(k) is not None}
+    cfg = dataclasses.replace(cfg, **tagged)
+    check_workload(cfg, path)
+    return cfg
+
+
+def parse_tagged(kinds: dict[str, type], mapping, path: str):
+    """Parse a mapping discriminated by its `type` key into the dataclass registered for that type.
+
+    A bare string is shorthand for a type without options (`arrival: all_at_once`).
+    """
+    names = "one of " + ", ".join(kinds)
+    if isinstance(mapping, str):
+        mapping = {"type": mapping}
+    if not isinstance(mapping, dict):
+        raise ConfigError(path, f"a mapping with a 'type' key ({names})", mapping)
+    if "type" not in mapping:
+        raise missing(f"{path}.type", names)
+    kind = mapping["type"]
+    if kind not in kinds:
+        raise ConfigError(f"{path}.type", names, kind)
+    rest = {k: v for k, v in mapping.items() if k != "type"}
+    _precheck(kinds[kind], rest, path)
+    return parse(kinds[kind], rest, path)
+
+
+def _precheck(cls, mapping: dict, path: str) -> None:
+    """Parse each optional section (`X | None`, X a dataclass or a list) on its own first.
+
+    cbsim.schema.coerce reports a bad optional section only as "X or null"; parsing the section
+    alone raises the inner error, naming the exact key (`workload.trace.time_scale`).
+    """
+    hints = typing.get_type_hints(cls)
+    for name, value in mapping.items():
+        args = typing.get_args(hints.get(name))
+        inner = [a for a in args if a is not type(None)]
+        if value is None or type(None) not in args or len(inner) != 1:
+            continue
+        if dataclasses.is_dataclass(inner[0]) or typing.get_origin(inner[0]) is list:
+            coerce(inner[0], value, f"{path}.{name}")
+
+
+def check_workload(cfg: WorkloadConfig, path: str = "workload") -> None:
+    """Check that the fields name one coherent source (see the module docstring)."""
+    if cfg.source == "requests":
+        _check_requests(cfg, path)
+    elif cfg.source == "trace":
+        _check_trace(cfg, path)
+    else:
+        _check_synthetic(cfg, path)
+
+
+def _check_requests(cfg: WorkloadConfig, path: str) -> None:
+    for name in ("num_requests", "arrival", "prompt_len", "output_len", "trace", "shared_prefix"):
+        if getattr(cfg, name) is not None:
+            raise ConfigError(f"{path}.{name}", "nothing beside an explicit 'requests' list (it is used as is)",
+                              has_got=False)
+    require(len(cfg.requests) > 0, f"{path}.requests", "a non-empty list", cfg.requests)
+
+
+def _check_trace(cfg: WorkloadConfig, path: str) -> None:
+    if cfg.num_requests is not None:
+        raise ConfigError(f"{path}.num_requests", "null with a trace (use trace.max_requests or trace.sample)",
+                          cfg.num_requests)
+    for name in ("prompt_len", "output_len"):
+        if getattr(cfg, name) is not None:
+            raise ConfigError(f"{path}.{name}", "no length distribution beside 'trace' (the trace gives lengths; "
+                              "for lengths drawn from a trace use {type: empirical, trace: ...})", has_got=False)
+    fmt = cfg.trace.format
+    if cfg.arrival is None and fmt in LENGTH_ONLY_FORMATS:
+        raise missing(f"{path}.arrival", f"an arrival process; {fmt} traces have no timestamps")
+    if cfg.arrival is not None:
+        require(cfg.trace.time_scale == 1.0, f"{path}.trace.time_scale",
+                "1.0 (workload.arrival replaces the trace's timestamps; set its rate instead)", cfg.trace.time_scale)
+    if cfg.shared_prefix is not None:
+        require(fmt != "mooncake", f"{path}.shared_prefix", "no shared_prefix with a mooncake trace "
+                "(its hash_ids already describe the shared prefixes)", "a mapping")
+        require(cfg.shared_prefix.mode == "system_prompts", f"{path}.shared_prefix.mode",
+                "system_prompts with a trace (multi_turn builds conversations from prompt_len/output_len)",
+                cfg.shared_prefix.mode)
+
+
+def _check_synthetic(cfg: WorkloadConfig, path: str) -> None:
+    if all(getattr(cfg, k) is None for k in ("num_requests", "arrival", "prompt_len", "output_len")):
+        raise ConfigError(path, "one source: 'requests', 'trace', or 'num_requests' with 'arrival', "
+                                "'prompt_len' and 'output_len'", has_got=False)
+    if cfg.num_requests is None:
+        raise missing(f"{path}.num_requests", "int >= 1")
+    require(cfg.num_requests >= 1, f"{path}.num_requests", "an integer >= 1", cfg.num_requests)
+    for name in ("arrival", "prompt_len", "output_len"):
+        if getattr(cfg, name) is None:
+            raise missing(f"{path}.{name}", "a mapping with a 'type' key")
