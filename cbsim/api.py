@@ -30,6 +30,7 @@ class Results:
     summary: dict
     itl: object  # cbsim.sim.metrics.ITLDistribution
     recorder: object  # cbsim.sim.recorder.Recorder
+    shapes: list | None = None  # sampled step shapes (output.shapes > 0)
     out_dir: Path | None = None
 
     def token_times(self, request_id: int) -> np.ndarray:
@@ -60,6 +61,11 @@ class Results:
                      cdf_max_points=cfg.metrics.cdf_max_points)
         if cfg.output.trace:
             write_chrome_trace(self.steps, out / "trace.json", cfg.metrics.trace_max_steps)
+        if self.shapes:
+            with open(out / "shapes.jsonl", "w") as handle:
+                for shape in self.shapes:
+                    handle.write(json.dumps({"prefill": [list(p) for p in shape.prefill],
+                                             "decode": list(shape.decode)}) + "\n")
         self.out_dir = out
         return out
 
@@ -92,7 +98,8 @@ def build_replica_parts(cfg: ExperimentConfig):
     settings = ReplicaSettings(
         preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
         swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
-        max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward)
+        max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
+        record_shapes=cfg.output.shapes > 0)
 
     def make_kv():
         return KVCache(num_blocks, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * num_blocks)),
@@ -114,6 +121,27 @@ def kv_blocks(cfg: ExperimentConfig, model, tp: int) -> int:
     return kv_cache_blocks(model, gpu_spec(gpu, "cluster.gpu"), tp, kv_cfg.block_size, kv_cfg.gpu_memory_utilization)
 
 
+def step_noise(cfg: ExperimentConfig, cost, rng: np.random.Generator):
+    """The per-step time factor for `sim.cost_noise`, drawn from its own child generator."""
+    if not cfg.sim.cost_noise:
+        return None
+    if not hasattr(cost, "sample_factor"):
+        raise ConfigError("sim.cost_noise", "a cost model with fitted residuals (type: fitted)",
+                          cfg.cost_model.get("type"))
+    noise_rng = rng.spawn(1)[0]
+    return lambda: cost.sample_factor(noise_rng)
+
+
+def sample_shapes(pool, count: int, rng: np.random.Generator) -> list | None:
+    """`count` step shapes drawn uniformly (seeded, in step order) from every replica's log."""
+    if count <= 0:
+        return None
+    shapes = [shape for replica in pool for shape in replica.shapes if not shape.is_empty]
+    if len(shapes) <= count:
+        return shapes
+    return [shapes[i] for i in np.sort(rng.choice(len(shapes), size=count, replace=False))]
+
+
 def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> Results:
     """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
 
@@ -130,18 +158,21 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         base_dir = Path(cfg.source).parent if cfg.source else None
         requests = build_requests(parse_workload(cfg.workload, "workload"), rng, base_dir)
         _, cost, make_kv, settings = build_replica_parts(cfg)
+        noise = step_noise(cfg, cost, rng)
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
     started = time.perf_counter()
-    recorder, _ = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
-                           replicas=cfg.cluster.replicas, router=cfg.cluster.router, max_time=cfg.sim.max_time)
+    recorder, pool = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
+                              replicas=cfg.cluster.replicas, router=cfg.cluster.router, max_time=cfg.sim.max_time,
+                              noise=noise)
     wall = time.perf_counter() - started
     steps = step_frame(recorder)
     table = request_frame(requests, recorder, steps, cfg.metrics)
     itl = itl_distribution(recorder, requests, steps)
     summary = summarize(table, steps, recorder, cfg.metrics, itl=itl)
     summary["sim_wall_seconds"] = wall
-    results = Results(cfg, table, steps, summary, itl, recorder)
+    shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
+    results = Results(cfg, table, steps, summary, itl, recorder, shapes)
     target = out_dir or cfg.output.dir
     if target:
         results.write(target)

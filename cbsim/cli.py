@@ -82,7 +82,8 @@ def _register_optional_commands() -> None:
     """Commands that live beside their subsystem (profiler, workloads) register themselves."""
     import importlib
 
-    for module in ("cbsim.profiler.profile_cli", "cbsim.profiler.fit_cli", "cbsim.workloads.cli"):
+    for module in ("cbsim.profiler.profile_cli", "cbsim.profiler.fit_cli", "cbsim.workloads.cli",
+                   "cbsim.sweep_cli", "cbsim.regress_cli"):
         try:
             importlib.import_module(module).register(app)
         except ModuleNotFoundError as err:

@@ -66,6 +66,8 @@ class PreemptionConfig:
 class SimConfig:
     fast_forward: bool = option(True, help="advance runs of identical decode steps at once (same results)")
     max_time: float | None = option(None, help="stop the simulation at this simulated time (seconds)")
+    cost_noise: bool = option(False, help="multiply each step time by a factor drawn (seeded) from the cost "
+                              "model's residuals (fitted models); turns fast-forward off")
 
 
 @dataclass
@@ -74,6 +76,8 @@ class OutputConfig:
     plots: bool = option(True, help="write PNG plots")
     trace: bool = option(True, help="write a Perfetto/Chrome trace JSON of the steps")
     formats: list[Literal["csv", "parquet"]] = option(["csv", "parquet"], help="table file formats")
+    shapes: int = option(0, help="write shapes.jsonl with this many step shapes sampled from the run "
+                         "(held-out batches for `cbsim profile --batches`); 0 = none")
 
 
 @dataclass

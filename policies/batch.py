@@ -60,6 +60,44 @@ class BatchBuilder:
         self._take(req, num_tokens, target, max(extra, 0))
         return True
 
+    def schedule_decodes(self, running) -> None:
+        """One token for every running decode, in order, while budgets allow.
+
+        The hot path of every step, kept tight: a decode needs a new block only at a block
+        boundary, and only a shortage takes the general (preempting) path.
+        """
+        block_size = self.kv.block_size
+        scheduled, epochs, blocks, out = self.scheduled, self.epochs, self.blocks, self._out
+        room = min(self.seqs_left, self.tokens_left)
+        taken = 0
+        for req in running:
+            if taken >= room:
+                break
+            outputs = req.num_output_tokens
+            computed = req.num_computed_tokens
+            rid = req.id
+            if not outputs or req.prompt_len + outputs - computed != 1 or rid in scheduled or rid in out:
+                continue
+            target = computed // block_size + 1  # blocks for computed + 1 tokens
+            extra = target - req.num_blocks
+            if extra > 0:
+                if extra > self.free:
+                    self._commit_taken(taken)
+                    taken, room = 0, min(self.seqs_left, self.tokens_left)
+                    if self.schedule_running(req, 1):  # preempts others, or itself
+                        room -= 1
+                    continue
+                self.free -= extra
+            scheduled[rid] = 1
+            epochs[rid] = req.epoch
+            blocks[rid] = target
+            taken += 1
+        self._commit_taken(taken)
+
+    def _commit_taken(self, count: int) -> None:
+        self.seqs_left -= count
+        self.tokens_left -= count
+
     def add_padding(self, req: Request) -> None:
         """Keep a finished request's slot in the batch: charged like a decode row, no token."""
         self.padding.append(req.id)
@@ -105,7 +143,7 @@ class BatchBuilder:
         self.tokens_left -= num_tokens
         self.seqs_left -= 1
         self.free -= extra_blocks
-        if req.num_output_tokens == 0 or req.need > 1:
+        if num_tokens > 1 or req.num_output_tokens == 0 or req.need > 1:
             self.num_prefills += 1
 
     def _pick_victim(self, exclude: Request) -> Request | None:

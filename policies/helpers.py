@@ -44,18 +44,17 @@ class PrefillLimit:
 
 def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> None:
     """One token for every running decode, oldest first, preempting others when KV runs short."""
-    for req in running:
-        if b.seqs_left <= 0 or b.tokens_left <= 0:
-            return
-        if is_decode(req) and not b.is_scheduled(req) and not b.is_out(req):
-            b.schedule_running(req, 1)
+    b.schedule_decodes(running)
 
 
 def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: PrefillLimit | None = None,
                       max_chunk: int | None = None) -> None:
     """Next chunk of every running request still in prefill, in admission order."""
     for req in running:
-        if is_decode(req) or req.is_done or b.is_scheduled(req) or b.is_out(req):
+        outputs = req.num_output_tokens
+        if outputs >= req.output_len or (outputs and req.prompt_len + outputs - req.num_computed_tokens == 1):
+            continue  # done, or a decode
+        if b.is_scheduled(req) or b.is_out(req):
             continue
         if b.seqs_left <= 0 or b.tokens_left <= 0:
             return

@@ -30,6 +30,12 @@ class Column:
         self.data[self.size : self.size + len(values)] = values
         self.size += len(values)
 
+    def fill(self, value, count: int) -> None:
+        """Append `count` copies of one value."""
+        self._reserve(count)
+        self.data[self.size : self.size + count] = value
+        self.size += count
+
     def array(self) -> np.ndarray:
         return self.data[: self.size]
 

@@ -62,7 +62,10 @@ class Recorder:
         count = len(rows["start"])
         for name, column in self.columns.items():
             value = rows[name]
-            column.extend(np.broadcast_to(value, (count,)) if np.ndim(value) == 0 else value)
+            if isinstance(value, np.ndarray):
+                column.extend(value)
+            else:
+                column.fill(value, count)
         return first
 
     def token(self, req: Request, step: int, previous_step: int) -> None:

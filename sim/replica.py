@@ -11,6 +11,7 @@ vectorised computation (cost.decode_run_times) with results identical to steppin
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -39,11 +40,13 @@ class ReplicaSettings:
     max_model_len: int = 8192
     fast_forward: bool = True
     max_fast_forward: int = 4096
+    record_shapes: bool = False  # keep every step's shape (held-out batches for the profiler)
 
 
 class Replica:
     def __init__(self, env, index: int, policy, cost: CostModel, kv: KVCache, recorder: Recorder,
-                 settings: ReplicaSettings, horizon: Callable[[], float], on_idle: Callable[[], None] = lambda: None):
+                 settings: ReplicaSettings, horizon: Callable[[], float], on_idle: Callable[[], None] = lambda: None,
+                 noise: Callable[[], float] | None = None, pull: Callable[[float], None] = lambda t: None):
         self.env = env
         self.index = index
         self.policy = policy
@@ -57,12 +60,17 @@ class Replica:
         self.prev_step = -1
         self.admissions = 0
         self.on_idle = on_idle  # told whenever the replica runs out of work
+        self.pull = pull  # delivers every arrival due by a given time (the arrival feed)
+        self.incoming: deque[Request] = deque()  # routed here, not yet visible (arrival after the clock)
+        self.noise = noise  # multiplies each step's time (cost_noise); disables fast-forward
+        self.shapes: list[StepShape] | None = [] if settings.record_shapes else None
         self._wake = None
+        self._resume_at = None
         self.process = env.process(self.run())
 
     @property
     def is_idle(self) -> bool:
-        return not self.state.waiting and not self.state.running
+        return not self.state.waiting and not self.state.running and not self.incoming
 
     @property
     def waiting(self) -> deque:
@@ -91,34 +99,55 @@ class Replica:
             req.reject_reason = reason
             return
         req.status = Status.WAITING
-        self.waiting.append(req)
-        self.by_id[req.id] = req
+        self.incoming.append(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _take_arrivals(self, now: float) -> None:
+        """Make visible every request that arrived by `now` (exact clock), in arrival order."""
+        self.pull(now)
+        incoming = self.incoming
+        while incoming and incoming[0].arrival <= now:
+            req = incoming.popleft()
+            self.waiting.append(req)
+            self.by_id[req.id] = req
 
     # -- the loop ------------------------------------------------------------------------
     def run(self):
         env = self.env
         while True:
+            start = env.now if self._resume_at is None else self._resume_at
+            self._resume_at = None
+            self._take_arrivals(start)
             if not self.waiting and not self.running:
+                if self.incoming:  # routed, but arriving a hair later than this clock
+                    yield env.timeout(delay_to(env.now, self.incoming[0].arrival))
+                    continue
                 self.on_idle()
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
                 continue
-            self.state.now = start = env.now
+            self.state.now = start
             plan = self.policy.schedule(self.state)
             if plan.is_empty:
                 raise SchedulerStuck(self._stuck_message())
             shape, swap_bytes = self.begin(plan, start)
-            duration = self.cost.step_time(shape) + swap_bytes / self.settings.swap_bandwidth
-            ends = self._fast_forward_ends(plan, shape, start, duration, swap_bytes)
-            if ends is None:
-                yield env.timeout(duration)
-                self.commit(plan, env.now)
+            duration = self.cost.step_time(shape)
+            if self.noise is not None:
+                duration *= self.noise()
+            duration += swap_bytes / self.settings.swap_bandwidth
+            run = self._fast_forward(plan, shape, start, duration, swap_bytes)
+            if run is None:
+                end = start + duration
+                yield env.timeout(delay_to(env.now, end))
+                self.commit(plan, end)
+                self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
             else:
+                ends, held = run
                 yield env.timeout(delay_to(env.now, float(ends[-1])))
-                self._commit_run(ends)
+                self._commit_run(ends, held)
+                self._resume_at = float(ends[-1])  # the exact sum, whatever SimPy's clock rounded to
 
     # -- begin: what the step holds while it runs ---------------------------------------
     def begin(self, plan: StepPlan, now: float) -> tuple[StepShape, float]:
@@ -131,15 +160,19 @@ class Replica:
         for rid in plan.admitted:
             swap_bytes += self._admit(self.by_id[rid], now)
         prefill, decode = [], []
+        sampled = 0
+        by_id, blocks, kv = self.by_id, plan.blocks, self.kv
         for rid, n in plan.scheduled.items():
-            req = self.by_id[rid]
-            self.kv.grow(req, plan.blocks[rid])
-            if req.num_output_tokens > 0 and req.need == 1:
-                decode.append(req.num_computed_tokens + 1)
+            req = by_id[rid]
+            if blocks[rid] > req.num_blocks:
+                kv.grow(req, blocks[rid])
+            computed = req.num_computed_tokens
+            total = req.prompt_len + req.num_output_tokens
+            if req.num_output_tokens and total - computed == 1:
+                decode.append(computed + 1)
             else:
-                prefill.append((n, req.num_computed_tokens))
-        sampled = sum(1 for rid, n in plan.scheduled.items()
-                      if self.by_id[rid].num_computed_tokens + n == self.by_id[rid].num_tokens)
+                prefill.append((n, computed))
+            sampled += computed + n == total
         num_padding = len(plan.padding)
         decode.extend(self.by_id[rid].num_computed_tokens for rid in plan.padding)
         shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes)
@@ -147,6 +180,8 @@ class Replica:
             replica=self.index, start=now, end=np.nan, prefill_tokens=shape.num_prefill_tokens,
             decode_tokens=shape.num_decode_tokens, padding_tokens=num_padding, num_seqs=shape.num_seqs,
             kv_blocks_used=self.kv.used_blocks, preemptions=len(plan.preempted), swap_bytes=swap_bytes)
+        if self.shapes is not None:
+            self.shapes.append(shape)
         return shape, swap_bytes
 
     def _admit(self, req: Request, now: float) -> float:
@@ -186,24 +221,22 @@ class Replica:
         step = self.step
         self.recorder.set_end(step, end)
         finished = False
+        by_id, epochs, token, previous = self.by_id, plan.epochs, self.recorder.token, self.prev_step
         for rid, n in plan.scheduled.items():
-            req = self.by_id[rid]
-            if req.epoch != plan.epochs[rid] or req.status != Status.RUNNING:
+            req = by_id[rid]
+            if req.epoch != epochs[rid] or req.status != Status.RUNNING:
                 continue
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.prompt_len + req.num_output_tokens:
-                self._sample(req, step, end)
+                req.num_output_tokens += 1
+                token(req, step, previous)
+                if req.num_output_tokens == 1:
+                    req.first_token_time = end
+                    req.first_token_step = step
                 finished |= req.num_output_tokens >= req.output_len
         self.prev_step = step
         if finished:
             self._release_finished(plan.hold_finished, end)
-
-    def _sample(self, req: Request, step: int, end: float) -> None:
-        req.num_output_tokens += 1
-        self.recorder.token(req, step, self.prev_step)
-        if req.num_output_tokens == 1:
-            req.first_token_time = end
-            req.first_token_step = step
 
     def _release_finished(self, hold: bool, end: float) -> None:
         if hold and not all(r.is_done for r in self.running):
@@ -221,19 +254,28 @@ class Replica:
         self.state.running = keep
 
     # -- fast-forward over identical decode steps ----------------------------------------
-    def _fast_forward_ends(self, plan, shape, start, duration, swap_bytes):
-        """End times of 2+ identical decode steps starting with this one, or None to step once."""
+    def _fast_forward(self, plan, shape, start, duration, swap_bytes):
+        """(end times, KV blocks held) of 2+ identical decode steps from this one, or None to step once.
+
+        The run stops before the first completion, before KV runs out, and before the first step
+        that would start at or after the next outside event (an arrival). Cost models are monotone
+        in context, so (horizon - start) / duration + 1 bounds the steps worth computing.
+        """
         running = self.running
-        if (not self.settings.fast_forward or swap_bytes or plan.admitted or plan.preempted or plan.padding
-                or shape.prefill
-                or len(shape.decode) != len(running) or len(running) == 0
-                or (self.waiting and not self.policy.steady_when_blocked)):
+        if (not self.settings.fast_forward or self.noise is not None or swap_bytes or plan.admitted
+                or plan.preempted or plan.padding or shape.prefill or len(shape.decode) != len(running)
+                or not running or (self.waiting and not self.policy.steady_when_blocked)):
             return None
-        remaining = min(r.output_len - r.num_output_tokens for r in running)
-        steps = min(remaining - 1, self.settings.max_fast_forward)  # the completing step runs normally
+        horizon = self.horizon()
+        steps = min(min(r.output_len - r.num_output_tokens for r in running) - 1,  # completing step runs alone
+                    self.settings.max_fast_forward)
+        if horizon != math.inf:
+            steps = min(steps, int((horizon - start) / duration) + 2)
         if steps < 2:
             return None
-        steps = min(steps, self._steps_within_kv(steps))
+        held = self._held_blocks(steps)
+        extra = held.sum(axis=1) - held[0].sum()
+        steps = int(np.searchsorted(extra, self.kv.free_blocks, side="right"))
         if steps < 2:
             return None
         contexts = np.fromiter(shape.decode, dtype=np.int64, count=len(shape.decode))
@@ -241,8 +283,8 @@ class Replica:
         durations[0] = duration
         ends = np.cumsum(np.concatenate(([start], durations)))[1:]
         # step j >= 2 starts at ends[j-2]; it may run only if that is before the next outside event
-        runnable = 1 + int(np.searchsorted(ends[: steps - 1], self.horizon(), side="left"))
-        return ends[:runnable] if runnable >= 2 else None
+        runnable = 1 + int(np.searchsorted(ends[: steps - 1], horizon, side="left"))
+        return (ends[:runnable], held[:runnable]) if runnable >= 2 else None
 
     def _held_blocks(self, steps: int) -> np.ndarray:
         """[j, i]: KV blocks running request i holds after step j + 1 of a decode run (j = 0 is now)."""
@@ -253,17 +295,10 @@ class Replica:
         needed = -(-(contexts[None, :] + growth[:, None]) // self.kv.block_size)
         return np.maximum(needed, reserved[None, :])
 
-    def _steps_within_kv(self, steps: int) -> int:
-        """How many steps (from this one) fit in the free KV blocks without a preemption."""
-        held = self._held_blocks(steps)
-        extra = held.sum(axis=1) - held[0].sum()
-        return int(np.searchsorted(extra, self.kv.free_blocks, side="right"))
-
-    def _commit_run(self, ends: np.ndarray) -> None:
+    def _commit_run(self, ends: np.ndarray, held: np.ndarray) -> None:
         """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens."""
         count = len(ends)
         running = self.running
-        held = self._held_blocks(count)
         used = self.kv.used_blocks + held.sum(axis=1) - held[0].sum()
         self.recorder.set_end(self.step, float(ends[0]))
         first = self.recorder.add_steps(
@@ -271,13 +306,19 @@ class Replica:
             decode_tokens=len(running), padding_tokens=0, num_seqs=len(running), kv_blocks_used=used[1:],
             preemptions=0, swap_bytes=0.0)
         last = first + count - 2
-        for req, blocks in zip(running, held[-1]):
-            self._sample(req, self.step, float(ends[0]))
-            req.num_output_tokens += count - 1
+        token, grow, step, previous = self.recorder.token, self.kv.grow, self.step, self.prev_step
+        for req, blocks in zip(running, held[-1].tolist()):
+            token(req, step, previous)
+            req.num_output_tokens += count
             req.num_computed_tokens += count
-            self.kv.grow(req, int(blocks))
+            if blocks > req.num_blocks:
+                grow(req, blocks)
         self.recorder.tokens_bulk(running, first, last)
         self.prev_step = last
+        if self.shapes is not None:
+            base = self.shapes[-1].decode
+            self.shapes.extend(StepShape(decode=tuple(c + j for c in base), tokens_sampled=len(base))
+                               for j in range(1, count))
 
     def _stuck_message(self) -> str:
         head = self.waiting[0] if self.waiting else None

@@ -21,29 +21,48 @@ from .router import ROUTERS
 
 
 class ArrivalFeed:
-    """Delivers requests to the router at their arrival times; knows when the next one comes."""
+    """Delivers requests to the router in arrival order, at their arrival times.
+
+    `deliver_until(t)` routes every request with arrival <= t that has not been routed yet; the
+    feed's own process calls it when SimPy's clock reaches the next arrival, and a replica calls it
+    at each step start (with its exact clock), so a request is visible to every step that starts at
+    or after its arrival whatever SimPy's rounding.
+    """
 
     def __init__(self, env, requests: Sequence[Request]):
         self.env = env
         self.requests = requests
-        self.next_time = requests[0].arrival if requests else math.inf
+        self.index = 0
         self.router = None
         self.on_done = lambda: None
 
+    @property
+    def next_time(self) -> float:
+        return self.requests[self.index].arrival if self.index < len(self.requests) else math.inf
+
+    def deliver_until(self, time: float) -> None:
+        requests = self.requests
+        while self.index < len(requests) and requests[self.index].arrival <= time:
+            req = requests[self.index]
+            self.index += 1
+            self.router.route(req).enqueue(req)
+        if self.index == len(requests):
+            self.on_done()
+
     def run(self):
         env = self.env
-        for req in self.requests:
-            self.next_time = req.arrival
-            if req.arrival > env.now:
-                yield UrgentTimeout(env, delay_to(env.now, req.arrival))
-            self.router.route(req).enqueue(req)
-        self.next_time = math.inf
+        while self.index < len(self.requests):
+            arrival = self.next_time
+            if arrival > env.now:
+                yield UrgentTimeout(env, delay_to(env.now, arrival))
+            self.deliver_until(max(env.now, arrival))
         self.on_done()
 
 
 def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cost: CostModel,
              make_kv: Callable[[], KVCache], settings: ReplicaSettings, replicas: int = 1,
-             router: str = "round_robin", max_time: float | None = None) -> tuple[Recorder, list[Replica]]:
+             router: str = "round_robin", max_time: float | None = None,
+             noise: Callable[[], float] | None = None) -> tuple[Recorder, list[Replica]]:
     """Run the requests (sorted by arrival) through `replicas` replicas; returns what was recorded."""
     env = simpy.Environment()
     recorder = Recorder()
@@ -55,7 +74,7 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
             drained.succeed()
 
     pool = [Replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
-                    on_idle=check_drained) for i in range(replicas)]
+                    on_idle=check_drained, noise=noise, pull=feed.deliver_until) for i in range(replicas)]
     feed.router = ROUTERS[router](pool)
     feed.on_done = check_drained
     env.process(feed.run())

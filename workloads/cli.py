@@ -1,7 +1,8 @@
-"""`cbsim workload FILE`: build an experiment's workload, print its statistics, optionally plot it.
+"""`cbsim workload describe FILE`: build an experiment's workload, print its statistics, optionally plot it.
 
-Registered by cbsim.cli through `register(app)`; it builds exactly the requests `cbsim run` would
-(same seed, same base folder for trace paths) without running the simulation.
+Registered by cbsim.cli through `register(app)`, which adds the `workload` command group; `describe`
+builds exactly the requests `cbsim run` would (same seed, same base folder for trace paths) without
+running the simulation.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import typer
 def register(app: typer.Typer) -> None:
     from cbsim.cli import user_errors
 
-    @app.command("workload")
+    group = typer.Typer(no_args_is_help=True, help="Inspect the requests an experiment's workload generates.")
+    app.add_typer(group, name="workload")
+
+    @group.command("describe")
     @user_errors
-    def workload(file: Path = typer.Argument(..., help="experiment YAML (its `workload:` section is used)"),
+    def describe(file: Path = typer.Argument(..., help="experiment YAML (its `workload:` section is used)"),
                  plot: Optional[Path] = typer.Option(None, "--plot", help="also write a PNG of the workload here"),
                  seed: Optional[int] = typer.Option(None, "--seed", help="random seed (default: the experiment's)")):
         """Describe the requests an experiment's workload generates."""
