@@ -78,6 +78,17 @@ def policies():
             typer.echo(f"    {field} ({kind}, default {default!r}): {text}")
 
 
+@app.command()
+def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README")):
+    """Print the experiment-file reference (every key, type, default and help) as Markdown."""
+    from .reference import embed, reference_markdown
+
+    if readme is None:
+        typer.echo(reference_markdown(), nl=False)
+    else:
+        readme.write_text(embed(readme.read_text()))
+
+
 def _register_optional_commands() -> None:
     """Commands that live beside their subsystem (profiler, workloads) register themselves."""
     import importlib

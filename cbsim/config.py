@@ -94,7 +94,7 @@ class ExperimentConfig:
     metrics: Any = option(None, help="metric settings: long_prompt_threshold, slo, stall_factor")
     output: OutputConfig = option(OutputConfig(), help="what to write")
     sim: SimConfig = option(SimConfig(), help="simulator switches")
-    source: str | None = field(default=None, repr=False)  # the file it came from
+    source: str | None = field(default=None, repr=False, init=False)  # the file it came from
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -27,6 +27,8 @@ def field_help(cls) -> list[tuple[str, str, Any, str]]:
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:

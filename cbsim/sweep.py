@@ -59,7 +59,7 @@ class SweepSpec:
     set: dict = option({}, help="fixed overrides {key.path: value} applied to every point")
     seeds: list[int] = option([0], help="seeds: every grid point runs once per seed")
     plot: PlotConfig = option(PlotConfig(), help="plots drawn by `cbsim sweep`")
-    source: str | None = field(default=None, repr=False)  # the sweep file
+    source: str | None = field(default=None, repr=False, init=False)  # the sweep file
 
     def validate(self) -> None:
         require(isinstance(self.base, (str, dict)), "base", "an experiment path or mapping", self.base)
@@ -128,7 +128,8 @@ def load_sweep(source, root: str | Path | None = None) -> SweepSpec:
         if not base.is_file():
             raise ConfigError("base", "an existing experiment YAML (relative to the sweep file)", spec.base, file)
         spec = replace(spec, base=str(base))
-    return replace(spec, source=file)
+    spec.source = file
+    return spec
 
 
 def expand_grid(grid: dict[str, list] | list[dict[str, list]]) -> list[dict]:
@@ -149,6 +150,7 @@ def sweep_points(spec: SweepSpec) -> list[Point]:
             raise _sweep_error(err, spec, params) from None
         for seed in spec.seeds:
             cfg = replace(config, seed=seed)
+            cfg.source = config.source  # not an init field: replace() does not carry it
             pid = point_id(cfg)
             if pid in seen:
                 raise ConfigError("grid", "combinations that give different experiments", f"{seen[pid]} twice",

@@ -53,7 +53,7 @@ class BatchBuilder:
         while extra > self.free:
             if not preempt:
                 return False
-            victim = self._pick_victim(exclude=req)
+            victim = self._pick_victim(req)
             self._preempt(victim or req)
             if victim is None:
                 return False
@@ -146,14 +146,17 @@ class BatchBuilder:
         if num_tokens > 1 or req.num_output_tokens == 0 or req.need > 1:
             self.num_prefills += 1
 
-    def _pick_victim(self, exclude: Request) -> Request | None:
+    def _pick_victim(self, requester: Request) -> Request | None:
+        """The request to evict so that `requester` can grow, or None if it should be the requester
+        itself. Candidates are running requests not yet scheduled in this step."""
         candidates = [r for r in self.state.running
-                      if r is not exclude and r.id not in self.scheduled and r.id not in self._out
+                      if r is not requester and r.id not in self.scheduled and r.id not in self._out
                       and r.status == Status.RUNNING]
         if not candidates:
             return None
         if self.state.victim == "lowest_priority":
-            return min(candidates, key=lambda r: (r.priority, -r.admit_seq))
+            victim = min(candidates + [requester], key=lambda r: (r.priority, -r.admit_seq))
+            return None if victim is requester else victim
         return max(candidates, key=lambda r: r.admit_seq)
 
     def _preempt(self, victim: Request) -> None:

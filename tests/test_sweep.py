@@ -321,9 +321,8 @@ def test_capacity_per_policy_seeds_and_gpus():
 
 
 def test_capacity_does_not_count_rates_where_requests_are_rejected():
-    # Prompts of 8 to 32 tokens under a whole-prompt budget of 16: the longer ones are rejected.
-    rejecting = ["policy={name: prefill_first, token_budget: 16}",
-                 "workload.prompt_len={type: uniform, min: 8, max: 32}"]
+    # Prompts of 8 to 40 tokens plus 10 output tokens, at most 40 in all: the longer ones are rejected.
+    rejecting = ["cluster.max_model_len=40", "workload.prompt_len={type: uniform, min: 8, max: 40}"]
     result = find_capacity(CAPACITY, SLO, overrides=rejecting, max_expansions=2)
     assert result.rate is None
     assert result.points["queue_delay_p50"].notna().all() and (result.points["finished_fraction"] < 0.9).all()

@@ -1,0 +1,68 @@
+"""The experiment-file reference, generated from the config dataclasses and the registries.
+
+`cbsim schema` prints it; README.md embeds it between markers, and a test keeps the two equal, so
+every option a user can set is documented with its type, default and help text.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .schema import field_help
+
+BEGIN = "<!-- BEGIN GENERATED REFERENCE (cbsim schema) -->"
+END = "<!-- END GENERATED REFERENCE -->"
+
+
+def _table(cls) -> list[str]:
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, kind, default, text in field_help(cls):
+        if dataclasses.is_dataclass(default):
+            default = "(section)"
+        shown = "—" if default is None else f"`{default}`" if default != "(required)" else "required"
+        kind = kind.replace("|", " or ")
+        rows.append(f"| `{name}` | {kind} | {shown} | {text.replace('|', '/')} |")
+    return rows
+
+
+def _section(title: str, cls, note: str = "") -> list[str]:
+    lines = [f"#### {title}", ""]
+    if note:
+        lines += [note, ""]
+    return lines + _table(cls) + [""]
+
+
+def reference_markdown() -> str:
+    """Markdown tables of every config section, policy and cost model."""
+    from cbsim.config import (ClusterConfig, ExperimentConfig, KVCacheConfig, OutputConfig, PreemptionConfig,
+                              SimConfig)
+    from cbsim.policies.registry import load_all
+    from cbsim.profiler.costmodels import COST_MODELS, load_cost_model  # noqa: F401
+    from cbsim.profiler.costmodels import _builtin  # noqa: F401
+    from cbsim.sim.metrics import MetricsConfig, SLOConfig
+    from cbsim.workloads import arrivals, lengths, prefixes, trace_source
+    from cbsim.workloads.config import WorkloadConfig
+
+    lines = _section("top level", ExperimentConfig)
+    for title, cls in (("cluster", ClusterConfig), ("cluster.kv_cache", KVCacheConfig),
+                       ("preemption", PreemptionConfig), ("sim", SimConfig), ("output", OutputConfig),
+                       ("metrics", MetricsConfig), ("metrics.slo", SLOConfig), ("workload", WorkloadConfig),
+                       ("workload.trace", trace_source.TraceConfig),
+                       ("workload.shared_prefix", prefixes.SharedPrefixConfig)):
+        lines += _section(f"`{title}`", cls)
+    for kind, table in (("arrival", arrivals.ARRIVALS), ("length", lengths.LENGTHS)):
+        for name, cls in table.items():
+            lines += _section(f"workload {kind} `type: {name}`", cls)
+    for name, cls in sorted(load_all().items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        lines += _section(f"policy `name: {name}`", cls.Config, doc)
+    for name, cls in sorted(COST_MODELS.items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        lines += _section(f"cost model `type: {name}`", cls.Config, doc)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def embed(readme_text: str) -> str:
+    """`readme_text` with the generated reference placed between the markers."""
+    head, rest = readme_text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{reference_markdown()}{END}{tail}"
