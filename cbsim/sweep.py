@@ -57,7 +57,7 @@ class SweepSpec:
     grid: Any = option(help="{key.path: [values]} (cartesian product), or a list of such mappings")
     name: str = option("sweep", help="sweep name (the default results folder)")
     set: dict = option({}, help="fixed overrides {key.path: value} applied to every point")
-    seeds: list[int] = option([0], help="seeds: every grid point runs once per seed")
+    seeds: list[int] = option([0], help="seeds: every grid point runs once per seed (replacing the base's seed)")
     plot: PlotConfig = option(PlotConfig(), help="plots drawn by `cbsim sweep`")
     source: str | None = field(default=None, repr=False, init=False)  # the sweep file
 
@@ -187,13 +187,14 @@ def run_point(point: Point) -> dict:
 def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | None = None,
               backend: Literal["local", "ray"] = "local", address: str | None = None,
               on_point: Callable[[dict, int, int], None] | None = None, retry_failed: bool = False,
-              root: str | Path | None = None) -> pd.DataFrame:
+              root: str | Path | None = None, on_start: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Run a sweep (YAML path, mapping or SweepSpec) and return its results table.
 
     With `out_dir`, finished points are kept under out_dir/points/ (a rerun skips them; failed ones
     too unless `retry_failed`) and the table is written as results.parquet and results.csv.
     `workers`: local processes (default: CPU count; 1 runs in this process) or Ray task CPUs.
-    `address` joins a Ray cluster. `on_point(record, done, total)` is called as points finish.
+    `address` joins a Ray cluster. `on_start(done, total)` is called once the finished points are
+    loaded, `on_point(record, done, total)` each time a point finishes in this call.
     """
     spec = load_sweep(spec_or_path, root)
     points = sweep_points(spec)
@@ -201,6 +202,8 @@ def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | No
     records = _load_finished(points, points_dir, retry_failed)
     todo = [p for p in points if p.id not in records]
     done = len(points) - len(todo)
+    if on_start is not None:
+        on_start(done, len(points))
 
     def collect(record: dict) -> None:
         nonlocal done

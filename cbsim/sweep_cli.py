@@ -30,7 +30,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cbsim.errors import ConfigError
-    from cbsim.sweep import load_sweep, run_sweep, sweep_points
+    from cbsim.sweep import load_sweep, run_sweep
 
     if backend not in ("local", "ray"):
         raise ConfigError("--backend", "local or ray", backend)
@@ -38,9 +38,10 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     target = out or Path("results") / "sweeps" / spec.name
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=False) as progress:
-        task = progress.add_task(spec.name, total=len(sweep_points(spec)))
+        task = progress.add_task(spec.name, total=None)
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
+                          on_start=lambda done, total: progress.update(task, completed=done, total=total),
                           on_point=lambda record, done, total: progress.update(task, completed=done))
     failed = table[table["status"] != "ok"]
     typer.echo(f"{len(table)} runs, {len(failed)} failed; results: {target / 'results.parquet'}")

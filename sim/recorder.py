@@ -36,6 +36,8 @@ STEP_COLUMNS = {
 class Recorder:
     def __init__(self):
         self.columns = {name: Column(dtype) for name, dtype in STEP_COLUMNS.items()}
+        self._appends = [column.data.append for column in self.columns.values()]  # in STEP_COLUMNS order
+        self._start = self.columns["start"].data
         self.run_request = array("q")
         self.run_first_step = array("q")
         self.run_last_step = array("q")
@@ -43,18 +45,22 @@ class Recorder:
 
     @property
     def num_steps(self) -> int:
-        return len(self.columns["start"])
+        return len(self._start)
 
-    def add_step(self, **row) -> int:
-        """Append one step row (every column of STEP_COLUMNS); returns its global step index."""
-        index = self.num_steps
-        for name, column in self.columns.items():
-            column.append(row[name])
+    def add_step(self, replica: int, start: float, end: float, prefill_tokens: int, decode_tokens: int,
+                 padding_tokens: int, num_seqs: int, kv_blocks_used: int, preemptions: int,
+                 swap_bytes: float) -> int:
+        """Append one step row; returns its global step index (called once per simulated step)."""
+        index = len(self._start)
+        for append, value in zip(self._appends, (replica, start, end, prefill_tokens, decode_tokens,
+                                                 padding_tokens, num_seqs, kv_blocks_used, preemptions,
+                                                 swap_bytes)):
+            append(value)
         return index
 
     def set_end(self, step: int, end: float) -> None:
         """Close a step row opened at the step's start (its end is known only when it finishes)."""
-        self.columns["end"].data[step] = end
+        self.columns["end"].set(step, end)
 
     def add_steps(self, **rows) -> int:
         """Append many step rows at once (scalars broadcast); returns the first new index."""

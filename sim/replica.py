@@ -146,7 +146,7 @@ class Replica:
             else:
                 ends, held = run
                 yield env.timeout(delay_to(env.now, float(ends[-1])))
-                self._commit_run(ends, held)
+                self._commit_run(ends, held, plan.hold_finished)
                 self._resume_at = float(ends[-1])  # the exact sum, whatever SimPy's clock rounded to
 
     # -- begin: what the step holds while it runs ---------------------------------------
@@ -174,12 +174,13 @@ class Replica:
                 prefill.append((n, computed))
             sampled += computed + n == total
         num_padding = len(plan.padding)
-        decode.extend(self.by_id[rid].num_computed_tokens for rid in plan.padding)
+        num_decode = len(decode)
+        if num_padding:
+            decode.extend(by_id[rid].num_computed_tokens for rid in plan.padding)
         shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes)
         self.step = self.recorder.add_step(
-            replica=self.index, start=now, end=np.nan, prefill_tokens=shape.num_prefill_tokens,
-            decode_tokens=shape.num_decode_tokens, padding_tokens=num_padding, num_seqs=shape.num_seqs,
-            kv_blocks_used=self.kv.used_blocks, preemptions=len(plan.preempted), swap_bytes=swap_bytes)
+            self.index, now, math.nan, sum(c for c, _ in prefill), num_decode, num_padding,
+            len(prefill) + len(decode), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes)
         if self.shapes is not None:
             self.shapes.append(shape)
         return shape, swap_bytes
@@ -257,17 +258,17 @@ class Replica:
     def _fast_forward(self, plan, shape, start, duration, swap_bytes):
         """(end times, KV blocks held) of 2+ identical decode steps from this one, or None to step once.
 
-        The run stops before the first completion, before KV runs out, and before the first step
+        The run ends with the first completion, before KV runs out, and before the first step
         that would start at or after the next outside event (an arrival). Cost models are monotone
         in context, so (horizon - start) / duration + 1 bounds the steps worth computing.
         """
         running = self.running
-        if (not self.settings.fast_forward or self.noise is not None or swap_bytes or plan.admitted
-                or plan.preempted or plan.padding or shape.prefill or len(shape.decode) != len(running)
-                or not running or (self.waiting and not self.policy.steady_when_blocked)):
+        if (shape.prefill or plan.admitted or plan.preempted or plan.padding or swap_bytes
+                or len(shape.decode) != len(running) or not running or not self.settings.fast_forward
+                or self.noise is not None or (self.waiting and not self.policy.steady_when_blocked)):
             return None
         horizon = self.horizon()
-        steps = min(min(r.output_len - r.num_output_tokens for r in running) - 1,  # completing step runs alone
+        steps = min(min(r.output_len - r.num_output_tokens for r in running),  # up to the first completion
                     self.settings.max_fast_forward)
         if horizon != math.inf:
             steps = min(steps, int((horizon - start) / duration) + 2)
@@ -295,7 +296,7 @@ class Replica:
         needed = -(-(contexts[None, :] + growth[:, None]) // self.kv.block_size)
         return np.maximum(needed, reserved[None, :])
 
-    def _commit_run(self, ends: np.ndarray, held: np.ndarray) -> None:
+    def _commit_run(self, ends: np.ndarray, held: np.ndarray, hold_finished: bool) -> None:
         """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens."""
         count = len(ends)
         running = self.running
@@ -315,6 +316,8 @@ class Replica:
                 grow(req, blocks)
         self.recorder.tokens_bulk(running, first, last)
         self.prev_step = last
+        if any(r.num_output_tokens >= r.output_len for r in running):
+            self._release_finished(hold_finished, float(ends[-1]))
         if self.shapes is not None:
             base = self.shapes[-1].decode
             self.shapes.extend(StepShape(decode=tuple(c + j for c in base), tokens_sampled=len(base))

@@ -148,9 +148,10 @@ def test_a_killed_sweep_resumes_where_it_stopped(tmp_path):
         run_sweep(path, out_dir=out, workers=1, on_point=die_after_three)
     assert len(list((out / "points").glob("*.json"))) == 3
     assert not list((out / "points").glob(".*"))  # no temporary file left behind
-    computed = []
-    table = run_sweep(path, out_dir=out, workers=1, on_point=lambda record, done, total: computed.append(done))
-    assert computed == [4, 5, 6, 7, 8]
+    computed, started = [], []
+    table = run_sweep(path, out_dir=out, workers=1, on_start=lambda done, total: started.append((done, total)),
+                      on_point=lambda record, done, total: computed.append(done))
+    assert started == [(3, 8)] and computed == [4, 5, 6, 7, 8]
     assert (table["status"] == "ok").all()
 
 
