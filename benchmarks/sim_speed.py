@@ -78,6 +78,7 @@ def main() -> None:
                            settings)
     sim_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
+    rss_sim = peak_rss_mb()
     started = time.perf_counter()
     steps = step_frame(recorder)
     table = request_frame(requests, recorder, steps, MetricsConfig())
@@ -90,7 +91,8 @@ def main() -> None:
     print(f"event loop             {sim_s:.2f} s wall, {cpu_s:.2f} s CPU -> {len(requests) / cpu_s:,.0f} requests/s, "
           f"{cpu_s / n_steps * 1e6:.2f} us/step, {cpu_s / len(requests) * 1e6:.0f} us/request (CPU time)")
     print(f"metrics                {metrics_s:.2f} s")
-    print(f"peak RSS               {peak_rss_mb():.0f} MB (before simulating: {rss_before:.0f} MB)")
+    print(f"peak RSS               {peak_rss_mb():.0f} MB (before simulating: {rss_before:.0f} MB, "
+          f"after simulating: {rss_sim:.0f} MB)")
     print(f"ttft p50/p99           {summary['ttft_p50']:.3f} / {summary['ttft_p99']:.3f} s; "
           f"itl p99 {summary['itl_p99'] * 1e3:.1f} ms; throughput {summary['throughput_tokens_per_s']:.0f} tok/s")
 

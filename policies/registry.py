@@ -9,22 +9,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from cbsim.errors import ConfigError, missing
+from cbsim.errors import ConfigError
+from cbsim.registry import Registry
 from cbsim.schema import field_help, parse
 
-POLICIES: dict[str, type] = {}
+POLICIES = Registry("policy", "name")
+register = POLICIES.register
 ALIASES = {"max_num_batched_tokens": "token_budget"}
-
-
-def register(name: str):
-    def decorate(cls):
-        if name in POLICIES:
-            raise ValueError(f"policy {name!r} registered twice")
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-
-    return decorate
 
 
 def load_all() -> dict[str, type]:
@@ -38,20 +29,13 @@ def load_all() -> dict[str, type]:
 def make_policy(mapping, path: str = "policy"):
     """Build the policy a YAML `policy:` mapping names; ConfigError on bad input."""
     load_all()
-    if not isinstance(mapping, dict):
-        raise ConfigError(path, "a mapping with a 'name' key", mapping)
-    if "name" not in mapping:
-        raise missing(f"{path}.name", "one of " + ", ".join(sorted(POLICIES)))
-    name = mapping["name"]
-    if name not in POLICIES:
-        raise ConfigError(f"{path}.name", "one of " + ", ".join(sorted(POLICIES)), name)
+    cls = POLICIES.lookup(mapping, path)
     options = {k: v for k, v in mapping.items() if k != "name"}
     for alias, canonical in ALIASES.items():
         if alias in options:
             if canonical in options:
                 raise ConfigError(f"{path}.{alias}", f"either {alias} or {canonical}, not both", options[alias])
             options[canonical] = options.pop(alias)
-    cls = POLICIES[name]
     return cls(parse(cls.Config, options, path))
 
 

@@ -36,3 +36,11 @@ class CostModel:
     def describe(self) -> dict:
         """A small JSON-able description recorded with the results."""
         return {"type": self.name}
+
+
+def decode_run_reads(contexts: np.ndarray, steps: int) -> tuple[int, np.ndarray]:
+    """(batch size, context tokens read at each of `steps` decode steps, as float64): step j reads
+    sum(contexts) + j * batch, for vectorised `decode_run_times` implementations."""
+    n = len(contexts)
+    total = int(np.asarray(contexts, dtype=np.int64).sum())
+    return n, (total + n * np.arange(steps, dtype=np.int64)).astype(np.float64)

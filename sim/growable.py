@@ -6,7 +6,7 @@ from array import array
 
 import numpy as np
 
-TYPECODES = {np.dtype(np.float64): "d", np.dtype(np.int64): "q", np.dtype(np.int32): "i"}
+TYPECODES = {np.dtype(np.float64): "d", np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.int16): "h"}
 
 
 class Column:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pandas as pd
@@ -269,15 +268,6 @@ def test_sample_factor_follows_residuals(synthetic):
     logs = np.log([model.sample_factor(rng) for _ in range(4000)])
     assert abs(np.median(logs)) < 0.005
     assert 0.5 * NOISE < logs.std() < 2 * NOISE
-
-
-def test_step_time_is_cheap(synthetic):
-    model = FittedCostModel(synthetic["profile"])
-    shape = StepShape.from_batch([(256, 1000)], [1000] * 32)
-    start = time.perf_counter()
-    for _ in range(2000):
-        model.step_time(shape)
-    assert (time.perf_counter() - start) / 2000 < 50e-6
 
 
 def test_registry_config_and_errors(synthetic, tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbsim.schema import option, require
-from cbsim.sim.cost import CostModel
+from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
 from .registry import register_cost_model
@@ -57,11 +57,9 @@ class LinearCost(CostModel):
         return self._seconds(float(shape.num_tokens), float(shape.num_seqs), float(kv_read))
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
-        n = len(contexts)
+        n, kv_read = decode_run_reads(contexts, steps)
         if n == 0:
             return np.zeros(steps, dtype=np.float64)
-        total = int(np.asarray(contexts, dtype=np.int64).sum())
-        kv_read = (total + n * np.arange(steps, dtype=np.int64)).astype(np.float64)
         return np.asarray(self._seconds(float(n), float(n), kv_read), dtype=np.float64)
 
     def describe(self) -> dict:

@@ -7,35 +7,18 @@ ModelSpec (cbsim.profiler.specs). `load_cost_model(mapping, model)` validates th
 """
 from __future__ import annotations
 
-from cbsim.errors import ConfigError, missing
+from cbsim.registry import Registry
 from cbsim.schema import parse
 
-COST_MODELS: dict[str, type] = {}
-
-
-def register_cost_model(name: str):
-    def decorate(cls):
-        if name in COST_MODELS:
-            raise ValueError(f"cost model {name!r} registered twice")
-        cls.name = name
-        COST_MODELS[name] = cls
-        return cls
-
-    return decorate
+COST_MODELS = Registry("cost model", "type")
+register_cost_model = COST_MODELS.register
 
 
 def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
     """Return the cost model a YAML `cost_model:` mapping describes."""
     from . import _builtin  # noqa: F401  (registers the built-in models)
 
-    if not isinstance(mapping, dict):
-        raise ConfigError(path, "a mapping with a 'type' key", mapping)
-    if "type" not in mapping:
-        raise missing(f"{path}.type", "one of " + ", ".join(sorted(COST_MODELS)))
-    kind = mapping["type"]
-    if kind not in COST_MODELS:
-        raise ConfigError(f"{path}.type", "one of " + ", ".join(sorted(COST_MODELS)), kind)
-    cls = COST_MODELS[kind]
+    cls = COST_MODELS.lookup(mapping, path)
     config = parse(cls.Config, {k: v for k, v in mapping.items() if k != "type"}, path)
     if model is None:
         from cbsim.profiler.specs import model_spec

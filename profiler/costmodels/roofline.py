@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbsim.schema import option, require
-from cbsim.sim.cost import CostModel
+from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
 from ..specs import GPUSpec, ModelSpec, gpu_spec
@@ -136,11 +136,9 @@ class RooflineCost(CostModel):
                              float(kv_read + decode_read))
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
-        n = len(contexts)
+        n, read = decode_run_reads(contexts, steps)
         if n == 0:
             return np.zeros(steps, dtype=np.float64)
-        total = int(np.asarray(contexts, dtype=np.int64).sum())
-        read = (total + n * np.arange(steps, dtype=np.int64)).astype(np.float64)
         return np.asarray(self._seconds(float(n), float(n), 0.0 + read, read), dtype=np.float64)
 
     def describe(self) -> dict:
