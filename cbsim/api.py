@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from .config import ExperimentConfig, load_config
+from .config import ExperimentConfig, load_config, pool_cost_model, pool_policy
 from .errors import ConfigError
 
 
@@ -32,6 +32,11 @@ class Results:
     recorder: object  # cbsim.sim.recorder.Recorder
     shapes: list | None = None  # sampled step shapes (output.shapes > 0)
     out_dir: Path | None = None
+    pools: dict | None = None  # pool name -> replica indices ({"cluster": [...]}, or prefill and decode)
+    preemptions: pd.DataFrame | None = None  # one row per preemption (metrics.preemption_frame)
+    transfers: pd.DataFrame | None = None  # every booked transfer: host swaps, P/D hops (metrics.transfer_frame)
+    handoffs: pd.DataFrame | None = None  # P/D: one row per hand-off (metrics.handoff_frame)
+    kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
 
     def token_times(self, request_id: int) -> np.ndarray:
         """Every output-token time of one request (expanded from the compact token runs)."""
@@ -40,7 +45,8 @@ class Results:
         return token_times(self.recorder, request_id)
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write config, tables, summary, plots and trace into `out_dir`."""
+        """Write config, tables, summary, plots, dashboards and trace into `out_dir`."""
+        from cbsim.sim.dashboard import write_dashboards
         from cbsim.sim.metrics import stall_events
         from cbsim.sim.plots import plot_run
         from cbsim.sim.trace_export import write_chrome_trace
@@ -54,11 +60,15 @@ class Results:
                 frame.to_csv(out / f"{name}.csv", index=False)
             if "parquet" in cfg.output.formats:
                 frame.to_parquet(out / f"{name}.parquet", index=False)
+        for name, frame in (("preemptions", self.preemptions), ("transfers", self.transfers)):
+            if frame is not None and len(frame) and "csv" in cfg.output.formats:
+                frame.to_csv(out / f"{name}.csv", index=False)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         if cfg.output.plots:
             plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
                      stalls=stall_events(self.itl, cfg.metrics.stall_factor),
                      cdf_max_points=cfg.metrics.cdf_max_points)
+            write_dashboards(self, out)
         if cfg.output.trace:
             write_chrome_trace(self.steps, out / "trace.json", cfg.metrics.trace_max_steps)
         if self.shapes:
@@ -68,6 +78,22 @@ class Results:
                                              "decode": list(shape.decode)}) + "\n")
         self.out_dir = out
         return out
+
+
+def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs) -> dict:
+    """Recovery, admission, per-pool and per-GPU entries of the summary."""
+    from cbsim.sim import metrics
+    from cbsim.sim.admission import REASON_PREFIX
+
+    from .capacity import num_gpus
+
+    out = metrics.recovery_summary(preemptions, transfers[host])
+    out["num_rejected_admission"] = int(table["reject_reason"].str.startswith(REASON_PREFIX).sum())
+    out.update(metrics.pool_summary(steps, table, pools, handoffs, transfers[~host] if handoffs is not None else None))
+    out["num_gpus"] = gpus = num_gpus(cfg)
+    goodput = summary.get("goodput_requests_per_s")
+    out["goodput_per_gpu"] = None if goodput is None else goodput / gpus
+    return out
 
 
 def load_cost_model(mapping: dict, model="llama-3-8b"):
@@ -99,13 +125,32 @@ def build_replica_parts(cfg: ExperimentConfig):
         preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
         swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
         max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
-        record_shapes=cfg.output.shapes > 0)
+        record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
+        admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens)
+
+    hash_block = None
+    if kv_cfg.prefix_caching:
+        from cbsim.workloads import parse_workload
+
+        hash_block = kv_cfg.hash_block_size or parse_workload(cfg.workload, "workload").hash_block_size
 
     def make_kv():
         return KVCache(num_blocks, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * num_blocks)),
-                       kv_cfg.reserve_full_prompt, model.kv_bytes_per_token(tp))
+                       kv_cfg.reserve_full_prompt, model.kv_bytes_per_token(tp),
+                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block)
 
     return model, cost, make_kv, settings
+
+
+def pool_config(cfg: ExperimentConfig, pool: str) -> ExperimentConfig:
+    """The experiment as the replicas of P/D pool `pool` see it: the pool's policy, its cost model
+    (its gpu and tp also size its KV cache) and its KV block count."""
+    section = getattr(cfg.cluster, pool)
+    own = section.cost_model or {}
+    cluster = replace(cfg.cluster, gpu=own.get("gpu", cfg.cluster.gpu), tp=own.get("tp", cfg.cluster.tp),
+                      kv_cache=replace(cfg.cluster.kv_cache,
+                                       num_blocks=section.num_blocks or cfg.cluster.kv_cache.num_blocks))
+    return replace(cfg, cost_model=pool_cost_model(cfg, pool), policy=pool_policy(cfg, pool), cluster=cluster)
 
 
 def kv_blocks(cfg: ExperimentConfig, model, tp: int) -> int:
@@ -142,14 +187,66 @@ def sample_shapes(pool, count: int, rng: np.random.Generator) -> list | None:
     return [shapes[i] for i in np.sort(rng.choice(len(shapes), size=count, replace=False))]
 
 
+def pool_parts(cfg: ExperimentConfig, pool: str, rng: np.random.Generator):
+    """(model, PoolParts) of P/D pool `pool`; only the prefill pool, where requests arrive, applies
+    admission control."""
+    from cbsim.policies import make_policy
+    from cbsim.sim.pd import PoolParts
+
+    pool_cfg = pool_config(cfg, pool)
+    model, cost, make_kv, settings = build_replica_parts(pool_cfg)
+    if pool == "decode":
+        settings = replace(settings, max_predicted_ttft=None)
+    policy = pool_cfg.policy
+    return model, PoolParts(getattr(cfg.cluster, pool).replicas, lambda: make_policy(policy), cost, make_kv,
+                            settings, step_noise(pool_cfg, cost, rng))
+
+
+def pd_settings(cfg: ExperimentConfig, model):
+    """The links and hand-off rules of a P/D cluster (bandwidths in bytes/s)."""
+    from cbsim.sim.pd import PDSettings
+
+    link, cluster = cfg.cluster.link, cfg.cluster
+    return PDSettings(link_mode=link.mode, latency=link.latency_s, bandwidth=link.bandwidth_gb_s * 1e9,
+                      lanes=link.lanes, pool_bandwidth=(link.pool_bandwidth_gb_s or link.bandwidth_gb_s) * 1e9,
+                      first_token_on=cluster.first_token_on, decode_router=cluster.decode_router,
+                      bytes_per_token=float(model.kv_bytes_per_token(1)))
+
+
+def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator):
+    """(recorder, replicas, pools, P/D cluster or None) of one run of `requests` under `cfg`."""
+    from cbsim.policies import make_policy
+    from cbsim.sim.pd import simulate_pd
+    from cbsim.sim.simulation import simulate
+
+    try:
+        if cfg.cluster.mode == "pd":
+            model, prefill = pool_parts(cfg, "prefill", rng)
+            _, decode = pool_parts(cfg, "decode", rng)
+            links = pd_settings(cfg, model)
+        else:
+            _, cost, make_kv, settings = build_replica_parts(cfg)
+            noise = step_noise(cfg, cost, rng)
+    except ConfigError as err:
+        raise err.in_file(cfg.source) if cfg.source else err
+    if cfg.cluster.mode == "pd":
+        recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
+                                                  max_time=cfg.sim.max_time)
+        pools = {"prefill": list(range(prefill.replicas)),
+                 "decode": list(range(prefill.replicas, prefill.replicas + decode.replicas))}
+        return recorder, replicas, pools, cluster
+    recorder, replicas = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
+                                  replicas=cfg.cluster.replicas, router=cfg.cluster.router,
+                                  max_time=cfg.sim.max_time, noise=noise)
+    return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
+
+
 def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> Results:
     """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
 
     Writes the output folder when `out_dir` is given or the config's `output.dir` is set.
     """
-    from cbsim.policies import make_policy
-    from cbsim.sim.metrics import itl_distribution, request_frame, step_frame, summarize
-    from cbsim.sim.simulation import simulate
+    from cbsim.sim import metrics
     from cbsim.workloads import build_requests, parse_workload
 
     cfg = load_config(config, overrides)
@@ -157,22 +254,30 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         rng = np.random.default_rng(cfg.seed)
         base_dir = Path(cfg.source).parent if cfg.source else None
         requests = build_requests(parse_workload(cfg.workload, "workload"), rng, base_dir)
-        _, cost, make_kv, settings = build_replica_parts(cfg)
-        noise = step_noise(cfg, cost, rng)
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
     started = time.perf_counter()
-    recorder, pool = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
-                              replicas=cfg.cluster.replicas, router=cfg.cluster.router, max_time=cfg.sim.max_time,
-                              noise=noise)
+    recorder, pool, pools, cluster = _simulate(cfg, requests, rng)
     wall = time.perf_counter() - started
-    steps = step_frame(recorder)
-    table = request_frame(requests, recorder, steps, cfg.metrics)
-    itl = itl_distribution(recorder, requests, steps)
-    summary = summarize(table, steps, recorder, cfg.metrics, itl=itl)
+    steps = metrics.step_frame(recorder)
+    table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
+    itl = metrics.itl_distribution(recorder, requests, steps)
+    summary = metrics.summarize(table, steps, recorder, cfg.metrics, itl=itl)
+    preemptions = metrics.preemption_frame(pool)
+    links = [replica.host_link for replica in pool] + (cluster.links if cluster is not None else [])
+    transfers = metrics.transfer_frame(links)
+    host = transfers["kind"].isin(["swap_out", "swap_in"])
+    handoffs = metrics.handoff_frame(cluster.records.values()) if cluster is not None else None
+    if handoffs is not None:
+        table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
+    summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
+    kvs = [replica.kv for replica in pool]
+    table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
+    summary.update(metrics.prefix_summary(table, kvs))
     summary["sim_wall_seconds"] = wall
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
-    results = Results(cfg, table, steps, summary, itl, recorder, shapes)
+    results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
+                      transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})
     target = out_dir or cfg.output.dir
     if target:
         results.write(target)

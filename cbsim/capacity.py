@@ -3,8 +3,12 @@ e.g. P99 ITL <= X and median queue delay <= 2 s), found by bracketing then bisec
 
 Invariants:
 - A rate meets the SLOs when, for every seed, at least `min_finished` of the requests finished (a
-  policy that rejects what it cannot serve must not look fast) and every SLO metric of the run's
-  summary is defined and at most its limit (an undefined metric is a violation).
+  policy that rejects what it cannot serve must not look fast), every SLO metric of the run's
+  summary is defined and at most its limit (an undefined metric is a violation), and, when
+  `min_attainment` is set, at least that fraction of all requests met the experiment's per-request
+  objectives (metrics.slo; DistServe's goodput: e.g. 90 % within both TTFT and TPOT).
+- Per-GPU goodput (`find_goodput`) is that capacity divided by the GPUs the config uses (both
+  pools of a P/D cluster, each replicas x tp).
 - The search assumes the outcome is monotone in the rate (met below capacity, violated above). It
   keeps a passing rate `good` and, once found, a failing rate `bad` above it; it bisects
   geometrically until bad <= good * (1 + rel_tol). The result is `good`: a rate that was run and
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 import yaml
 
-from .config import ExperimentConfig, load_config
+from .config import ExperimentConfig, load_config, pool_cost_model
 from .errors import ConfigError
 
 
@@ -44,9 +48,21 @@ class CapacityResult:
 
 def num_gpus(config: ExperimentConfig) -> int:
     """GPUs an experiment uses: cluster.replicas x tensor-parallel degree (cluster.tp, else the cost
-    model's tp, else 1)."""
-    tp = config.cluster.tp or config.cost_model.get("tp", 1) or 1
-    return int(config.cluster.replicas) * int(tp)
+    model's tp, else 1); in P/D mode the sum over both pools of replicas x the pool's tp (its own
+    cost_model tp, else cluster.tp, else the top-level cost model's)."""
+    cluster = config.cluster
+    if cluster.mode != "pd":
+        return int(cluster.replicas) * _tp(cluster.tp, config.cost_model)
+    total = 0
+    for pool in ("prefill", "decode"):
+        section = getattr(cluster, pool)
+        own = section.cost_model or {}
+        total += int(section.replicas) * _tp(own.get("tp", cluster.tp), pool_cost_model(config, pool))
+    return total
+
+
+def _tp(cluster_tp, cost_model: dict) -> int:
+    return int(cluster_tp or cost_model.get("tp", 1) or 1)
 
 
 def per_gpu_capacity(result: CapacityResult, config) -> float | None:
@@ -55,10 +71,13 @@ def per_gpu_capacity(result: CapacityResult, config) -> float | None:
     return None if result.rate is None else result.rate / gpus
 
 
-def meets_slo(summary: dict, slo: dict[str, float], min_finished: float = 0.0) -> bool:
-    """True when at least `min_finished` of the requests finished and every SLO metric is defined in
-    the summary and at most its limit."""
+def meets_slo(summary: dict, slo: dict[str, float], min_finished: float = 0.0,
+              min_attainment: float | None = None) -> bool:
+    """True when at least `min_finished` of the requests finished, every SLO metric is defined in
+    the summary and at most its limit, and slo_attainment is at least `min_attainment` (if set)."""
     if finished_fraction(summary) < min_finished:
+        return False
+    if min_attainment is not None and (summary.get("slo_attainment") or 0.0) < min_attainment:
         return False
     for metric, limit in slo.items():
         value = summary.get(metric)
@@ -76,16 +95,20 @@ def finished_fraction(summary: dict) -> float:
 def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arrival.rate",
                   lo: float | None = None, hi: float | None = None, rel_tol: float = 0.05,
                   seeds=(0,), overrides: list[str] | None = None, max_expansions: int = 10,
-                  min_finished: float = 0.99) -> CapacityResult:
+                  min_finished: float = 0.99, min_attainment: float | None = None) -> CapacityResult:
     """The highest rate (the value at `rate_key`) at which the experiment meets every SLO.
 
     `lo` defaults to the config's own rate. If `lo` fails, it is halved until a rate passes; if it
     passes, the search tries `hi` (default: doubling from `lo` until a rate fails, at most
     `max_expansions` times) and then bisects. `overrides` are `--set` strings applied first;
-    `min_finished` is the fraction of requests every run must finish (not reject) to count.
+    `min_finished` is the fraction of requests every run must finish (not reject) to count;
+    `min_attainment` the fraction that must meet metrics.slo (then `slo` may be empty).
     """
     base = load_config(config, overrides)
-    _check_slo(slo)
+    if min_attainment is None or slo:
+        _check_slo(slo)
+    if min_attainment is not None and not 0 < min_attainment <= 1:
+        raise ConfigError("min_attainment", "a fraction in (0, 1]", min_attainment)
     if rel_tol <= 0:
         raise ConfigError("rel_tol", "a relative tolerance > 0", rel_tol)
     if not 0 <= min_finished <= 1:
@@ -96,7 +119,7 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
     rows: list[dict] = []
 
     def passes(rate: float) -> bool:
-        return _probe(base, rate_key, rate, seeds, slo, min_finished, rows)
+        return _probe(base, rate_key, rate, seeds, slo, min_finished, rows, min_attainment)
 
     good, bad = _bracket(passes, start, hi, max_expansions)
     if good is not None and bad is not None:
@@ -107,6 +130,17 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
             else:
                 bad = mid
     return CapacityResult(good, bad, dict(slo), rate_key, pd.DataFrame(rows), num_gpus(base))
+
+
+def find_goodput(config, ttft: float, tpot: float, attainment: float = 0.9, overrides: list[str] | None = None,
+                 **kwargs) -> CapacityResult:
+    """DistServe's goodput: the highest rate at which at least `attainment` of the requests meet both
+    TTFT <= `ttft` and TPOT <= `tpot` seconds (set as metrics.slo, replacing the experiment's). Its
+    `rate_per_gpu` is the per-GPU goodput; other arguments as find_capacity."""
+    objectives = [f"metrics.slo.ttft={float(ttft)!r}", f"metrics.slo.tpot={float(tpot)!r}",
+                  "metrics.slo.itl_max=null"]
+    return find_capacity(config, {}, overrides=list(overrides or []) + objectives, min_attainment=attainment,
+                         **kwargs)
 
 
 def find_capacities(config, slo: dict[str, float], policies: list, overrides: list[str] | None = None,
@@ -143,7 +177,7 @@ def _bracket(passes, start: float, hi: float | None, max_expansions: int) -> tup
 
 
 def _probe(base: ExperimentConfig, rate_key: str, rate: float, seeds, slo: dict, min_finished: float,
-           rows: list) -> bool:
+           rows: list, min_attainment: float | None = None) -> bool:
     """Run the experiment at `rate` for every seed, record one row per seed, return whether all met."""
     from .api import run_experiment
 
@@ -155,7 +189,7 @@ def _probe(base: ExperimentConfig, rate_key: str, rate: float, seeds, slo: dict,
         unknown = sorted(set(slo) - set(summary))
         if unknown:
             raise ConfigError(f"slo.{unknown[0]}", "a summary metric: " + ", ".join(sorted(summary)), has_got=False)
-        met = meets_slo(summary, slo, min_finished)
+        met = meets_slo(summary, slo, min_finished, min_attainment)
         ok = ok and met
         rows.append({"probe": probe, "rate": rate, "seed": int(seed), "meets": met,
                      "finished_fraction": finished_fraction(summary), **summary})

@@ -26,6 +26,13 @@ class KVCacheConfig:
     watermark: float = option(0.01, help="fraction of blocks kept free when admitting a new request")
     reserve_full_prompt: bool = option(False, help="admit a request only if its whole input fits, not just "
                                        "its first chunk")
+    prefix_caching: bool = option(False, help="keep computed full prompt blocks in a radix tree after their request "
+                                  "ends, shared by later requests with the same prefix (Request.prefix_hashes); "
+                                  "unreferenced ones are evicted LRU when blocks run out")
+    hash_block_size: int | None = option(None, help="tokens per hash of the requests' prefix_hashes; null: the "
+                                         "workload's (shared_prefix.hash_block_size, or trace.hash_block_size, 512 "
+                                         "for Mooncake), else block_size. Independent of block_size: the cache "
+                                         "keeps units of lcm(block_size, hash_block_size) tokens")
 
     def validate(self) -> None:
         require(self.block_size >= 1, "block_size", "an integer >= 1", self.block_size)
@@ -34,32 +41,113 @@ class KVCacheConfig:
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "a number in (0, 1]",
                 self.gpu_memory_utilization)
         require(0 <= self.watermark < 1, "watermark", "a number in [0, 1)", self.watermark)
+        require(self.hash_block_size is None or self.hash_block_size >= 1, "hash_block_size",
+                "an integer >= 1 or null", self.hash_block_size)
+
+
+@dataclass
+class PoolConfig:
+    """One pool of a P/D cluster: its replicas and what differs from the top-level settings."""
+
+    replicas: int = option(1, help="replicas in this pool")
+    policy: dict | None = option(None, help="this pool's scheduling policy {name: ..., options}; null: the "
+                                 "top-level policy")
+    cost_model: dict | None = option(None, help="keys overriding the top-level cost_model for this pool (e.g. "
+                                     "{tp: 2}); null: the same cost model")
+    num_blocks: int | None = option(None, help="KV blocks per replica of this pool; null: cluster.kv_cache."
+                                    "num_blocks (auto: sized from this pool's GPU and tp)")
+
+    def validate(self) -> None:
+        require(self.replicas >= 1, "replicas", "an integer >= 1", self.replicas)
+        require(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "an integer >= 1 or null",
+                self.num_blocks)
+
+
+@dataclass
+class LinkConfig:
+    """How KV moves from a prefill replica to a decode replica (see sim/kv_link.py, sim/pd.py)."""
+
+    mode: Literal["p2p", "pool"] = option("p2p", help="p2p: one hop over the prefill replica's link, once the "
+                                          "decode side has reserved room; pool: a hop into a shared KV store "
+                                          "(at once, freeing the prefill side), then a hop over the decode "
+                                          "replica's link once it has room")
+    latency_s: float = option(0.0001, help="fixed seconds per transfer (per hop)")
+    bandwidth_gb_s: float = option(25.0, help="GB/s of each prefill replica's link (200 Gb/s RDMA ~ 25)")
+    lanes: int = option(1, help="transfers a link carries at once; more wait in FIFO order")
+    pool_bandwidth_gb_s: float | None = option(None, help="pool mode: GB/s of each decode replica's link from "
+                                               "the store; null: bandwidth_gb_s")
+
+    def validate(self) -> None:
+        require(self.latency_s >= 0, "latency_s", "a number >= 0", self.latency_s)
+        require(self.bandwidth_gb_s > 0, "bandwidth_gb_s", "a number > 0", self.bandwidth_gb_s)
+        require(self.lanes >= 1, "lanes", "an integer >= 1", self.lanes)
+        require(self.pool_bandwidth_gb_s is None or self.pool_bandwidth_gb_s > 0, "pool_bandwidth_gb_s",
+                "a number > 0 or null", self.pool_bandwidth_gb_s)
 
 
 @dataclass
 class ClusterConfig:
     replicas: int = option(1, help="number of replicas (each one GPU group running the policy)")
-    router: Literal["round_robin", "least_loaded"] = option("round_robin", help="how arrivals pick a replica")
+    router: Literal["round_robin", "least_loaded", "kv_aware", "prefix_affinity"] = option(
+        "round_robin", help="how arrivals pick a replica: round_robin | least_loaded (fewest outstanding tokens) | "
+                            "kv_aware (most free + evictable KV blocks) | prefix_affinity (longest cached prefix of "
+                            "the request, ties least loaded)")
     gpu: str | None = option(None, help="GPU for KV sizing; default: the cost model's gpu")
     tp: int | None = option(None, help="tensor-parallel degree for KV sizing; default: the cost model's tp or 1")
     max_model_len: int | None = option(None, help="longest prompt + output a request may have; default: the model's")
     kv_cache: KVCacheConfig = option(KVCacheConfig(), help="paged KV cache")
+    mode: Literal["colocated", "pd"] = option("colocated", help="colocated: every replica runs prefill and "
+                                              "decode; pd: prefill/decode disaggregation (prefill and decode "
+                                              "pools joined by KV links; `replicas` is then unused)")
+    prefill: PoolConfig | None = option(None, help="mode pd: the prefill pool (arrivals are routed here by "
+                                        "`router`)")
+    decode: PoolConfig | None = option(None, help="mode pd: the decode pool")
+    link: LinkConfig = option(LinkConfig(), help="mode pd: the KV links between the pools")
+    first_token_on: Literal["prefill", "decode"] = option("prefill", help="mode pd: the first token is shown "
+                                                          "when the prefill replica samples it, or only once its "
+                                                          "KV has reached the decode replica (TTFT includes the "
+                                                          "transfer)")
+    decode_router: Literal["round_robin", "least_loaded"] = option("least_loaded", help="mode pd: which decode "
+                                                                   "replica with room a prefilled request goes to")
 
     def validate(self) -> None:
         require(self.replicas >= 1, "replicas", "an integer >= 1", self.replicas)
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "an integer >= 2",
                 self.max_model_len)
+        if self.mode == "pd":
+            require(self.prefill is not None, "prefill", "a pool section {replicas, policy} (mode pd)", None)
+            require(self.decode is not None, "decode", "a pool section {replicas, policy} (mode pd)", None)
 
 
 @dataclass
 class PreemptionConfig:
-    mode: Literal["recompute", "swap"] = option("recompute", help="recompute: free blocks and prefill again; "
-                                                "swap: move KV to host memory and back")
+    mode: Literal["recompute", "swap", "auto"] = option("recompute", help="recompute: free blocks and prefill "
+                                                        "again; swap: move KV to host memory and back; auto: per "
+                                                        "victim, whichever the cost model says is faster")
     victim: Literal["last_admitted", "lowest_priority"] = option("last_admitted", help="which request to evict")
     swap_bandwidth_gb_s: float = option(25.0, help="host link bandwidth for swap, GB/s (PCIe 4 x16 ~ 25)")
 
     def validate(self) -> None:
         require(self.swap_bandwidth_gb_s > 0, "swap_bandwidth_gb_s", "a number > 0", self.swap_bandwidth_gb_s)
+
+
+@dataclass
+class AdmissionConfig:
+    """Early rejection at arrival (sim/admission.py); off unless max_predicted_ttft is set."""
+
+    max_predicted_ttft: float | None = option(None, help="reject a request at arrival when its predicted TTFT "
+                                              "(prefill tokens queued ahead / recent prefill rate) exceeds this "
+                                              "many seconds; null: admit everything")
+    window_steps: int = option(32, help="steps with prefill work the recent prefill rate averages over "
+                               "(exponentially)")
+    probe_tokens: int = option(512, help="cold start: the rate is seeded with one prefill of this many tokens, "
+                               "priced by the cost model")
+
+    def validate(self) -> None:
+        require(self.max_predicted_ttft is None or self.max_predicted_ttft > 0, "max_predicted_ttft",
+                "a positive number of seconds or null", self.max_predicted_ttft)
+        require(self.window_steps >= 1, "window_steps", "an integer >= 1", self.window_steps)
+        require(self.probe_tokens >= 1, "probe_tokens", "an integer >= 1", self.probe_tokens)
 
 
 @dataclass
@@ -90,6 +178,7 @@ class ExperimentConfig:
     cluster: ClusterConfig = option(ClusterConfig(), help="replicas and their KV caches")
     policy: dict = option({"name": "sarathi"}, help="scheduling policy: {name: ..., options}")
     preemption: PreemptionConfig = option(PreemptionConfig(), help="what happens when KV runs out")
+    admission: AdmissionConfig = option(AdmissionConfig(), help="early rejection of requests at arrival")
     workload: dict = option({}, help="requests: synthetic, explicit list or trace")
     metrics: Any = option(None, help="metric settings: long_prompt_threshold, slo, stall_factor")
     output: OutputConfig = option(OutputConfig(), help="what to write")
@@ -165,6 +254,31 @@ def validate_sections(config: ExperimentConfig) -> None:
     model = model_spec(config.model, "model")
     load_cost_model(config.cost_model, model)
     make_policy(config.policy)
+    if config.cluster.mode == "pd":
+        for name in ("prefill", "decode"):
+            path = f"cluster.{name}"
+            policy = pool_policy(config, name)
+            if policy.get("name") == "static":
+                raise ConfigError(f"{path}.policy.name", "an iteration-level policy (static batching holds a "
+                                  "batch until its longest member finishes, which a P/D pool cannot do)", "static")
+            make_policy(policy, f"{path}.policy")
+            try:
+                load_cost_model(pool_cost_model(config, name), model)
+            except ConfigError as err:
+                raise err.under(path)
     parse_workload(config.workload, "workload")
     if not isinstance(config.metrics, MetricsConfig):
         config.metrics = parse(MetricsConfig, config.metrics, "metrics")
+
+
+def pool_policy(config: ExperimentConfig, pool: str) -> dict:
+    """The policy mapping of P/D pool `pool` ("prefill" or "decode"): its own, else the top-level one."""
+    section = getattr(config.cluster, pool)
+    return section.policy if section is not None and section.policy is not None else config.policy
+
+
+def pool_cost_model(config: ExperimentConfig, pool: str) -> dict:
+    """The cost-model mapping of P/D pool `pool`: the top-level one with the pool's keys laid over it."""
+    section = getattr(config.cluster, pool)
+    overrides = section.cost_model if section is not None and section.cost_model else {}
+    return {**config.cost_model, **overrides}

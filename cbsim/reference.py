@@ -33,8 +33,8 @@ def _section(title: str, cls, note: str = "") -> list[str]:
 
 def reference_markdown() -> str:
     """Markdown tables of every config section, policy and cost model."""
-    from cbsim.config import (ClusterConfig, ExperimentConfig, KVCacheConfig, OutputConfig, PreemptionConfig,
-                              SimConfig)
+    from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig,
+                              OutputConfig, PoolConfig, PreemptionConfig, SimConfig)
     from cbsim.policies.registry import load_all
     from cbsim.profiler.costmodels import COST_MODELS, load_cost_model  # noqa: F401
     from cbsim.profiler.costmodels import _builtin  # noqa: F401
@@ -44,7 +44,9 @@ def reference_markdown() -> str:
 
     lines = _section("top level", ExperimentConfig)
     for title, cls in (("cluster", ClusterConfig), ("cluster.kv_cache", KVCacheConfig),
-                       ("preemption", PreemptionConfig), ("sim", SimConfig), ("output", OutputConfig),
+                       ("cluster.prefill / cluster.decode (mode: pd)", PoolConfig), ("cluster.link", LinkConfig),
+                       ("preemption", PreemptionConfig), ("admission", AdmissionConfig), ("sim", SimConfig),
+                       ("output", OutputConfig),
                        ("metrics", MetricsConfig), ("metrics.slo", SLOConfig), ("workload", WorkloadConfig),
                        ("workload.trace", trace_source.TraceConfig),
                        ("workload.shared_prefix", prefixes.SharedPrefixConfig)):

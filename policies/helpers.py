@@ -1,13 +1,22 @@
-"""Small building blocks that policies compose: decodes, ongoing prefills, admissions.
+"""Small building blocks that policies compose: decodes, ongoing prefills, admissions, chunk sizes.
 
 Each helper walks a queue in order and stops at the first request that does not fit (no
-overtaking), so FCFS order holds unless a policy reorders the queue itself.
+overtaking), so FCFS order holds unless a policy reorders the queue itself. Admissions count a
+request's work after its prefix-cache hit (BatchBuilder.need).
+
+Dynamic chunking (SGLang's cost-aware chunks): the chunk c of a request with history h is chosen
+so that F(h + c) - F(h) ~ F(c0) - F(0) for the target c0, i.e. every chunk costs about what c0
+tokens cost on an empty history; chunks shrink as the history grows, since each new token attends
+to more cached ones.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from cbsim.schema import option, require
 from cbsim.sim.request import Request
+from cbsim.sim.state import SchedulerState
 
 from .batch import BatchBuilder
 
@@ -30,16 +39,86 @@ class PrefillLimit:
         self.long_taken = 0
 
     def is_long(self, req: Request) -> bool:
-        return self.threshold is not None and req.need > self.threshold
+        return self._long(req.need)
 
-    def allows(self, req: Request, num_tokens: int) -> bool:
-        if self.max_partial is not None and num_tokens < req.need and self.partial_taken >= self.max_partial:
+    def allows(self, req: Request, num_tokens: int, need: int | None = None) -> bool:
+        """`need`: the request's remaining prompt if not req.need (after a prefix-cache hit)."""
+        need = req.need if need is None else need
+        if self.max_partial is not None and num_tokens < need and self.partial_taken >= self.max_partial:
             return False
-        return not (self.max_long is not None and self.is_long(req) and self.long_taken >= self.max_long)
+        return not (self.max_long is not None and self._long(need) and self.long_taken >= self.max_long)
 
-    def take(self, req: Request, num_tokens: int) -> None:
-        self.partial_taken += num_tokens < req.need
-        self.long_taken += self.is_long(req)
+    def take(self, req: Request, num_tokens: int, need: int | None = None) -> None:
+        need = req.need if need is None else need
+        self.partial_taken += num_tokens < need
+        self.long_taken += self._long(need)
+
+    def _long(self, need: int) -> bool:
+        return self.threshold is not None and need > self.threshold
+
+
+@dataclass
+class DynamicChunkConfig:
+    """Cost-aware chunk sizes (SGLang dynamic chunking): every chunk costs what target_chunk costs."""
+
+    target_chunk: int = option(512, help="c0: each chunk c of a request with history h is the largest multiple "
+                               "of the KV block size with F(h + c) - F(h) <= F(c0) - F(0), by the run's cost model")
+
+    def validate(self) -> None:
+        require(self.target_chunk >= 1, "target_chunk", "an integer >= 1", self.target_chunk)
+
+
+class DynamicChunk:
+    """Chunk limits per history h, from the replica's cost model (state.chunk_cost), memoised.
+
+    chunk_cost(c, h) prices a chunk run alone, so cost(c, h) - cost(c0, 0) compares F(h + c) - F(h)
+    with F(c0) - F(0): the step's fixed costs cancel. Costs grow with c, so a binary search over
+    whole blocks finds the largest chunk within the target (at least one block). Without a cost
+    model (chunk_cost None) the limit is c0 itself.
+    """
+
+    def __init__(self, target: int):
+        self.target = target
+        self._cost = None
+        self._memo: dict[int, int] = {}
+
+    def limit(self, state: SchedulerState, history: int) -> int:
+        """The largest chunk for a request that has `history` tokens cached."""
+        cost = state.chunk_cost
+        if cost is None:
+            return self.target
+        if cost is not self._cost:
+            self._cost, self._memo = cost, {}
+        chunk = self._memo.get(history)
+        if chunk is None:
+            chunk = self._memo[history] = self._search(cost, history, state.kv.block_size)
+        return chunk
+
+    def _search(self, cost: Callable[[int, int], float], history: int, block: int) -> int:
+        if self.target < block:
+            return self.target
+        goal = cost(self.target, 0)
+        lo, hi = 1, self.target // block  # in blocks; cost(hi * block, h) <= goal at h = 0
+        if cost(hi * block, history) <= goal:
+            return hi * block
+        while lo < hi - 1:  # invariant: cost(hi * block, h) > goal; lo is the answer unless higher fits
+            mid = (lo + hi) // 2
+            if cost(mid * block, history) <= goal:
+                lo = mid
+            else:
+                hi = mid
+        return lo * block
+
+
+def make_dynamic(config: DynamicChunkConfig | None) -> DynamicChunk | None:
+    return None if config is None else DynamicChunk(config.target_chunk)
+
+
+def chunk_limit(dynamic: DynamicChunk | None, state: SchedulerState) -> Callable[[int], int] | None:
+    """history -> max chunk tokens, or None without dynamic chunking."""
+    if dynamic is None:
+        return None
+    return lambda history: dynamic.limit(state, history)
 
 
 def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> None:
@@ -48,8 +127,12 @@ def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> None:
 
 
 def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: PrefillLimit | None = None,
-                      max_chunk: int | None = None) -> None:
-    """Next chunk of every running request still in prefill, in admission order."""
+                      max_chunk: int | None = None, chunk: Callable[[int], int] | None = None,
+                      spare: Callable[[Request], bool] | None = None) -> None:
+    """Next chunk of every running request still in prefill, in admission order.
+
+    `chunk(h)` caps the chunk of a request with history h (dynamic chunking); a request short of KV
+    preempts others, except those `spare` holds back, and finally itself."""
     for req in running:
         outputs = req.num_output_tokens
         if outputs >= req.output_len or (outputs and req.prompt_len + outputs - req.num_computed_tokens == 1):
@@ -59,29 +142,36 @@ def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: Prefil
         if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
         n = min(req.need, b.tokens_left, max_chunk or req.need)
+        if chunk is not None:
+            n = min(n, chunk(req.num_computed_tokens))
         if limit and not limit.allows(req, n):
             return
-        if b.schedule_running(req, n) and limit:
+        if b.schedule_running(req, n, spare=spare) and limit:
             limit.take(req, n)
 
 
 def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = True,
                    limit: PrefillLimit | None = None, min_chunk: int = 1,
-                   reserve: Callable[[Request], int] | None = None) -> None:
+                   reserve: Callable[[Request], int] | None = None,
+                   chunk_size: Callable[[int], int] | None = None) -> None:
     """Admit waiting requests in queue order while the budgets allow, then stop.
 
     chunk=True: the last one admitted may get only part of its prompt (what the token budget
     leaves, but not less than min_chunk unless that finishes it or the step is otherwise empty);
     chunk=False: whole prompts only.
     `reserve(req)` asks for KV blocks for that many tokens up front (e.g. prompt + max output).
+    `chunk_size(h)` caps the first chunk of a request whose history (prefix hit) is h.
     """
     for req in waiting:
         if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
-        n = min(req.need, b.tokens_left) if chunk else req.need
-        if (n < min(min_chunk, req.need) and b.scheduled) or (limit and not limit.allows(req, n)):
+        need = b.need(req)
+        n = min(need, b.tokens_left) if chunk else need
+        if chunk and chunk_size is not None:
+            n = min(n, chunk_size(b.computed(req)))
+        if (n < min(min_chunk, need) and b.scheduled) or (limit and not limit.allows(req, n, need)):
             return
         if not b.admit(req, n, reserve(req) if reserve else 0):
             return
         if limit:
-            limit.take(req, n)
+            limit.take(req, n, need)

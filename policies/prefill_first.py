@@ -4,6 +4,9 @@ A step is prefill-only whenever some prefill can run (a waiting prompt that fits
 chunking, an unfinished prompt); otherwise it is decode-only. With `chunk_size`, a long prompt is
 split into chunks of at most chunk_size tokens per step, but the chunks still run before any
 decode: every running decode stalls until the prompt is done (dec@P = 0, the starvation case).
+A prompt in progress that runs out of KV does not preempt a request whose prompt is done while
+that request can decode instead: in a prefill-first loop it might never get to, and two prompts
+would take turns evicting each other forever. The step then decodes, which frees KV.
 """
 from __future__ import annotations
 
@@ -13,18 +16,25 @@ from cbsim.schema import option, require
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
-from .helpers import admit_prefills, continue_prefills, fill_decodes
+from .helpers import (DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, is_decode,
+                      make_dynamic)
 from .registry import register
 
 
 @dataclass
 class PrefillFirstConfig(Budgets):
     chunk_size: int | None = option(None, help="max prefill tokens per step; null = whole prompts only")
+    dynamic_chunk: DynamicChunkConfig | None = option(None, help="with chunk_size: cost-aware chunk sizes "
+                                                      "{target_chunk: 512}, shrinking as a prompt's history "
+                                                      "grows; null = off")
 
     def validate(self) -> None:
         Budgets.validate(self)
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
                 self.chunk_size)
+        if self.dynamic_chunk is not None:
+            require(self.chunk_size is not None, "dynamic_chunk", "null unless chunk_size is set (dynamic "
+                    "chunks split prompts)", "a mapping")
 
 
 @register("prefill_first")
@@ -33,20 +43,35 @@ class PrefillFirst(Policy):
 
     Config = PrefillFirstConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.dynamic = make_dynamic(config.dynamic_chunk)
+
     @property
     def chunks_prompts(self) -> bool:
         return self.config.chunk_size is not None
 
     def schedule(self, state):
+        b = self._prefills(state, spare=is_decode)
+        if b.scheduled:
+            return b.build()
+        decodes = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
+        fill_decodes(decodes, state.running)
+        if decodes.scheduled:
+            return decodes.build()
+        b = self._prefills(state, spare=None)  # no decode can run: a prompt may take a decode's KV
+        return b.build() if b.scheduled or b.preempted else decodes.build()
+
+    def _prefills(self, state, spare) -> BatchBuilder:
+        """A prefill-only step: prompts in progress, then new ones. A prompt short of KV preempts
+        others except those `spare` holds back; if it must preempt itself, nobody is admitted."""
         cfg = self.config
         budget = self.token_budget(state)
         if cfg.chunk_size is not None:
             budget = min(budget, cfg.chunk_size)
         b = BatchBuilder(state, budget, cfg.max_num_seqs)
-        continue_prefills(b, state.running)
-        admit_prefills(b, state.waiting, chunk=self.chunks_prompts)
-        if b.scheduled or b.preempted:
-            return b.build()
-        b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
-        fill_decodes(b, state.running)
-        return b.build()
+        chunk = chunk_limit(self.dynamic, state)
+        continue_prefills(b, state.running, chunk=chunk, spare=spare)
+        if not b.stalled:  # the room a stalled prompt frees is not for a newcomer
+            admit_prefills(b, state.waiting, chunk=self.chunks_prompts, chunk_size=chunk)
+        return b

@@ -7,7 +7,8 @@ from cbsim.schema import option, require
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
-from .helpers import PrefillLimit, admit_prefills, continue_prefills, fill_decodes
+from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
+                      fill_decodes, make_dynamic)
 from .registry import register
 
 
@@ -20,6 +21,8 @@ class SarathiConfig(Budgets):
                                             "long_prefill_token_threshold (lets short prompts overtake long ones)")
     long_prefill_token_threshold: int | None = option(None, help="remaining prompt tokens above which a prefill "
                                                       "counts as long; null = no distinction")
+    dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware chunk sizes {target_chunk: 512}: "
+                                                      "chunks shrink as a prompt's history grows; null = off")
 
     def validate(self) -> None:
         Budgets.validate(self)
@@ -35,12 +38,17 @@ class Sarathi(Policy):
 
     Config = SarathiConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.dynamic = make_dynamic(config.dynamic_chunk)
+
     def schedule(self, state):
         cfg = self.config
         b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
         fill_decodes(b, state.running)
         limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills,
                              cfg.long_prefill_token_threshold)
-        continue_prefills(b, state.running, limit)
-        admit_prefills(b, state.waiting, limit=limit)
+        chunk = chunk_limit(self.dynamic, state)
+        continue_prefills(b, state.running, limit, chunk=chunk)
+        admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk)
         return b.build()

@@ -13,7 +13,7 @@ from cbsim.schema import option, require
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
-from .helpers import admit_prefills, continue_prefills, fill_decodes
+from .helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, make_dynamic
 from .registry import register
 
 
@@ -21,6 +21,8 @@ from .registry import register
 class SplitFuseConfig(Budgets):
     token_budget: int | None = option(512, help="target tokens per forward pass")
     min_chunk: int = option(16, help="smallest first piece of a new prompt (a shorter prompt goes whole)")
+    dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware piece sizes {target_chunk: 512}: "
+                                                      "a prompt's pieces shrink as its history grows; null = off")
 
     def validate(self) -> None:
         Budgets.validate(self)
@@ -33,9 +35,14 @@ class SplitFuse(Policy):
 
     Config = SplitFuseConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.dynamic = make_dynamic(config.dynamic_chunk)
+
     def schedule(self, state):
         b = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
         fill_decodes(b, state.running)
-        continue_prefills(b, state.running)
-        admit_prefills(b, state.waiting, min_chunk=self.config.min_chunk)
+        chunk = chunk_limit(self.dynamic, state)
+        continue_prefills(b, state.running, chunk=chunk)
+        admit_prefills(b, state.waiting, min_chunk=self.config.min_chunk, chunk_size=chunk)
         return b.build()

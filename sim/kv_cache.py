@@ -4,9 +4,20 @@ Invariant: free_blocks + sum of blocks held by requests == num_blocks, and free_
 Requests hold whole blocks: ceil(tokens / block_size). The watermark is kept free when a new
 request is admitted (not when a running one grows), so admissions cannot immediately force
 preemptions. Swapped-out KV lives on the host, unbounded, and is counted separately.
+
+With prefix caching (`prefix_caching=True`, see prefix_cache.py) full prompt blocks outlive their
+request in a radix tree, shared by reference. Blocks are then free, held, or evictable (cached,
+referenced by no request); `available_blocks` = free + evictable is what admission may use, and
+`grow` evicts least recently used cached blocks when the free ones run out. A request's
+`num_blocks` counts every block it holds, shared ones included; the blocks of a node are counted
+once, however many requests share it. So: free + held (requests' own blocks + referenced nodes)
++ evictable == num_blocks, and `used_blocks` (num_blocks - free) counts held and cached blocks.
+Eviction happens only inside `grow`, so a run of decode steps that fits in the free blocks
+(the replica's fast-forward horizon) leaves the cache, and every admission decision, unchanged.
 """
 from __future__ import annotations
 
+from .prefix_cache import PrefixCache
 from .request import Request
 
 
@@ -16,7 +27,8 @@ class KVCacheError(RuntimeError):
 
 class KVCache:
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0,
-                 reserve_full_prompt: bool = False, bytes_per_token: float = 0.0):
+                 reserve_full_prompt: bool = False, bytes_per_token: float = 0.0,
+                 prefix_caching: bool = False, hash_block_size: int | None = None):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -26,10 +38,22 @@ class KVCache:
         self.bytes_per_token = bytes_per_token
         self.free_blocks = num_blocks
         self.host_blocks = 0
+        self.prefix = PrefixCache(block_size, hash_block_size or block_size) if prefix_caching else None
+        self.evicted_in_step = False  # grow evicted since the replica last cleared it (no fast-forward then)
 
     @property
     def used_blocks(self) -> int:
+        """Blocks not free: held by requests, or cached (evictable) with prefix caching."""
         return self.num_blocks - self.free_blocks
+
+    @property
+    def evictable_blocks(self) -> int:
+        return self.prefix.evictable_blocks if self.prefix is not None else 0
+
+    @property
+    def available_blocks(self) -> int:
+        """Blocks an allocation may take: free + evictable."""
+        return self.free_blocks + self.prefix.evictable_blocks if self.prefix is not None else self.free_blocks
 
     @property
     def block_bytes(self) -> float:
@@ -47,16 +71,43 @@ class KVCache:
         extra = target_blocks - req.num_blocks
         if extra <= 0:
             return
+        if extra > self.free_blocks and self.prefix is not None:
+            self.free_blocks += self.prefix.evict(extra - self.free_blocks)
+            self.evicted_in_step = True
         if extra > self.free_blocks:
             raise KVCacheError(f"request {req.id} needs {extra} blocks, {self.free_blocks} free")
         self.free_blocks -= extra
         req.num_blocks = target_blocks
 
     def release(self, req: Request) -> None:
-        """Free every GPU block of `req` (finish, reject or recompute preemption)."""
-        self.free_blocks += req.num_blocks
+        """Free every GPU block of `req` (finish, reject or preemption); with prefix caching its
+        cached prompt blocks stay, unreferenced by it (evictable once nobody holds them)."""
+        if self.prefix is not None:
+            self.free_blocks += req.num_blocks - self.prefix.shared_blocks(req)
+            self.prefix.release(req)
+        else:
+            self.free_blocks += req.num_blocks
         req.num_blocks = 0
 
+    # -- prefix caching (only with self.prefix) -------------------------------------------
+    def acquire_prefix(self, req: Request) -> int:
+        """At admission: `req` takes the cached prefix a plan made now would have found (see
+        PrefixCache.match); its progress jumps over it. Returns the tokens hit."""
+        prefix = self.prefix
+        if prefix is None or not prefix.can_hit(req):
+            return 0
+        path = prefix.match(req)
+        prefix.acquire(req, path)
+        req.num_blocks = len(path) * prefix.unit_blocks
+        req.num_computed_tokens = len(path) * prefix.unit_tokens
+        return req.num_computed_tokens
+
+    def publish(self, req: Request, computed_tokens: int) -> None:
+        """Cache the full prompt units of `req` that `computed_tokens` covers (at the start of the
+        step that computes them; nothing can read them before that step ends)."""
+        self.free_blocks += self.prefix.publish(req, computed_tokens)
+
+    # -- swap ------------------------------------------------------------------------------
     def swap_out(self, req: Request) -> float:
         """Move the request's blocks to the host; returns the bytes moved."""
         moved = req.num_blocks

@@ -69,12 +69,10 @@ class MetricsConfig:
 
 def step_frame(recorder: Recorder) -> pd.DataFrame:
     """One row per step: `step` (global index), every recorder column, and `duration` (end - start)."""
-    table = recorder.step_table()
-    frame = pd.DataFrame({"step": np.arange(recorder.num_steps, dtype=np.int64)})
-    for name in STEP_COLUMNS:
-        frame[name] = table[name]
-    frame["duration"] = frame["end"] - frame["start"]
-    return frame
+    table = recorder.step_table()  # views of the recorder's buffers: the frame does not copy them
+    columns = {"step": np.arange(recorder.num_steps, dtype=np.int64), **{name: table[name] for name in STEP_COLUMNS}}
+    columns["duration"] = table["end"] - table["start"]
+    return pd.DataFrame(columns, copy=False)
 
 
 @dataclass(frozen=True)
@@ -486,4 +484,169 @@ def _interference_summary(df: pd.DataFrame, itl: ITLDistribution, stall_factor: 
         "num_stalls": int(stalls["count"].sum()),
         "stall_seconds_total": _num((stalls["length"] * stalls["count"]).sum()),
         "stall_max": _num(stalls["length"].max()) if len(stalls) else None,
+    }
+
+
+# ---------------------------------------------------------------- preemption recovery, transfers, P/D pools
+#
+# Computed from logs the run keeps on the side: each replica's preemption log and host link, the
+# P/D links' transfer logs and hand-off records (sim/kv_link.py, sim/pd.py). A *level series* is a
+# step function over time (how many requests wait, how many KV blocks are held): values change
+# only at event times, and at equal times decreases come before increases.
+
+PREEMPTION_COLUMNS = ("time", "replica", "request_id", "mode", "recomputed_tokens", "swapped_bytes")
+TRANSFER_COLUMNS = ("link", "request_id", "kind", "bytes", "submitted", "start", "end", "lane")
+
+
+def preemption_frame(replicas) -> pd.DataFrame:
+    """One row per preemption of any replica: when, which request, recompute or swap, the tokens
+    whose KV it dropped (recompute) and the bytes it swapped out (swap), in time order."""
+    rows = [row for replica in replicas for row in replica.preemption_log]
+    frame = pd.DataFrame(rows, columns=list(PREEMPTION_COLUMNS))
+    return frame.sort_values(["time", "replica"], kind="stable").reset_index(drop=True)
+
+
+def transfer_frame(links) -> pd.DataFrame:
+    """One row per transfer booked on `links` (sim/kv_link.py), with `queued` (wait for a lane) and
+    `duration` (on the lane)."""
+    rows = [(t.link, t.request_id, t.kind, t.nbytes, t.submitted, t.start, t.end, t.lane)
+            for link in links for t in link.log]
+    frame = pd.DataFrame(rows, columns=list(TRANSFER_COLUMNS))
+    frame["queued"] = frame["start"] - frame["submitted"]
+    frame["duration"] = frame["end"] - frame["start"]
+    return frame
+
+
+def recovery_summary(preemptions: pd.DataFrame, host_transfers: pd.DataFrame) -> dict:
+    """Recomputed tokens (KV dropped by recompute preemptions: exactly the extra prefill work) and
+    bytes moved over the host links (swap-outs and swap-ins), for every preemption mode."""
+    mode = preemptions["mode"]
+    return {
+        "num_recomputed_tokens": int(preemptions["recomputed_tokens"].sum()),
+        "swapped_bytes": float(host_transfers["bytes"].sum()),
+        "num_recompute_preemptions": int((mode == "recompute").sum()),
+        "num_swap_preemptions": int((mode == "swap").sum()),
+    }
+
+
+def handoff_frame(records) -> pd.DataFrame:
+    """One row per P/D hand-off (sim/pd.py HandOff), in prefill order, with derived waits:
+    backpressure_wait (ready to move, until decode room was reserved: from the prefill in p2p
+    mode, from the end of the first hop in pool mode), link_queue (waits for a lane, all hops),
+    transfer_time (time on the lanes, all hops), prefill_kv_held (prefill done until the
+    prefill-side KV was freed)."""
+    rows = []
+    for rec in records:
+        ready = rec.in_pool if not math.isnan(rec.in_pool) else rec.prefilled
+        rows.append({
+            "request_id": rec.req.id, "prefill_replica": rec.src.index,
+            "decode_replica": rec.dst.index if rec.dst is not None else -1,
+            "prefilled": rec.prefilled, "prefill_blocks": rec.prefill_blocks, "reserved": rec.reserved,
+            "released_src": rec.released_src, "in_pool": rec.in_pool, "landed": rec.landed,
+            "decode_admitted": rec.decode_admitted, "backpressure_wait": rec.reserved - ready,
+            "link_queue": sum(h.queued for h in rec.hops) if rec.hops else math.nan,
+            "transfer_time": sum(h.end - h.start for h in rec.hops) if rec.hops else math.nan,
+            "prefill_kv_held": rec.released_src - rec.prefilled,
+        })
+    columns = ["request_id", "prefill_replica", "decode_replica", "prefilled", "prefill_blocks", "reserved",
+               "released_src", "in_pool", "landed", "decode_admitted", "backpressure_wait", "link_queue",
+               "transfer_time", "prefill_kv_held"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def level_series(enter, leave, weights=None, end: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
+    """(times, level): how much of `weights` (default 1 each) is inside [enter, leave) right after
+    each event time. A NaN leave means "still inside at `end`"; a NaN enter is never inside."""
+    enter = np.asarray(enter, dtype=np.float64)
+    leave = np.asarray(leave, dtype=np.float64)
+    weights = np.ones(len(enter)) if weights is None else np.asarray(weights, dtype=np.float64)
+    inside = ~np.isnan(enter)
+    enter, leave, weights = enter[inside], np.where(np.isnan(leave[inside]), end, leave[inside]), weights[inside]
+    times = np.concatenate([enter, leave])
+    deltas = np.concatenate([weights, -weights])
+    order = np.lexsort((deltas, times))
+    times, level = times[order], np.cumsum(deltas[order])
+    finite = np.isfinite(times)
+    return times[finite], level[finite]
+
+
+def time_average(times: np.ndarray, level: np.ndarray, t0: float, t1: float) -> float:
+    """Mean of a level series over [t0, t1] (0 before its first event)."""
+    if t1 <= t0 or len(times) == 0:
+        return math.nan if t1 <= t0 else 0.0
+    edges = np.clip(np.append(times, t1), t0, t1)
+    return float(np.sum(level * np.diff(edges)) / (t1 - t0))
+
+
+def _queue_summary(prefix: str, enter, leave, t0: float, t1: float) -> dict:
+    times, level = level_series(enter, leave, end=t1)
+    return {f"{prefix}_queue_mean": _num(time_average(times, level, t0, t1)),
+            f"{prefix}_queue_max": _num(level.max()) if len(level) else 0}
+
+
+def pool_summary(steps: pd.DataFrame, requests: pd.DataFrame, pools: dict[str, list[int]],
+                 handoffs: pd.DataFrame | None = None, transfers: pd.DataFrame | None = None) -> dict:
+    """Per-pool utilisation (busy step time / makespan, averaged over the pool's replicas) and
+    waiting-queue length (time average and max); with P/D hand-offs, the transfer, link-queue and
+    backpressure distributions and the KV held on the prefill side while waiting to move.
+
+    Queues: the prefill (or only) pool holds a request from its arrival to its first step; the
+    decode pool from its landing to its first step there.
+    """
+    t0 = float(requests["arrival"].min()) if len(requests) else 0.0
+    t1 = float(np.nanmax(np.r_[steps["end"].to_numpy(), t0]))
+    span = t1 - t0
+    busy = steps.groupby("replica")["duration"].sum()
+    out = {}
+    for name, indices in pools.items():
+        used = np.array([busy.get(i, 0.0) for i in indices])
+        out[f"{name}_replicas"] = len(indices)
+        out[f"{name}_utilization"] = _num(used.mean() / span) if span > 0 else None
+    admitted = requests[requests["status"] != "rejected"]
+    entry = "prefill" if "prefill" in pools else next(iter(pools))
+    out.update(_queue_summary(entry, admitted["arrival"], admitted["first_scheduled"], t0, t1))
+    if handoffs is None:
+        return out
+    out.update(_queue_summary("decode", handoffs["landed"], handoffs["decode_admitted"], t0, t1))
+    for name in ("transfer_time", "link_queue", "backpressure_wait", "prefill_kv_held"):
+        for q, v in zip((50, 99), _percentiles(handoffs[name], (50, 99))):
+            out[f"{name}_p{q}"] = v
+        out[f"{name}_max"] = _num(handoffs[name].max())
+    times, held = level_series(handoffs["prefilled"], handoffs["released_src"], handoffs["prefill_blocks"], end=t1)
+    out["prefill_kv_held_blocks_max"] = _num(held.max()) if len(held) else 0
+    out["prefill_kv_held_blocks_mean"] = _num(time_average(times, held, t0, t1))
+    out["num_handoffs"] = len(handoffs)
+    out["kv_transfer_bytes"] = float(transfers["bytes"].sum()) if transfers is not None else None
+    return out
+
+
+# ---------------------------------------------------------------- prefix caching
+
+
+def cached_token_column(request_ids: np.ndarray, kv_caches) -> np.ndarray:
+    """Per request (in `request_ids` order): prompt tokens its first admission found in a replica's
+    prefix cache (0 without prefix caching, or for a request never admitted)."""
+    hits: dict[int, int] = {}
+    for kv in kv_caches:
+        if kv.prefix is not None:
+            for rid, tokens in kv.prefix.hit_tokens.items():
+                hits.setdefault(rid, tokens)
+    return np.fromiter((hits.get(int(rid), 0) for rid in request_ids), dtype=np.int64, count=len(request_ids))
+
+
+def prefix_summary(requests_df: pd.DataFrame, kv_caches) -> dict:
+    """prefix_hit_tokens (sum of `cached_tokens`), prefix_hit_rate (those / prompt tokens of the
+    requests that were admitted; None without prefix caching or admissions) and evicted_blocks."""
+    caches = [kv.prefix for kv in kv_caches if kv.prefix is not None]
+    if "cached_tokens" in requests_df:
+        cached = requests_df["cached_tokens"].to_numpy()
+    else:
+        cached = cached_token_column(requests_df["request_id"].to_numpy(), kv_caches)
+    admitted = ~np.isnan(requests_df["first_scheduled"].to_numpy(dtype=np.float64))
+    prompt = int(requests_df["prompt_len"].to_numpy()[admitted].sum())
+    hit = int(cached[admitted].sum())
+    return {
+        "prefix_hit_tokens": hit,
+        "prefix_hit_rate": _num(hit / prompt) if caches and prompt else None,
+        "evicted_blocks": int(sum(cache.evicted_blocks for cache in caches)),
     }

@@ -19,6 +19,9 @@ class StepPlan:
     hold_finished: bool = False  # keep finished requests (and their KV) until the whole batch is done
     epochs: dict[int, int] = field(default_factory=dict)
     blocks: dict[int, int] = field(default_factory=dict)  # request id -> KV blocks it holds during the step
+    # waiting requests (holding no KV) the policy gives up on: they can no longer meet their deadline.
+    # Applied at the step's start, before admissions; a plan must still schedule something else.
+    rejected: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> dict[int, int]:

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
+from .admission import TTFTPredictor, prefill_tokens_ahead
 from .clock import delay_to
 from .cost import CostModel
 from .kv_cache import KVCache
+from .kv_link import KVLink
 from .plan import StepPlan
 from .recorder import Recorder
 from .request import Request, Status
@@ -34,13 +36,17 @@ class SchedulerStuck(RuntimeError):
 
 @dataclass(frozen=True)
 class ReplicaSettings:
-    preemption_mode: str = "recompute"  # recompute | swap
+    preemption_mode: str = "recompute"  # recompute | swap | auto (per victim, the cheaper by the cost model)
     victim: str = "last_admitted"
     swap_bandwidth: float = 25e9  # bytes/s over the host link
     max_model_len: int = 8192
     fast_forward: bool = True
     max_fast_forward: int = 4096
     record_shapes: bool = False  # keep every step's shape (held-out batches for the profiler)
+    role: str = "colocated"  # colocated | prefill | decode (a replica of a P/D pool, see sim/pd.py)
+    max_predicted_ttft: float | None = None  # early admission control (sim/admission.py); None: admit all
+    admission_window: int = 32
+    admission_probe_tokens: int = 512
 
 
 class Replica:
@@ -56,6 +62,7 @@ class Replica:
         self.settings = settings
         self.horizon = horizon  # time of the next event outside this replica that could change its plan
         self.state = SchedulerState(kv=kv, max_model_len=settings.max_model_len, victim=settings.victim)
+        self.state.chunk_cost = lambda c, h: cost.step_time(StepShape(prefill=((c, h),)))  # dynamic chunking
         self.by_id: dict[int, Request] = {}
         self.prev_step = -1
         self.admissions = 0
@@ -64,6 +71,14 @@ class Replica:
         self.incoming: deque[Request] = deque()  # routed here, not yet visible (arrival after the clock)
         self.noise = noise  # multiplies each step's time (cost_noise); disables fast-forward
         self.shapes: list[StepShape] | None = [] if settings.record_shapes else None
+        self.host_link = KVLink(f"host{index}", settings.swap_bandwidth)  # swaps, in and out
+        self.admission = None if settings.max_predicted_ttft is None else TTFTPredictor(
+            settings.max_predicted_ttft, cost, settings.admission_window, settings.admission_probe_tokens)
+        self.handoff = None  # P/D: the cluster's hand-off port (sim/pd.py), set when the pools are wired
+        self.landed: deque[tuple[float, Request]] = deque()  # P/D decode side: KV arrived, not yet visible
+        self.preemption_log: list[tuple] = []  # (time, replica, request, mode, recomputed tokens, swapped bytes)
+        self._step_start = 0.0
+        self._swap_out_booked = 0.0  # bytes this step's victims swap out (already on the host link)
         self._wake = None
         self._resume_at = None
         self.process = env.process(self.run())
@@ -82,13 +97,23 @@ class Replica:
 
     # -- arrivals ------------------------------------------------------------------------
     def reject_reason(self, req: Request) -> str:
+        """Why `req`, arriving now, is rejected: it could never run here, or admission control says no."""
         total = req.prompt_len + req.output_len
         if total > self.settings.max_model_len:
             return f"prompt_len + output_len = {total} exceeds max_model_len = {self.settings.max_model_len}"
-        if not self.kv.fits_ever(total):
-            return (f"needs {self.kv.blocks_for(total)} KV blocks, the cache has "
+        held = req.prompt_len if self.settings.role == "prefill" else total  # a prefill replica keeps the prompt
+        if not self.kv.fits_ever(held):
+            return (f"needs {self.kv.blocks_for(held)} KV blocks, the cache has "
                     f"{self.kv.num_blocks - self.kv.watermark_blocks} usable")
-        return self.policy.reject_reason(req, self.state)
+        # a prefill replica runs the prompt only (and samples one token): its policy judges that much
+        judged = replace(req, output_len=1) if self.settings.role == "prefill" else req
+        reason = self.policy.reject_reason(judged, self.state)
+        if not reason and self.handoff is not None:
+            reason = self.handoff.reject_reason(req)
+        if not reason and self.admission is not None:
+            ahead = prefill_tokens_ahead((self.incoming, self.waiting, self.running))
+            reason = self.admission.reject_reason(ahead, req.prompt_len)
+        return reason
 
     def enqueue(self, req: Request) -> None:
         """Called by the router at the request's arrival."""
@@ -100,8 +125,24 @@ class Replica:
             return
         req.status = Status.WAITING
         self.incoming.append(req)
+        self.wake()
+
+    def wake(self) -> None:
+        """Resume the loop if it sleeps (a new request, a landed one, or KV a hand-off released)."""
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _sleep(self):
+        self._wake = self.env.event()
+        yield self._wake
+        self._wake = None
+
+    def _next_visible(self) -> float | None:
+        """When the earliest request routed or landed here, but not yet visible, becomes visible."""
+        times = [self.incoming[0].arrival] if self.incoming else []
+        if self.landed:
+            times.append(self.landed[0][0])
+        return min(times) if times else None
 
     def _take_arrivals(self, now: float) -> None:
         """Make visible every request that arrived by `now` (exact clock), in arrival order."""
@@ -119,29 +160,51 @@ class Replica:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
             self._take_arrivals(start)
+            if self.landed:
+                self._take_landed(start)
             if not self.waiting and not self.running:
-                if self.incoming:  # routed, but arriving a hair later than this clock
-                    yield env.timeout(delay_to(env.now, self.incoming[0].arrival))
+                later = self._next_visible()
+                if later is not None:  # routed or landed, but a hair later than this clock
+                    yield env.timeout(delay_to(env.now, later))
                     continue
                 self.on_idle()
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+                yield from self._sleep()
                 continue
             self.state.now = start
             plan = self.policy.schedule(self.state)
             if plan.is_empty:
-                raise SchedulerStuck(self._stuck_message())
+                if self.handoff is None or not self.handoff.holds_kv(self):
+                    raise SchedulerStuck(self._stuck_message())
+                # P/D: KV held for a transfer leaves no room; its release (or a new request) wakes us
+                later = self._next_visible()
+                if later is None:
+                    yield from self._sleep()
+                else:
+                    yield env.timeout(delay_to(env.now, later))
+                continue
+            self._step_start = start
+            self._swap_out_booked = 0.0
+            if self.handoff is not None and not (plan.scheduled or plan.padding or plan.rejected):
+                yield from self._evict_only(plan, start)  # P/D: room reserved for a transfer forced it
+                continue
             shape, swap_bytes = self.begin(plan, start)
             duration = self.cost.step_time(shape)
             if self.noise is not None:
                 duration *= self.noise()
-            duration += swap_bytes / self.settings.swap_bandwidth
+            if swap_bytes:  # the step waits for its swaps: the host link is idle at every step's start
+                self._book_swap_ins(start, swap_bytes)
+                duration += swap_bytes / self.settings.swap_bandwidth
+            if self.admission is not None and shape.prefill:
+                self.admission.observe(sum(c for c, _ in shape.prefill), duration)
+            if self.handoff is not None:
+                self.handoff.began(self, plan, start)
             run = self._fast_forward(plan, shape, start, duration, swap_bytes)
             if run is None:
                 end = start + duration
                 yield env.timeout(delay_to(env.now, end))
                 self.commit(plan, end)
+                if self.handoff is not None:
+                    self.handoff.committed(self, plan, end)
                 self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
             else:
                 ends, held = run
@@ -157,11 +220,14 @@ class Replica:
             swap_bytes += self._preempt(self.by_id[rid])
         if plan.preempted:
             self.state.running = [r for r in self.running if r.status == Status.RUNNING]
+        for rid in plan.rejected:
+            self._reject_waiting(self.by_id[rid])
         for rid in plan.admitted:
             swap_bytes += self._admit(self.by_id[rid], now)
         prefill, decode = [], []
         sampled = 0
         by_id, blocks, kv = self.by_id, plan.blocks, self.kv
+        kv.evicted_in_step = False  # prefix caching: set by grow if it evicts cached blocks
         for rid, n in plan.scheduled.items():
             req = by_id[rid]
             if blocks[rid] > req.num_blocks:
@@ -173,6 +239,9 @@ class Replica:
             else:
                 prefill.append((n, computed))
             sampled += computed + n == total
+        if kv.prefix is not None:  # cache the full prompt blocks this step computes
+            for rid, n in plan.scheduled.items():
+                kv.publish(by_id[rid], by_id[rid].num_computed_tokens + n)
         num_padding = len(plan.padding)
         num_decode = len(decode)
         if num_padding:
@@ -201,20 +270,110 @@ class Replica:
             moved = self.kv.swap_in_bytes(req)
             self.kv.drop_host_copy(req)
             return moved
+        if self.kv.prefix is not None:
+            self.kv.acquire_prefix(req)  # a prefix-cache hit: the counter jumps over cached blocks
         return 0.0
 
+    def _reject_waiting(self, req: Request) -> None:
+        """A waiting request the plan gives up on (plan.rejected); it holds no KV."""
+        self.waiting.remove(req)
+        del self.by_id[req.id]
+        req.status = Status.REJECTED
+        req.reject_reason = (f"rejected while waiting by policy {self.policy.name}: it could no longer meet "
+                             "its deadline")
+
     def _preempt(self, req: Request) -> float:
+        """Evict `req` before the step runs; returns the bytes it swaps out (0 for recompute)."""
         req.epoch += 1
         req.num_preemptions += 1
         self.recorder.close_run(req)
-        self.waiting.appendleft(req)
-        if self.settings.preemption_mode == "swap":
+        self._requeue(req)
+        tokens = req.num_computed_tokens
+        if self._recovers_by_swap(req):
             req.status = Status.SWAPPED
-            return self.kv.swap_out(req)
+            moved = self.kv.swap_out(req)
+            self.host_link.submit(self._step_start, moved, req.id, "swap_out")
+            self._swap_out_booked += moved
+            self.preemption_log.append((self._step_start, self.index, req.id, "swap", 0, moved))
+            return moved
         req.status = Status.PREEMPTED
         self.kv.release(req)
         req.num_computed_tokens = 0
+        self.preemption_log.append((self._step_start, self.index, req.id, "recompute", tokens, 0.0))
         return 0.0
+
+    def _recovers_by_swap(self, req: Request) -> bool:
+        """Swap or recompute? `auto` takes the faster recovery by this run's cost model:
+        T_swap = out and back in over the host link + the link's queue (victims already swapping out
+        in this step); T_recompute = one prefill of every token whose KV would be dropped. Ties recompute."""
+        mode = self.settings.preemption_mode
+        if mode != "auto":
+            return mode == "swap"
+        tokens = req.num_computed_tokens
+        if tokens == 0:
+            return False
+        link = self.host_link
+        t_swap = 2 * link.duration(req.num_blocks * self.kv.block_bytes) + link.backlog(self._step_start)
+        t_recompute = self.cost.step_time(StepShape(prefill=((tokens, 0),), tokens_sampled=1))
+        return t_swap < t_recompute
+
+    def _requeue(self, req: Request) -> None:
+        """A preempted request goes back to the head of the waiting queue (on a P/D decode replica,
+        behind the landed requests there: they hold their KV already, and waiting behind a recompute
+        that cannot fit could deadlock)."""
+        if self.settings.role == "decode":
+            self.waiting.insert(self._landed_prefix(), req)
+        else:
+            self.waiting.appendleft(req)
+
+    def _evict_only(self, plan: StepPlan, start: float):
+        """A plan that only preempts (P/D: KV reserved for transfers left a lone request no room to
+        grow) runs no forward pass and records no step; the replica waits only for swap-outs."""
+        swapped = sum(self._preempt(self.by_id[rid]) for rid in plan.preempted)
+        self.state.running = [r for r in self.running if r.status == Status.RUNNING]
+        if swapped:
+            self._resume_at = start + swapped / self.settings.swap_bandwidth
+            yield self.env.timeout(delay_to(self.env.now, self._resume_at))
+
+    def _book_swap_ins(self, start: float, swap_bytes: float) -> None:
+        """Put the step's swap-ins on the host link (its swap-outs were booked as they were decided)."""
+        swap_in = swap_bytes - self._swap_out_booked
+        if swap_in > 0:
+            self.host_link.submit(start, swap_in, -1, "swap_in")
+
+    # -- P/D hand-off (sim/pd.py drives these) ------------------------------------------
+    def detach(self, reqs: list[Request]) -> None:
+        """Prefill side: take requests whose prompt is done off this replica; their KV stays
+        allocated here until the hand-off releases it."""
+        gone = {req.id for req in reqs}
+        self.state.running = [r for r in self.running if r.id not in gone]
+        for req in reqs:
+            del self.by_id[req.id]
+            self.recorder.close_run(req)
+
+    def land(self, req: Request, time: float) -> None:
+        """Decode side: `req`'s KV arrived at `time` (its blocks are already granted here)."""
+        req.replica = self.index
+        req.status = Status.WAITING
+        self.landed.append((time, req))
+        self.wake()
+
+    def _take_landed(self, now: float) -> None:
+        """Landed requests become visible at the head of the waiting queue, in landing order."""
+        landed = self.landed
+        while landed and landed[0][0] <= now:
+            _, req = landed.popleft()
+            self.by_id[req.id] = req
+            self.waiting.insert(self._landed_prefix(), req)
+
+    def _landed_prefix(self) -> int:
+        """How many landed requests (waiting, holding KV blocks) lead the waiting queue."""
+        count = 0
+        for req in self.waiting:
+            if req.status != Status.WAITING or not req.num_blocks:
+                break
+            count += 1
+        return count
 
     # -- commit: what the step produced --------------------------------------------------
     def commit(self, plan: StepPlan, end: float) -> None:
@@ -265,7 +424,8 @@ class Replica:
         running = self.running
         if (shape.prefill or plan.admitted or plan.preempted or plan.padding or swap_bytes
                 or len(shape.decode) != len(running) or not running or not self.settings.fast_forward
-                or self.noise is not None or (self.waiting and not self.policy.steady_when_blocked)):
+                or self.noise is not None or (self.waiting and not self.policy.steady_when_blocked)
+                or self.kv.evicted_in_step):  # an eviction can unblock a waiting request (its hit is gone)
             return None
         horizon = self.horizon()
         steps = min(min(r.output_len - r.num_output_tokens for r in running),  # up to the first completion

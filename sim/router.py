@@ -1,4 +1,8 @@
-"""Routers: which replica an arriving request joins (colocated replicas; policies stay per replica)."""
+"""Routers: which replica an arriving request joins (colocated replicas; policies stay per replica).
+
+Each router is a small class with `route(req) -> replica`; it reads the replicas' queues and KV
+caches and never changes them. Ties go to the lowest replica index, so routing is deterministic.
+"""
 from __future__ import annotations
 
 from typing import Sequence
@@ -7,8 +11,11 @@ from .request import Request
 
 
 def outstanding_tokens(replica) -> int:
-    """Work a replica still owes: prompt and output tokens not yet computed, waiting and running."""
+    """Work a replica still owes: prompt and output tokens not yet computed, routed (not yet
+    visible: it arrived during a step), waiting and running."""
     total = 0
+    for req in replica.incoming:
+        total += req.prompt_len + req.output_len - req.num_computed_tokens
     for req in replica.waiting:
         total += req.prompt_len + req.output_len - req.num_computed_tokens
     for req in replica.running:
@@ -37,4 +44,48 @@ class LeastLoaded:
         return min(self.replicas, key=lambda r: (outstanding_tokens(r), r.index))
 
 
-ROUTERS = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
+class KVAware:
+    """The replica with the most KV blocks available (free + evictable; ties: least loaded)."""
+
+    def __init__(self, replicas: Sequence):
+        self.replicas = replicas
+
+    def route(self, req: Request):
+        return min(self.replicas, key=lambda r: (-r.kv.available_blocks, outstanding_tokens(r), r.index))
+
+
+def cached_tokens(replica, req: Request) -> int:
+    """Tokens of `req`'s prompt prefix that `replica`'s prefix cache holds now (0 without one)."""
+    prefix = replica.kv.prefix
+    return 0 if prefix is None else len(prefix.lookup(req)) * prefix.unit_tokens
+
+
+def num_requests(replica) -> int:
+    """Requests a replica holds: routed but not yet visible, waiting, and running."""
+    return len(replica.incoming) + len(replica.waiting) + len(replica.running)
+
+
+class PrefixAffinity:
+    """The replica whose prefix cache holds the longest prefix of the request (ties: least loaded).
+
+    Guard against hot spots (as SGLang's cache-aware router): when the replicas' request counts
+    differ by more than `balance_abs` and the largest exceeds `balance_rel` x the smallest, route to
+    the least loaded replica instead (a prefix every request shares, such as a system prompt, would
+    otherwise draw all traffic to the first replica that cached it).
+    """
+
+    balance_abs = 32
+    balance_rel = 1.0001
+
+    def __init__(self, replicas: Sequence):
+        self.replicas = replicas
+
+    def route(self, req: Request):
+        counts = [num_requests(r) for r in self.replicas]
+        if max(counts) - min(counts) > self.balance_abs and max(counts) > self.balance_rel * min(counts):
+            return min(self.replicas, key=lambda r: (outstanding_tokens(r), r.index))
+        return min(self.replicas, key=lambda r: (-cached_tokens(r, req), outstanding_tokens(r), r.index))
+
+
+ROUTERS = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "kv_aware": KVAware,
+           "prefix_affinity": PrefixAffinity}

@@ -2,7 +2,8 @@
 
 Invariant: requests reach the router in arrival order at their arrival time, before any step
 that starts at that same instant (URGENT events); the run ends when every request has finished
-or been rejected, or at `max_time`.
+or been rejected, or at `max_time`. `simulate` wires colocated replicas; `run_cluster` drives any
+wiring (sim/pd.py builds P/D pools and adds its own "not done yet": requests between the pools).
 """
 from __future__ import annotations
 
@@ -63,20 +64,33 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
              make_kv: Callable[[], KVCache], settings: ReplicaSettings, replicas: int = 1,
              router: str = "round_robin", max_time: float | None = None,
              noise: Callable[[], float] | None = None) -> tuple[Recorder, list[Replica]]:
-    """Run the requests (sorted by arrival) through `replicas` replicas; returns what was recorded."""
+    """Run the requests (sorted by arrival) through `replicas` colocated replicas; returns what was
+    recorded. (P/D clusters: sim/pd.py, simulate_pd.)"""
     env = simpy.Environment()
     recorder = Recorder()
     feed = ArrivalFeed(env, requests)
+    pool = [Replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
+                    noise=noise, pull=feed.deliver_until) for i in range(replicas)]
+    run_cluster(env, feed, pool, pool, router, max_time)
+    return recorder, pool
+
+
+def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequence[Replica], router: str,
+                max_time: float | None, busy: Callable[[], bool] = lambda: False) -> None:
+    """Route arrivals over `entry` and run until every request is done (or `max_time`).
+
+    Done: the feed is empty, every replica idle with nothing landed, and `busy()` false (P/D: no
+    request waiting for decode room or on a link)."""
     drained = env.event()
 
     def check_drained():
-        if feed.next_time == math.inf and not drained.triggered and all(r.is_idle for r in pool):
+        if (feed.next_time == math.inf and not drained.triggered and not busy()
+                and all(r.is_idle and not r.landed for r in replicas)):
             drained.succeed()
 
-    pool = [Replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
-                    on_idle=check_drained, noise=noise, pull=feed.deliver_until) for i in range(replicas)]
-    feed.router = ROUTERS[router](pool)
+    for replica in replicas:
+        replica.on_idle = check_drained
+    feed.router = ROUTERS[router](entry)
     feed.on_done = check_drained
     env.process(feed.run())
     env.run(until=drained if max_time is None else max_time)
-    return recorder, pool

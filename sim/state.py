@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .kv_cache import KVCache
 from .request import Request
@@ -20,3 +21,6 @@ class SchedulerState:
     now: float = 0.0
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
+    # seconds of one prefill chunk (c new tokens over h cached ones) run alone, by the replica's cost
+    # model; filled by the replica, for cost-aware policies (dynamic chunking); None: unknown
+    chunk_cost: Callable[[int, int], float] | None = None

@@ -1,0 +1,295 @@
+"""Prefill/decode disaggregation: a prefill pool and a decode pool of replicas joined by KV links.
+
+Life of a request (DistServe, Mooncake, vLLM's disaggregated prefill):
+
+1. Arrival: the router picks a prefill replica. It runs its own policy, which computes the prompt
+   (chunked or whole) and samples the first token there. A request with output_len 1 ends there.
+2. Hand-off: right after that step the prefill replica detaches the request. Its KV stays in the
+   prefill replica's cache, counted as used blocks there, so the prefill policy sees less room:
+   this is the backpressure.
+3. Decode room: prefilled requests wait in one FIFO queue, with no overtaking, until a decode
+   replica can reserve blocks for prompt_len + 1 tokens and still keep its watermark free. A
+   replica that has a preempted request waiting takes no reservations, so a recompute is not
+   starved by new arrivals. `decode_router` picks among the replicas with room.
+4. Transfer of prompt_len x KV bytes per token (the whole model's):
+   p2p: one hop over the prefill replica's link. It is submitted at the reservation.
+   pool: a first hop (prefill replica -> shared store) submitted right after the prefill. Its end
+   frees the prefill side. The request then waits for decode room in the store, and a second hop
+   (store -> decode replica, over that replica's link) is submitted at the reservation.
+   Each link is FIFO with `lanes` lanes (sim/kv_link.py): a hop takes latency + bytes / bandwidth
+   plus its wait for a lane.
+5. Landing: at the end of the last hop, the prefill side is freed (p2p). The reserved room becomes
+   the request's own blocks on the decode replica. The request joins the head of that replica's
+   waiting queue (after earlier landed requests) as a decode: num_computed = prompt_len, one
+   output token. With first_token_on: decode, the first token becomes visible
+   (first_token_time) only at landing, so TTFT includes the transfer.
+
+Where a request's KV is: on the prefill replica from its first chunk until the hop that leaves it
+ends; in the store between the two hops of pool mode; on the decode replica from landing on. The
+reserved room exists from the reservation on. So the KV is counted on both sides during a
+transfer (from the reservation until the p2p hop ends, or during the second hop of pool mode):
+the sender still holds it and the receiver has reserved its room. At every other moment it is in
+exactly one place. Neither replica's policy can touch it while it moves: the request is in
+neither replica's waiting or running set.
+
+Prefill replicas reserve a prompt's whole KV when they admit it (kv reserve_full_prompt): a
+prompt in progress can never run out of room because of KV held for hand-offs, so prefill
+replicas never preempt. A decode replica can: when reservations for incoming transfers take the
+room its lone running request needs, its plan only preempts, which costs no forward pass (see
+Replica._evict_only). Decode replicas step one by one (no fast-forward), because transfers land
+at times no replica can foresee.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import simpy
+
+from .clock import UrgentTimeout, delay_to
+from .cost import CostModel
+from .kv_cache import KVCache
+from .kv_link import KVLink, Transfer
+from .recorder import Recorder
+from .replica import Replica, ReplicaSettings
+from .request import Request, Status
+from .router import outstanding_tokens
+
+
+@dataclass(frozen=True)
+class PDSettings:
+    """How the pools are joined (bandwidths in bytes/s, times in seconds)."""
+
+    link_mode: str = "p2p"  # p2p | pool
+    latency: float = 1e-4
+    bandwidth: float = 25e9
+    lanes: int = 1
+    pool_bandwidth: float | None = None  # pool mode: the second hop's bandwidth (None: bandwidth)
+    first_token_on: str = "prefill"  # prefill | decode
+    decode_router: str = "least_loaded"  # round_robin | least_loaded
+    bytes_per_token: float = 0.0  # KV bytes one token occupies, whole model
+
+
+@dataclass(slots=True, eq=False)
+class HandOff:
+    """One request's trip from a prefill replica to a decode replica (times in seconds)."""
+
+    req: Request
+    src: Replica
+    prefilled: float  # end of the step that sampled its first token
+    prefill_blocks: int  # KV blocks it held on the prefill replica
+    dst: Replica | None = None
+    holder: Request | None = None  # stands in for the reserved room until the KV lands
+    reserved: float = math.nan  # decode room reserved
+    released_src: float = math.nan  # prefill-side KV freed
+    in_pool: float = math.nan  # pool mode: first hop ended
+    landed: float = math.nan  # KV on the decode replica
+    decode_admitted: float = math.nan  # start of its first step on the decode replica
+    hops: list[Transfer] = field(default_factory=list)
+
+
+@dataclass
+class PoolParts:
+    """What it takes to build the replicas of one pool."""
+
+    replicas: int
+    make_policy: Callable[[], object]
+    cost: CostModel
+    make_kv: Callable[[], KVCache]
+    settings: ReplicaSettings
+    noise: Callable[[], float] | None = None
+
+
+class PDCluster:
+    """The hand-off between the pools: the port both pools' replicas call, and the links."""
+
+    def __init__(self, env, prefill: Sequence[Replica], decode: Sequence[Replica], settings: PDSettings):
+        self.env = env
+        self.prefill = list(prefill)
+        self.decode = list(decode)
+        self.settings = settings
+        bandwidth, latency, lanes = settings.bandwidth, settings.latency, settings.lanes
+        self.out_links = {r.index: KVLink(f"prefill{r.index}", bandwidth, latency, lanes) for r in self.prefill}
+        self.in_links = {}
+        if settings.link_mode == "pool":
+            bandwidth = settings.pool_bandwidth or bandwidth
+            self.in_links = {r.index: KVLink(f"decode{r.index}", bandwidth, latency, lanes) for r in self.decode}
+        self.pending: deque[HandOff] = deque()  # prefilled, waiting for decode room (FIFO)
+        self.records: dict[int, HandOff] = {}
+        self.held = Counter()  # replica index -> hand-offs whose KV (or reserved room) sits there
+        self.reserved_tokens = Counter()  # decode replica index -> decode tokens of requests on their way
+        self.next_decode = 0
+        for replica in self.prefill + self.decode:
+            replica.handoff = self
+
+    @property
+    def links(self) -> list[KVLink]:
+        return list(self.out_links.values()) + list(self.in_links.values())
+
+    @property
+    def is_idle(self) -> bool:
+        """No request waits for decode room or is on its way."""
+        return not self.pending and not any(self.held.values())
+
+    # -- the port the replicas call ----------------------------------------------------
+    def reject_reason(self, req: Request) -> str:
+        """Why the decode pool could never take `req` (checked at arrival on the prefill side)."""
+        if req.output_len <= 1:
+            return ""  # it ends on the prefill replica
+        replica = self.decode[0]  # the pool's replicas are alike
+        total = req.prompt_len + req.output_len
+        if not replica.kv.fits_ever(total):
+            return (f"needs {replica.kv.blocks_for(total)} KV blocks on a decode replica, its cache has "
+                    f"{replica.kv.num_blocks - replica.kv.watermark_blocks} usable")
+        return replica.policy.reject_reason(req, replica.state)
+
+    def holds_kv(self, replica: Replica) -> bool:
+        """Whether KV held for a hand-off (or room reserved for one) occupies `replica`'s cache."""
+        return self.held[replica.index] > 0
+
+    def began(self, replica: Replica, plan, start: float) -> None:
+        """After a step's begin: note first decode admissions; room may have changed."""
+        if replica.settings.role != "decode":
+            return
+        for rid in plan.admitted:
+            rec = self.records.get(rid)
+            if rec is not None and math.isnan(rec.decode_admitted):
+                rec.decode_admitted = start
+        if self.pending:
+            self._place(start)
+
+    def committed(self, replica: Replica, plan, end: float) -> None:
+        """After a step's commit: hand off prompts that are done; decode room may have grown."""
+        if replica.settings.role == "prefill":
+            by_id = replica.by_id
+            done = [by_id[rid] for rid in plan.scheduled
+                    if rid in by_id and by_id[rid].num_output_tokens and by_id[rid].status == Status.RUNNING]
+            if done:
+                replica.detach(done)
+                for req in done:
+                    self._prefilled(replica, req, end)
+        elif self.pending:
+            self._place(end)
+
+    # -- the hand-off --------------------------------------------------------------------
+    def _prefilled(self, src: Replica, req: Request, time: float) -> None:
+        rec = HandOff(req, src, time, req.num_blocks)
+        self.records[req.id] = rec
+        self.held[src.index] += 1
+        if self.settings.link_mode == "pool":
+            self._send(self.out_links[src.index], rec, time, "to_pool", self._into_pool)
+        else:
+            self.pending.append(rec)
+            self._place(time)
+
+    def _into_pool(self, rec: HandOff, time: float) -> None:
+        self._release_src(rec, time)
+        rec.in_pool = time
+        self.pending.append(rec)
+        self._place(time)
+
+    def _place(self, time: float) -> None:
+        """Reserve decode room for pending requests, oldest first, and start their transfers."""
+        pending = self.pending
+        while pending:
+            rec = pending[0]
+            dst = self._choose(self._blocks(rec.req))
+            if dst is None:
+                return
+            pending.popleft()
+            self._reserve(rec, dst, time)
+            if self.settings.link_mode == "pool":
+                self._send(self.in_links[dst.index], rec, time, "from_pool", self._land)
+            else:
+                self._send(self.out_links[rec.src.index], rec, time, "p2p", self._land)
+
+    def _blocks(self, req: Request) -> int:
+        """Decode-side room a request needs: its prompt's KV and the block its first decode writes."""
+        return self.decode[0].kv.blocks_for(req.prompt_len + 1)
+
+    def _has_room(self, replica: Replica, blocks: int) -> bool:
+        kv = replica.kv
+        if kv.free_blocks - kv.watermark_blocks < blocks:
+            return False
+        return not any(r.status in (Status.PREEMPTED, Status.SWAPPED) for r in replica.waiting)
+
+    def _choose(self, blocks: int) -> Replica | None:
+        pool = self.decode
+        if self.settings.decode_router == "round_robin":
+            for k in range(len(pool)):
+                replica = pool[(self.next_decode + k) % len(pool)]
+                if self._has_room(replica, blocks):
+                    self.next_decode = (self.next_decode + k + 1) % len(pool)
+                    return replica
+            return None
+        fits = [r for r in pool if self._has_room(r, blocks)]
+        return min(fits, key=lambda r: (outstanding_tokens(r) + self.reserved_tokens[r.index], r.index), default=None)
+
+    def _reserve(self, rec: HandOff, dst: Replica, time: float) -> None:
+        req = rec.req
+        holder = Request(-1 - req.id, time, req.prompt_len, 1)
+        dst.kv.grow(holder, self._blocks(req))
+        rec.dst, rec.holder, rec.reserved = dst, holder, time
+        self.held[dst.index] += 1
+        self.reserved_tokens[dst.index] += req.output_len - 1
+
+    def _send(self, link: KVLink, rec: HandOff, time: float, kind: str,
+              then: Callable[[HandOff, float], None]) -> None:
+        """Submit one hop on `link` at `time`; `then(rec, end)` runs at its end (before steps starting then)."""
+        transfer = link.submit(time, rec.req.prompt_len * self.settings.bytes_per_token, rec.req.id, kind)
+        rec.hops.append(transfer)
+        event = UrgentTimeout(self.env, delay_to(self.env.now, transfer.end))
+        event.callbacks.append(lambda _: then(rec, transfer.end))
+
+    def _release_src(self, rec: HandOff, time: float) -> None:
+        src = rec.src
+        src.kv.release(rec.req)
+        rec.released_src = time
+        self.held[src.index] -= 1
+        src.wake()  # a prefill replica blocked on this KV can plan again
+
+    def _land(self, rec: HandOff, time: float) -> None:
+        if math.isnan(rec.released_src):
+            self._release_src(rec, time)  # p2p: the hop that leaves the prefill replica just ended
+        req, dst = rec.req, rec.dst
+        dst.kv.release(rec.holder)
+        dst.kv.grow(req, self._blocks(req))
+        rec.holder = None
+        rec.landed = time
+        self.held[dst.index] -= 1
+        self.reserved_tokens[dst.index] -= req.output_len - 1
+        if self.settings.first_token_on == "decode":
+            req.first_token_time = time
+        dst.land(req, time)
+
+
+def build_pd(env, recorder: Recorder, feed, prefill: PoolParts, decode: PoolParts, settings: PDSettings
+             ) -> tuple[list[Replica], PDCluster]:
+    """The replicas of both pools, numbered prefill first (0 .. P-1) then decode (P .. P+D-1), and
+    the cluster joining them; nothing runs until the environment does."""
+    replicas: list[Replica] = []
+    for parts, role in ((prefill, "prefill"), (decode, "decode")):
+        pool_settings = replace(parts.settings, role=role, fast_forward=False)
+        for _ in range(parts.replicas):
+            kv = parts.make_kv()
+            kv.reserve_full_prompt |= role == "prefill"  # a prompt never waits for room held by hand-offs
+            replicas.append(Replica(env, len(replicas), parts.make_policy(), parts.cost, kv, recorder, pool_settings,
+                                    lambda: feed.next_time, noise=parts.noise, pull=feed.deliver_until))
+    return replicas, PDCluster(env, replicas[:prefill.replicas], replicas[prefill.replicas:], settings)
+
+
+def simulate_pd(requests: Sequence[Request], prefill: PoolParts, decode: PoolParts, settings: PDSettings,
+                router: str = "round_robin", max_time: float | None = None
+                ) -> tuple[Recorder, list[Replica], PDCluster]:
+    """Run the requests (sorted by arrival) through a P/D cluster; arrivals are routed over the
+    prefill pool. Returns the recorder, every replica (see build_pd) and the cluster."""
+    from .simulation import ArrivalFeed, run_cluster
+
+    env = simpy.Environment()
+    recorder = Recorder()
+    feed = ArrivalFeed(env, requests)
+    replicas, cluster = build_pd(env, recorder, feed, prefill, decode, settings)
+    run_cluster(env, feed, replicas, cluster.prefill, router, max_time, busy=lambda: not cluster.is_idle)
+    return recorder, replicas, cluster
