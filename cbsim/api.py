@@ -272,8 +272,9 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
     summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
     kvs = [replica.kv for replica in pool]
-    table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
-    summary.update(metrics.prefix_summary(table, kvs))
+    if any(kv.prefix is not None for kv in kvs):  # prefix caching on: hit columns and summary keys
+        table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
+        summary.update(metrics.prefix_summary(table, kvs))
     summary["sim_wall_seconds"] = wall
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,

@@ -50,8 +50,11 @@ def run_policy(policy: dict, requests: list[Request], *, cost: dict | None = Non
                block_size: int = 16, watermark_blocks: int = 0, max_model_len: int = 100_000,
                preemption: str = "recompute", victim: str = "last_admitted", fast_forward: bool = True,
                replicas: int = 1, router: str = "round_robin", trace: bool = False,
-               reserve_full_prompt: bool = False) -> Run:
-    """Simulate `requests` under one policy on CPU (unit cost model unless `cost` is given)."""
+               reserve_full_prompt: bool = False, max_time: float = 1e5) -> Run:
+    """Simulate `requests` under one policy on CPU (unit cost model unless `cost` is given).
+
+    `max_time` bounds simulated time, so a scheduling livelock makes a test fail (requests left
+    unfinished) instead of hanging it."""
     cost_model = load_cost_model(cost or {"type": "unit"})
     policies = []
 
@@ -66,5 +69,5 @@ def run_policy(policy: dict, requests: list[Request], *, cost: dict | None = Non
                                fast_forward=fast_forward, swap_bandwidth=1e9)
     recorder, pool = simulate(requests, new_policy, cost_model,
                               lambda: KVCache(num_blocks, block_size, watermark_blocks, reserve_full_prompt, 1024.0),
-                              settings, replicas=replicas, router=router)
+                              settings, replicas=replicas, router=router, max_time=max_time)
     return Run(requests, recorder, pool, policies)
