@@ -13,20 +13,20 @@ from cbsim.sim.request import Status
 
 from factories import make_requests, run_policy
 
-POLICIES = st.one_of(
-    st.builds(lambda k: {"name": "static", "max_num_seqs": k}, st.integers(1, 6)),
-    st.builds(lambda k, r: {"name": "orca", "max_num_seqs": k, "kv_reservation": r},
-              st.integers(1, 8), st.sampled_from(["max_len", "paged"])),
-    st.builds(lambda c, k: {"name": "prefill_first", "chunk_size": c, "max_num_seqs": k},
-              st.one_of(st.none(), st.integers(1, 64)), st.integers(1, 8)),
-    st.builds(lambda b, k, p, lp, t: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
-                                      "max_num_partial_prefills": p, "max_long_partial_prefills": lp,
-                                      "long_prefill_token_threshold": t},
-              st.integers(1, 96), st.integers(1, 8), st.integers(1, 3), st.integers(1, 2),
-              st.one_of(st.none(), st.integers(1, 64))),
-    st.builds(lambda b, k, m: {"name": "splitfuse", "token_budget": b, "max_num_seqs": k, "min_chunk": m},
-              st.integers(1, 96), st.integers(1, 8), st.integers(1, 16)),
-)
+STATIC = st.builds(lambda k: {"name": "static", "max_num_seqs": k}, st.integers(1, 6))
+ORCA = st.builds(lambda k, r: {"name": "orca", "max_num_seqs": k, "kv_reservation": r},
+                 st.integers(1, 8), st.sampled_from(["max_len", "paged"]))
+PREFILL_FIRST = st.builds(lambda c, k: {"name": "prefill_first", "chunk_size": c, "max_num_seqs": k},
+                          st.one_of(st.none(), st.integers(1, 64)), st.integers(1, 8))
+SPLITFUSE = st.builds(lambda b, k, m: {"name": "splitfuse", "token_budget": b, "max_num_seqs": k, "min_chunk": m},
+                      st.integers(1, 96), st.integers(1, 8), st.integers(1, 16))
+SARATHI = st.builds(lambda b, k, p, lp, t: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
+                                            "max_num_partial_prefills": p, "max_long_partial_prefills": lp,
+                                            "long_prefill_token_threshold": t},
+                    st.integers(1, 96), st.integers(1, 8), st.integers(1, 3), st.integers(1, 2),
+                    st.one_of(st.none(), st.integers(1, 64)))
+
+POLICIES = st.one_of(STATIC, ORCA, PREFILL_FIRST, SARATHI, SPLITFUSE)
 
 MAX_MODEL_LEN = 256
 

@@ -18,22 +18,17 @@ from hypothesis import strategies as st
 from cbsim.sim.request import Request, Status
 from cbsim.workloads.prefixes import content_id, hash_chain
 
+from test_invariants import ORCA, PREFILL_FIRST, SPLITFUSE, STATIC
 from test_prefix import chain, run_prefix
 
 ORDERS = ["fcfs", "lpm", "dfs_weight", "lof", "random", "priority", "routing_key", "sjf", "edf"]
 
 POLICIES = st.one_of(
-    st.builds(lambda k: {"name": "static", "max_num_seqs": k}, st.integers(1, 6)),
-    st.builds(lambda k, r: {"name": "orca", "max_num_seqs": k, "kv_reservation": r},
-              st.integers(1, 8), st.sampled_from(["max_len", "paged"])),
-    st.builds(lambda c, k: {"name": "prefill_first", "chunk_size": c, "max_num_seqs": k},
-              st.one_of(st.none(), st.integers(1, 64)), st.integers(1, 8)),
+    STATIC, ORCA, PREFILL_FIRST, SPLITFUSE,
     st.builds(lambda b, k, p, d: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
                                   "max_num_partial_prefills": p, "dynamic_chunk": d},
               st.integers(1, 96), st.integers(1, 8), st.integers(1, 3),
               st.sampled_from([None, {"target_chunk": 32}])),
-    st.builds(lambda b, k, m: {"name": "splitfuse", "token_budget": b, "max_num_seqs": k, "min_chunk": m},
-              st.integers(1, 96), st.integers(1, 8), st.integers(1, 16)),
     st.builds(lambda o, b, c, k, mixed, window, aging, dedupe: {
         "name": "sglang", "schedule_policy": o, "token_budget": b, "chunked_prefill_size": c, "max_num_seqs": k,
         "enable_mixed_chunk": mixed, "reorder_window": window, "aging_seconds": aging, "in_batch_dedupe": dedupe,
