@@ -52,10 +52,9 @@ class Recorder:
                  swap_bytes: float) -> int:
         """Append one step row; returns its global step index (called once per simulated step)."""
         index = len(self._start)
-        for append, value in zip(self._appends, (replica, start, end, prefill_tokens, decode_tokens,
-                                                 padding_tokens, num_seqs, kv_blocks_used, preemptions,
-                                                 swap_bytes)):
-            append(value)
+        a = self._appends  # in STEP_COLUMNS order; spelled out, this runs once per step
+        a[0](replica), a[1](start), a[2](end), a[3](prefill_tokens), a[4](decode_tokens)
+        a[5](padding_tokens), a[6](num_seqs), a[7](kv_blocks_used), a[8](preemptions), a[9](swap_bytes)
         return index
 
     def set_end(self, step: int, end: float) -> None:

@@ -228,17 +228,21 @@ class Replica:
         sampled = 0
         by_id, blocks, kv = self.by_id, plan.blocks, self.kv
         kv.evicted_in_step = False  # prefix caching: set by grow if it evicts cached blocks
+        add_decode, add_prefill, grow = decode.append, prefill.append, kv.grow
         for rid, n in plan.scheduled.items():
             req = by_id[rid]
-            if blocks[rid] > req.num_blocks:
-                kv.grow(req, blocks[rid])
+            target = blocks[rid]
+            if target > req.num_blocks:
+                grow(req, target)
             computed = req.num_computed_tokens
-            total = req.prompt_len + req.num_output_tokens
-            if req.num_output_tokens and total - computed == 1:
-                decode.append(computed + 1)
+            outputs = req.num_output_tokens
+            left = req.prompt_len + outputs - computed  # tokens not yet in the KV cache
+            if left == 1 and outputs:
+                add_decode(computed + 1)
             else:
-                prefill.append((n, computed))
-            sampled += computed + n == total
+                add_prefill((n, computed))
+            if n == left:
+                sampled += 1
         if kv.prefix is not None:  # cache the full prompt blocks this step computes
             for rid, n in plan.scheduled.items():
                 kv.publish(by_id[rid], by_id[rid].num_computed_tokens + n)
@@ -381,19 +385,31 @@ class Replica:
         step = self.step
         self.recorder.set_end(step, end)
         finished = False
-        by_id, epochs, token, previous = self.by_id, plan.epochs, self.recorder.token, self.prev_step
+        by_id, epochs, previous, running = self.by_id, plan.epochs, self.prev_step, Status.RUNNING
+        close_run = self.recorder.close_run
         for rid, n in plan.scheduled.items():
             req = by_id[rid]
-            if req.epoch != epochs[rid] or req.status != Status.RUNNING:
+            if req.epoch != epochs[rid] or req.status != running:
                 continue
-            req.num_computed_tokens += n
-            if req.num_computed_tokens == req.prompt_len + req.num_output_tokens:
-                req.num_output_tokens += 1
-                token(req, step, previous)
-                if req.num_output_tokens == 1:
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            outputs = req.num_output_tokens
+            if computed == req.prompt_len + outputs:
+                outputs += 1
+                req.num_output_tokens = outputs
+                # Recorder.token, inlined on the hottest loop: extend the open run or start one
+                if req.run_tokens and req.last_token_step == previous:
+                    req.run_tokens += 1
+                else:
+                    close_run(req)
+                    req.run_start_step = step
+                    req.run_tokens = 1
+                req.last_token_step = step
+                if outputs == 1:
                     req.first_token_time = end
                     req.first_token_step = step
-                finished |= req.num_output_tokens >= req.output_len
+                if outputs >= req.output_len:
+                    finished = True
         self.prev_step = step
         if finished:
             self._release_finished(plan.hold_finished, end)

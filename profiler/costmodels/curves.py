@@ -97,9 +97,14 @@ class Curve:
 
     def many(self, x: np.ndarray) -> np.ndarray:
         """y at many points; element k equals `at(x[k])` exactly."""
-        x = np.maximum(x, self.x0)
-        i = np.searchsorted(self._xs, x, side="right") - 1
-        return self._ys[i] + (x - self._xs[i]) * self._slopes[i]
+        return interpolate_many(self._xs, self._ys, self._slopes, x)
+
+
+def interpolate_many(xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The vectorised path of a piecewise-linear table (knots, values, per-segment slopes)."""
+    x = np.maximum(x, xs[0])
+    i = np.searchsorted(xs, x, side="right") - 1
+    return ys[i] + (x - xs[i]) * slopes[i]
 
 
 class Grid:
@@ -159,7 +164,8 @@ class Grid:
         """z(a, b[k]) for fixed a; element k equals `at(a, b[k])` exactly."""
         i, da = self._row_index(a)
         row = self._z[-1] * da if i < 0 else self._z[i] + da * self._a_slopes[i]
-        return Curve(self._b, row, tail_slope=(a if a > self.a0 else self.a0) * self._s).many(b)
+        slopes = slopes_of(self._b, row, tail_slope=(a if a > self.a0 else self.a0) * self._s)
+        return interpolate_many(self._b, row, slopes, b)
 
 
 class RaggedRows:

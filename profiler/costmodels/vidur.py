@@ -33,6 +33,7 @@ from .registry import register_cost_model
 from .vidur_attention import make_attention
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "vidur"
+TOKEN_TERMS_CACHE = 1 << 16  # (tokens, rows) pairs remembered; cleared when full
 
 
 @register_cost_model("vidur")
@@ -74,6 +75,7 @@ class VidurCostModel(CostModel):
         self._lm_ratio = float(profile["lm_head"]["ratio"])
         self.attention = make_attention(profile["attention"], monotone)
         self.allreduce = AllReduce(profile["allreduce"], monotone) if profile.get("allreduce") else None
+        self._token_terms: dict[tuple[int, int], tuple[float, float]] = {}  # steps repeat their sizes
 
     @classmethod
     def from_config(cls, config: "VidurCostModel.Config", model=None) -> "VidurCostModel":
@@ -115,13 +117,24 @@ class VidurCostModel(CostModel):
 
     def _gpu(self, tokens: int, attn, rows: int):
         """GPU seconds of a step from its aggregates; `attn` (per layer) may be a numpy array."""
+        key = (tokens, rows)
+        terms = self._token_terms.get(key)
+        if terms is None:
+            terms = self._token_terms[key] = self._token_terms_of(tokens, rows)
+        per_layer, fixed = terms
+        return self.num_layers * (per_layer + attn) + fixed
+
+    def _token_terms_of(self, tokens: int, rows: int) -> tuple[float, float]:
+        """(per-layer seconds without attention, per-step fixed seconds): pure in (tokens, rows)."""
+        if len(self._token_terms) >= TOKEN_TERMS_CACHE:
+            self._token_terms.clear()
         per_layer = self._token_ops.at(tokens)
         if self.allreduce is not None:
             per_layer = per_layer + self.allreduce.seconds(tokens)
         fixed = self._emb.at(tokens)
         if rows:
             fixed = fixed + self._lm_head.at(rows) * self._lm_ratio
-        return self.num_layers * (per_layer + attn) + fixed
+        return per_layer, fixed
 
     def _prefill_attention(self, shape: StepShape) -> float:
         total = 0.0
