@@ -14,6 +14,12 @@ once, however many requests share it. So: free + held (requests' own blocks + re
 + evictable == num_blocks, and `used_blocks` (num_blocks - free) counts held and cached blocks.
 Eviction happens only inside `grow`, so a run of decode steps that fits in the free blocks
 (the replica's fast-forward horizon) leaves the cache, and every admission decision, unchanged.
+
+P/D decode side (sim/pd.py): a request whose KV is on its way holds, from its reservation, the
+cached units of its prompt that are already here (`claim_cached`) while a holder request keeps
+room for the rest; at landing (`receive`) that room becomes the request's own blocks and its
+prompt units are cached. A request holds blocks in one cache at a time: `receive` needs it to
+have let go of the prefill replica's blocks first.
 """
 from __future__ import annotations
 
@@ -106,6 +112,29 @@ class KVCache:
         """Cache the full prompt units of `req` that `computed_tokens` covers (at the start of the
         step that computes them; nothing can read them before that step ends)."""
         self.free_blocks += self.prefix.publish(req, computed_tokens)
+
+    # -- P/D decode side (sim/pd.py) -----------------------------------------------------
+    def cached_prompt(self, req: Request) -> list:
+        """The cached units of `req`'s prompt found here (empty without prefix caching). Every full
+        prompt unit counts, the last one too: a KV arriving from a prefill replica is complete."""
+        return self.prefix.lookup(req) if self.prefix is not None else []
+
+    def claim_cached(self, req: Request, path: list) -> None:
+        """At a reservation: `req`, whose KV is still elsewhere, holds `path` (from cached_prompt) so
+        that it cannot be evicted before `req` lands; these units are not transferred."""
+        if path:
+            self.prefix.acquire(req, path, record=False)
+
+    def receive(self, req: Request, holder: Request, target_blocks: int) -> None:
+        """At landing: the room `holder` reserved becomes `req`'s own blocks beside the units it
+        claimed, `req` holds `target_blocks` in all, and its full prompt units are cached here."""
+        if req.num_blocks:
+            raise KVCacheError(f"request {req.id} lands holding {req.num_blocks} blocks elsewhere")
+        self.release(holder)
+        req.num_blocks = self.prefix.shared_blocks(req) if self.prefix is not None else 0
+        self.grow(req, target_blocks)
+        if self.prefix is not None:
+            self.publish(req, req.prompt_len)
 
     # -- swap ------------------------------------------------------------------------------
     def swap_out(self, req: Request) -> float:

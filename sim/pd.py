@@ -11,7 +11,7 @@ Life of a request (DistServe, Mooncake, vLLM's disaggregated prefill):
    replica can reserve blocks for prompt_len + 1 tokens and still keep its watermark free. A
    replica that has a preempted request waiting takes no reservations, so a recompute is not
    starved by new arrivals. `decode_router` picks among the replicas with room.
-4. Transfer of prompt_len x KV bytes per token (the whole model's):
+4. Transfer of prompt_len x KV bytes per token (the whole model's; less with prefix caching, below):
    p2p: one hop over the prefill replica's link. It is submitted at the reservation.
    pool: a first hop (prefill replica -> shared store) submitted right after the prefill. Its end
    frees the prefill side. The request then waits for decode room in the store, and a second hop
@@ -38,6 +38,24 @@ replicas never preempt. A decode replica can: when reservations for incoming tra
 room its lone running request needs, its plan only preempts, which costs no forward pass (see
 Replica._evict_only). Decode replicas step one by one (no fast-forward), because transfers land
 at times no replica can foresee.
+
+Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
+sim/prefix_cache.py), as in vLLM's disaggregated prefill with a KV connector and Mooncake:
+- Prefill side: an admission hits the replica's cache like a colocated one, so the prefill
+  computes only prompt - hit tokens. The request holds its prompt's nodes (hit and published)
+  until its KV leaves the replica (the end of the p2p hop, or of the hop into the pool); then its
+  refcounts drop and its prompt units stay cached there, evictable.
+- Decode side: at the reservation the chosen replica looks up the request's prompt in its own
+  cache (every full unit, the last too: the KV arrives complete) and holds those nodes, so they
+  cannot be evicted; only the missing prompt tokens cross the last hop (p2p, or pool -> decode),
+  and the room reserved is the prompt's blocks + 1 minus the cached ones (plus the cached ones
+  that were evictable, as in an admission). A pool mode's first hop carries the whole prompt:
+  the decode replica is not known yet. At landing the request holds the cached nodes and its
+  own blocks for the rest (prompt_len + 1 tokens in all) and its prompt units are cached there,
+  so later requests with that prefix need less transfer. `HandOff.cached_on_decode` counts the
+  tokens not transferred; they are no compute hit (`hit_tokens` counts the prefill admission).
+- Decode room counts free + evictable blocks (an evictable block is taken by eviction).
+A decode-side recompute re-admission hits that replica's cache (`readmit_hit_tokens`).
 """
 from __future__ import annotations
 
@@ -86,6 +104,7 @@ class HandOff:
     released_src: float = math.nan  # prefill-side KV freed
     in_pool: float = math.nan  # pool mode: first hop ended
     landed: float = math.nan  # KV on the decode replica
+    cached_on_decode: int = 0  # prompt tokens the decode replica had cached at the reservation (not sent)
     decode_admitted: float = math.nan  # start of its first step on the decode replica
     hops: list[Transfer] = field(default_factory=list)
 
@@ -179,7 +198,7 @@ class PDCluster:
         self.records[req.id] = rec
         self.held[src.index] += 1
         if self.settings.link_mode == "pool":
-            self._send(self.out_links[src.index], rec, time, "to_pool", self._into_pool)
+            self._send(self.out_links[src.index], rec, time, req.prompt_len, "to_pool", self._into_pool)
         else:
             self.pending.append(rec)
             self._place(time)
@@ -195,50 +214,67 @@ class PDCluster:
         pending = self.pending
         while pending:
             rec = pending[0]
-            dst = self._choose(self._blocks(rec.req))
+            dst = self._choose(rec.req)
             if dst is None:
                 return
             pending.popleft()
             self._reserve(rec, dst, time)
+            missing = rec.req.prompt_len - rec.cached_on_decode
             if self.settings.link_mode == "pool":
-                self._send(self.in_links[dst.index], rec, time, "from_pool", self._land)
+                self._send(self.in_links[dst.index], rec, time, missing, "from_pool", self._land)
             else:
-                self._send(self.out_links[rec.src.index], rec, time, "p2p", self._land)
+                self._send(self.out_links[rec.src.index], rec, time, missing, "p2p", self._land)
 
     def _blocks(self, req: Request) -> int:
         """Decode-side room a request needs: its prompt's KV and the block its first decode writes."""
         return self.decode[0].kv.blocks_for(req.prompt_len + 1)
 
-    def _has_room(self, replica: Replica, blocks: int) -> bool:
+    def _room_needed(self, replica: Replica, req: Request) -> tuple[list, int, int]:
+        """(cached path, blocks to reserve, blocks the path takes from the evictable ones) of `req`
+        on decode replica `replica`; the path is empty without prefix caching."""
         kv = replica.kv
-        if kv.free_blocks - kv.watermark_blocks < blocks:
+        path = kv.cached_prompt(req)
+        if not path:
+            return path, self._blocks(req), 0
+        prefix = kv.prefix
+        return path, self._blocks(req) - len(path) * prefix.unit_blocks, prefix.claimable_blocks(path)
+
+    def _has_room(self, replica: Replica, req: Request) -> bool:
+        kv = replica.kv
+        _, blocks, claimed = self._room_needed(replica, req)
+        if kv.available_blocks - kv.watermark_blocks < blocks + claimed:
             return False
         return not any(r.status in (Status.PREEMPTED, Status.SWAPPED) for r in replica.waiting)
 
-    def _choose(self, blocks: int) -> Replica | None:
+    def _choose(self, req: Request) -> Replica | None:
         pool = self.decode
         if self.settings.decode_router == "round_robin":
             for k in range(len(pool)):
                 replica = pool[(self.next_decode + k) % len(pool)]
-                if self._has_room(replica, blocks):
+                if self._has_room(replica, req):
                     self.next_decode = (self.next_decode + k + 1) % len(pool)
                     return replica
             return None
-        fits = [r for r in pool if self._has_room(r, blocks)]
+        fits = [r for r in pool if self._has_room(r, req)]
         return min(fits, key=lambda r: (outstanding_tokens(r) + self.reserved_tokens[r.index], r.index), default=None)
 
     def _reserve(self, rec: HandOff, dst: Replica, time: float) -> None:
         req = rec.req
+        path, blocks, _ = self._room_needed(dst, req)
+        dst.kv.claim_cached(req, path)
+        if path:
+            rec.cached_on_decode = len(path) * dst.kv.prefix.unit_tokens
         holder = Request(-1 - req.id, time, req.prompt_len, 1)
-        dst.kv.grow(holder, self._blocks(req))
+        dst.kv.grow(holder, blocks)
         rec.dst, rec.holder, rec.reserved = dst, holder, time
         self.held[dst.index] += 1
         self.reserved_tokens[dst.index] += req.output_len - 1
 
-    def _send(self, link: KVLink, rec: HandOff, time: float, kind: str,
+    def _send(self, link: KVLink, rec: HandOff, time: float, tokens: int, kind: str,
               then: Callable[[HandOff, float], None]) -> None:
-        """Submit one hop on `link` at `time`; `then(rec, end)` runs at its end (before steps starting then)."""
-        transfer = link.submit(time, rec.req.prompt_len * self.settings.bytes_per_token, rec.req.id, kind)
+        """Submit one hop of `tokens` tokens' KV on `link` at `time`; `then(rec, end)` runs at its end
+        (before steps starting then)."""
+        transfer = link.submit(time, tokens * self.settings.bytes_per_token, rec.req.id, kind)
         rec.hops.append(transfer)
         event = UrgentTimeout(self.env, delay_to(self.env.now, transfer.end))
         event.callbacks.append(lambda _: then(rec, transfer.end))
@@ -254,8 +290,7 @@ class PDCluster:
         if math.isnan(rec.released_src):
             self._release_src(rec, time)  # p2p: the hop that leaves the prefill replica just ended
         req, dst = rec.req, rec.dst
-        dst.kv.release(rec.holder)
-        dst.kv.grow(req, self._blocks(req))
+        dst.kv.receive(req, rec.holder, self._blocks(req))
         rec.holder = None
         rec.landed = time
         self.held[dst.index] -= 1

@@ -20,8 +20,17 @@ Blocks: `evictable_blocks` is what refs-0 nodes hold; the owning KVCache counts 
 to allocation (free + evictable) and calls `evict(n)`, which frees least recently used leaves
 until n blocks are freed. LRU order is a logical clock stamped when a node's last holder lets go.
 
-Invariants (tests/test_invariants_prefix.py): refs >= 0; a node with refs > 0 is never evicted;
-free + blocks held (requests' own blocks + blocks of referenced nodes) + evictable == total.
+Hits: `hit_tokens[id]` is what a request's first admission anywhere found cached (its
+num_preemptions is 0 then); `readmit_hit_tokens[id]` sums what its later admissions (after a
+recompute preemption) found. So, over a run: tokens computed + first hits + re-admission hits ==
+tokens needed + tokens dropped by recompute preemptions.
+
+P/D (sim/pd.py): a decode replica's cache also holds the units of a request whose KV is on its way
+(`acquire(..., record=False)` at the reservation: they are not transferred, and are no compute hit).
+
+Invariants (tests/test_invariants_prefix.py, tests/test_pd_prefix.py): refs >= 0; a node with
+refs > 0 is never evicted; free + blocks held (requests' own blocks + blocks of referenced nodes)
++ evictable == total.
 """
 from __future__ import annotations
 
@@ -60,6 +69,7 @@ class PrefixCache:
         self.num_nodes = 0
         self.evicted_blocks = 0  # blocks evicted over the run
         self.hit_tokens: dict[int, int] = {}  # request id -> tokens its first admission found cached
+        self.readmit_hit_tokens: dict[int, int] = {}  # request id -> tokens its later admissions found cached
         self._heap: list[tuple[int, int, Node]] = []  # (stamp, seq, node): refs-0 leaves, lazily pruned
         self._clock = 0
         self._seq = 0
@@ -113,16 +123,25 @@ class PrefixCache:
         return len(self.paths.get(req.id, ())) * self.unit_blocks
 
     # -- changes (the replica calls these) -------------------------------------------------
-    def acquire(self, req: Request, path: list[Node]) -> int:
-        """`req` starts holding `path`; returns the blocks that stop being evictable."""
-        claimed = 0
+    def claimable_blocks(self, path: list[Node]) -> int:
+        """Blocks of `path` that stop being evictable if someone acquires it now."""
+        return sum(self.unit_blocks for node in path if node.refs == 0)
+
+    def acquire(self, req: Request, path: list[Node], record: bool = True) -> int:
+        """`req` starts holding `path`; returns the blocks that stop being evictable. With `record`
+        (an admission), the hit is noted: in hit_tokens at its first admission, else added to
+        readmit_hit_tokens."""
+        claimed = self.claimable_blocks(path)
         for node in path:
-            if node.refs == 0:
-                claimed += self.unit_blocks
             node.refs += 1
         self.evictable_blocks -= claimed
         self.paths[req.id] = list(path)
-        self.hit_tokens.setdefault(req.id, len(path) * self.unit_tokens)
+        if record:
+            tokens = len(path) * self.unit_tokens
+            if req.num_preemptions == 0:
+                self.hit_tokens.setdefault(req.id, tokens)
+            else:
+                self.readmit_hit_tokens[req.id] = self.readmit_hit_tokens.get(req.id, 0) + tokens
         return claimed
 
     def publish(self, req: Request, computed_tokens: int) -> int:
