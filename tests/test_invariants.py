@@ -26,7 +26,11 @@ SARATHI = st.builds(lambda b, k, p, lp, t: {"name": "sarathi", "token_budget": b
                     st.integers(1, 96), st.integers(1, 8), st.integers(1, 3), st.integers(1, 2),
                     st.one_of(st.none(), st.integers(1, 64)))
 
-POLICIES = st.one_of(STATIC, ORCA, PREFILL_FIRST, SARATHI, SPLITFUSE)
+CHUNKED_ONLY = st.builds(lambda c, b, k: {"name": "chunked_only", "chunk_size": c, "token_budget": b,
+                                         "max_num_seqs": k},
+                         st.integers(1, 64), st.one_of(st.none(), st.integers(1, 96)), st.integers(1, 8))
+
+POLICIES = st.one_of(STATIC, ORCA, PREFILL_FIRST, SARATHI, SPLITFUSE, CHUNKED_ONLY)
 
 MAX_MODEL_LEN = 256
 

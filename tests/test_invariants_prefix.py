@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from cbsim.sim.request import Request, Status
 from cbsim.workloads.prefixes import content_id, hash_chain
 
-from test_invariants import ORCA, PREFILL_FIRST, SPLITFUSE, STATIC
+from test_invariants import CHUNKED_ONLY, ORCA, PREFILL_FIRST, SPLITFUSE, STATIC
 from test_prefix import chain, run_prefix
 
 ORDERS = ["fcfs", "lpm", "dfs_weight", "lof", "random", "priority", "routing_key", "sjf", "edf"]
 
 POLICIES = st.one_of(
-    STATIC, ORCA, PREFILL_FIRST, SPLITFUSE,
+    STATIC, ORCA, PREFILL_FIRST, SPLITFUSE, CHUNKED_ONLY,
     st.builds(lambda b, k, p, d: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
                                   "max_num_partial_prefills": p, "dynamic_chunk": d},
               st.integers(1, 96), st.integers(1, 8), st.integers(1, 3),

@@ -2,8 +2,8 @@
 
 Runs use the synthetic stand-ins of the traces so they need no data; one ablation test replays
 the real ShareGPT lengths and skips when the trace is absent. experiments/paper/README.md
-reports the full-size numbers and explains the parts of the Sarathi-Serve ablation that do not
-reproduce; the tests below pin those findings too, so the README cannot silently go stale.
+reports the full-size numbers; the tests below pin the margins it describes (and the one part of
+the ablation ordering that is a near tie at this size), so the README cannot silently go stale.
 """
 import importlib.util
 import os
@@ -56,15 +56,23 @@ def test_sarathi_capacity_beats_vllm_whose_capacity_ignores_batch_size():
 
 def check_ablation(result):
     claims = result["claims"]
-    # what reproduces: stall-free batching has the lowest TBT, and pays for it in TTFT
+    # stall-free batching has the lowest TBT, and pays for it in TTFT against hybrid-only
     assert claims["sarathi has the lowest P99 TBT"]
     assert claims["hybrid-only has a lower P50 TTFT than sarathi"]
-    # what does not (README): cbsim's chunked-only baseline is vLLM's prefill-first with chunks,
-    # which runs every chunk before any decode, so its TTFT stays at hybrid-only's level
-    assert not claims["chunked-only has the highest P50 TTFT"]
+    # chunked-only is Sarathi's alternating baseline (policy chunked_only): a prompt advances only
+    # every other step, so its TTFT is the highest; a decode waits at most one chunk, so its TBT
+    # tail stays near Sarathi's
+    assert claims["chunked-only has the highest P50 TTFT"]
+    rows = {(r["rate"], r["variant"]): r for r in result["rows"]}
     for rate in SMALL.ablation_rates:
-        row = {r["variant"]: r for r in result["rows"] if r["rate"] == rate}
-        assert row["chunked-only"]["ttft_p50"] <= 1.05 * row["hybrid-only"]["ttft_p50"]
+        hybrid, chunked, sarathi = (rows[rate, v] for v in ("hybrid-only", "chunked-only", "sarathi"))
+        assert chunked["ttft_p50"] >= 1.1 * max(hybrid["ttft_p50"], sarathi["ttft_p50"])
+        assert chunked["tbt_p99"] < 1.5 * sarathi["tbt_p99"]
+    # hybrid-only's whole prompts in the token gaps give it the worst TBT tail under load; at
+    # 1 req/s on the synthetic ShareGPT lengths it ties with chunked-only (README), so the claim
+    # is checked at the highest rate only
+    top = max(SMALL.ablation_rates)
+    assert rows[top, "hybrid-only"]["tbt_p99"] > 2 * rows[top, "chunked-only"]["tbt_p99"]
 
 
 @pytest.mark.parametrize("workload", ["sharegpt", "arxiv"])

@@ -177,7 +177,7 @@ def capacity_study(size: Size, prefer_trace: bool = True) -> dict:
 
 ABLATION_POLICIES = {
     "hybrid-only": "{name: orca, kv_reservation: paged, max_num_seqs: 128}",
-    "chunked-only": "{name: prefill_first, chunk_size: 512, max_num_seqs: 128}",
+    "chunked-only": "{name: chunked_only, chunk_size: 512, max_num_seqs: 128}",
     "sarathi": "{name: sarathi, token_budget: 512, max_num_seqs: 128}",
 }
 
