@@ -17,7 +17,6 @@ from cbsim.regress import (DIRECTIONS, Outcome, Tolerance, Tolerances, compare, 
 from cbsim.regress_cli import register
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "regression"
-POLICIES = {"static", "orca", "prefill_first", "sarathi", "splitfuse"}
 
 
 def cli():
@@ -106,8 +105,11 @@ def test_tolerances_file_is_validated(tmp_path):
 def test_suite_covers_every_policy_on_calibrated_cost_models():
     from cbsim.config import load_config
 
+    from cbsim.policies.registry import load_all
+
     configs = [load_config(p) for p in sorted(SUITE.glob("*.yaml")) if p.name != "tolerances.yaml"]
-    assert {c.policy["name"] for c in configs} == POLICIES
+    assert {c.policy["name"] for c in configs} == set(load_all())  # every registered policy
+    assert any(c.cluster.mode == "pd" and c.cluster.kv_cache.prefix_caching for c in configs)
     assert any(c.policy.get("chunk_size") for c in configs if c.policy["name"] == "prefill_first")
     assert all(c.cost_model["type"] == "vidur" for c in configs)
     assert set(read_baseline(SUITE)) == {p.stem for p in SUITE.glob("*.yaml") if p.name != "tolerances.yaml"}
