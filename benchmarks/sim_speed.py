@@ -1,5 +1,9 @@
 """Simulator speed: simulated requests per wall-second, microseconds per step, peak memory.
 
+Memory is reported per phase: the event loop's peak RSS, and (on Linux, where the kernel's
+high-water mark can be reset) the peak RSS of the metrics phase (step frame, request frame, ITL
+distribution, summary: the same calls as cbsim.api.run_experiment, in the same order).
+
 Reference workload (comparable with Vidur's own benchmark of the same setup): N requests whose
 (prompt, output) pairs are drawn with replacement from the Azure 2023 conversation trace (Vidur's
 processed copy, splitwise_conv.csv: prompt mean 1,155, output mean 211), Poisson arrivals at
@@ -54,6 +58,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def proc_status_mb(key: str) -> float:
+    """A memory line of /proc/self/status in MB (NaN where /proc is missing: not Linux)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def reset_peak_rss() -> bool:
+    """Restart the kernel's high-water mark (VmHWM) so a phase's own peak can be read (Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
@@ -79,11 +105,14 @@ def main() -> None:
     sim_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     rss_sim = peak_rss_mb()
+    rss_after_sim = proc_status_mb("VmRSS")
+    phase_peak = reset_peak_rss()
     started = time.perf_counter()
     steps = step_frame(recorder)
     table = request_frame(requests, recorder, steps, MetricsConfig())
     summary = summarize(table, steps, recorder, MetricsConfig(), itl=itl_distribution(recorder, requests, steps))
     metrics_s = time.perf_counter() - started
+    rss_metrics = proc_status_mb("VmHWM") if phase_peak else float("nan")
     n_steps = recorder.num_steps
     print(f"requests               {len(requests):,}")
     print(f"steps                  {n_steps:,}  (fast-forward {'off' if args.no_fast_forward else 'on'})")
@@ -92,7 +121,8 @@ def main() -> None:
           f"{cpu_s / n_steps * 1e6:.2f} us/step, {cpu_s / len(requests) * 1e6:.0f} us/request (CPU time)")
     print(f"metrics                {metrics_s:.2f} s")
     print(f"peak RSS               {peak_rss_mb():.0f} MB (before simulating: {rss_before:.0f} MB, "
-          f"after simulating: {rss_sim:.0f} MB)")
+          f"event loop: {rss_sim:.0f} MB, metrics phase: {rss_metrics:.0f} MB from {rss_after_sim:.0f} MB "
+          f"after simulating)")
     print(f"ttft p50/p99           {summary['ttft_p50']:.3f} / {summary['ttft_p99']:.3f} s; "
           f"itl p99 {summary['itl_p99'] * 1e3:.1f} ms; throughput {summary['throughput_tokens_per_s']:.0f} tok/s")
 

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 from collections import defaultdict
 
 import numpy as np
+import pandas.testing as pd_testing
 import pytest
 
 from cbsim.errors import ConfigError
 from cbsim.schema import parse
+from cbsim.sim import itl as itl_module
+from cbsim.sim import step_order
+from cbsim.sim.bucket_sort import split_points, stable_sort_by_value
 from cbsim.sim.metrics import (
     MetricsConfig, SLOConfig, itl_distribution, request_frame, stall_events, step_frame, summarize,
     token_times, weighted_percentile)
@@ -247,23 +252,27 @@ def test_broken_records_are_refused():
         itl_distribution(bad)
 
 
-def random_script(rng: np.random.Generator, num_steps=400, num_replicas=3, num_requests=60) -> Script:
-    """Random interleaved replicas with idle gaps; requests with several runs written straight into the recorder."""
+def random_script(rng: np.random.Generator, num_steps=400, num_replicas=3, num_requests=60, grouped=False) -> Script:
+    """Random replicas (interleaved, or `grouped` in contiguous blocks) with idle gaps; requests with
+    several runs written straight into the recorder; half of them long, scheduled a few steps
+    before their first token."""
     s = Script()
     replica = rng.integers(0, num_replicas, num_steps)
+    replica = np.sort(replica) if grouped else replica
     clock = np.zeros(num_replicas)
     local = defaultdict(list)
     for g, r in enumerate(replica):
         start = clock[r] + (rng.exponential(0.5) if rng.random() < 0.1 else 0.0)
         clock[r] = start + rng.uniform(0.01, 0.1)
-        s.rec.add_step(replica=r, start=start, end=clock[r], prefill_tokens=0, decode_tokens=0, padding_tokens=0,
-                       num_seqs=1, kv_blocks_used=0, preemptions=0, swap_bytes=0.0)
+        s.rec.add_step(replica=r, start=start, end=clock[r], prefill_tokens=0, decode_tokens=int(rng.integers(0, 9)),
+                       padding_tokens=0, num_seqs=1, kv_blocks_used=0, preemptions=0, swap_bytes=0.0)
         local[r].append(g)
     end = s.rec.step_table()["end"]
     for rid in range(num_requests):
-        r = int(rng.integers(num_replicas))
-        cuts = np.sort(rng.choice(len(local[r]), size=2 * int(rng.integers(1, 4)), replace=False))
-        s.request(rid, 0.0, 10, 1)
+        r = int(rng.choice(sorted(local)))
+        cuts = np.sort(rng.choice(len(local[r]), size=2 * int(rng.integers(1, min(4, len(local[r]) // 2 + 1))),
+                                  replace=False))
+        s.request(rid, 0.0, int(rng.choice([10, 5000])), 1)
         for f, l in cuts.reshape(-1, 2):
             steps = local[r][f:l + 1]
             for name, value in (("run_request", rid), ("run_first_step", steps[0]),
@@ -272,18 +281,120 @@ def random_script(rng: np.random.Generator, num_steps=400, num_replicas=3, num_r
             s.times[rid].extend(end[steps])
         req = s.reqs[rid]
         req.output_len = len(s.times[rid])
-        req.first_token_time = s.times[rid][0]
+        req.first_token_time, req.first_token_step = s.times[rid][0], local[r][cuts[0]]
         req.first_scheduled = s.times[rid][0] - 0.01
+        req.first_scheduled_step = local[r][max(cuts[0] - int(rng.integers(0, 5)), 0)]
         s.finish(rid, s.times[rid][-1])
     return s
 
 
-def test_random_runs_match_expanded_tokens():
+def brute_dec_at_p(script: Script, threshold: int) -> dict[int, float]:
+    """Per long request: decode tokens of its first replica's steps first_scheduled..first_token."""
+    table = script.rec.step_table()
+    out = {}
+    for rid, req in script.reqs.items():
+        a, b = req.first_scheduled_step, req.first_token_step
+        if req.prompt_len >= threshold and 0 <= a <= b:
+            mine = table["replica"][a:b + 1] == table["replica"][a]
+            out[rid] = float(table["decode_tokens"][a:b + 1][mine].sum())
+    return out
+
+
+@pytest.mark.parametrize("num_replicas,grouped", [(3, False), (1, False), (3, True)])
+def test_random_runs_match_expanded_tokens(num_replicas, grouped):
     rng = np.random.default_rng(7)
     for _ in range(5):
-        s = random_script(rng)
-        _, _, dist = check_against_brute_force(s)
+        s = random_script(rng, num_replicas=num_replicas, grouped=grouped)
+        _, df, dist = check_against_brute_force(s)
         assert dist.total_tokens == sum(len(t) for t in s.times.values())
+        want = brute_dec_at_p(s, MetricsConfig().long_prompt_threshold)
+        got = df.set_index("request_id")["dec_at_p"]
+        assert got.dropna().to_dict() == want
+
+
+def all_outputs(script: Script):
+    steps, df = script.frames()
+    dist = itl_distribution(script.rec, list(script.reqs.values()), steps)
+    return df, dist, summarize(df, steps, script.rec, itl=dist), stall_events(dist, 2.0)
+
+
+@pytest.mark.parametrize("make", [two_requests, breaks_and_replicas, interference,
+                                  lambda: random_script(np.random.default_rng(1)),
+                                  lambda: random_script(np.random.default_rng(2), num_replicas=1),
+                                  lambda: random_script(np.random.default_rng(3), grouped=True)])
+def test_block_and_bucket_edges_change_nothing(make, monkeypatch):
+    whole = all_outputs(make())
+    monkeypatch.setattr(step_order, "BLOCK", 7)
+    monkeypatch.setattr(itl_module, "BUCKET", 5)
+    s = make()
+    pieces = all_outputs(s)
+    pd_testing.assert_frame_equal(whole[0], pieces[0], check_exact=True)
+    for name in ("values", "weights", "step", "times", "replica"):
+        np.testing.assert_array_equal(getattr(whole[1], name), getattr(pieces[1], name))
+    assert whole[2] == pieces[2]
+    pd_testing.assert_frame_equal(whole[3], pieces[3], check_exact=True)
+    check_against_brute_force(s)
+
+
+def test_itl_gaps_end_where_their_tokens_are():
+    s = breaks_and_replicas()
+    dist = itl_distribution(s.rec, list(s.reqs.values()))
+    assert dist.values.dtype == np.float64 and dist.weights.dtype == np.int32 and dist.step.dtype == np.int32
+    assert np.all(np.diff(dist.values) >= 0)
+    got = sorted((v, t) for v, t, w in zip(dist.values, dist.times, dist.weights) for _ in range(w))
+    want = sorted((b - a, b) for t in s.times.values() for a, b in zip(t, t[1:]))
+    assert got == want
+    np.testing.assert_array_equal(dist.replica, s.rec.step_table()["replica"][dist.step])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_stable_sort_by_value_equals_numpy_stable_argsort(chunk):
+    rng = np.random.default_rng(chunk)
+    values = np.concatenate([rng.lognormal(size=300).round(2), np.full(200, 1.0), rng.uniform(0, 3, 100)])
+    rng.shuffle(values)
+    payload = np.arange(len(values)), rng.integers(0, 9, len(values))
+    want = np.argsort(values, kind="stable")
+
+    def chunks():
+        for i in range(0, len(values), chunk):
+            yield values[i:i + chunk], payload[0][i:i + chunk], payload[1][i:i + chunk]
+
+    for splits in (np.zeros(0), split_points(values[::7], 8), split_points(values, 40), np.array([1.0])):
+        got = stable_sort_by_value(chunks, (np.int64, np.int32), splits)
+        np.testing.assert_array_equal(got[0], values[want])
+        np.testing.assert_array_equal(got[1], payload[0][want])
+        np.testing.assert_array_equal(got[2], payload[1][want])
+        assert got[2].dtype == np.int32
+    cuts = split_points(values, 8)
+    assert np.all(np.diff(cuts) > 0) and 1.0 in cuts and np.nextafter(1.0, 2) in cuts  # the heavy value alone
+
+
+def test_itl_construction_scratch_stays_small(monkeypatch):
+    """Building the ITL distribution of a long run needs little memory beyond the result: the
+    steps are scanned in blocks and the gaps sorted bucket by bucket (a whole-run argsort or a
+    second copy of the gaps would be at least half the result again)."""
+    monkeypatch.setattr(step_order, "BLOCK", 4096)
+    monkeypatch.setattr(itl_module, "BUCKET", 4096)
+    rec = Recorder()
+    n = 200_000
+    start = np.cumsum(np.random.default_rng(0).uniform(0.01, 0.02, n))
+    rec.add_steps(replica=0, start=start, end=start + 0.005, prefill_tokens=0, decode_tokens=8, padding_tokens=0,
+                  num_seqs=8, kv_blocks_used=0, preemptions=0, swap_bytes=0.0)
+    first = np.arange(0, n, 100)  # 8 staggered runs of 800 steps at any time
+    for f in first[first + 800 <= n]:
+        for name, value in (("run_request", int(f)), ("run_first_step", int(f)), ("run_last_step", int(f) + 799),
+                            ("run_tokens", 800)):
+            getattr(rec, name).append(value)
+    steps = step_frame(rec)
+    tracemalloc.start()
+    try:
+        dist = itl_distribution(rec, steps=steps)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    result = dist.values.nbytes + dist.weights.nbytes + dist.step.nbytes
+    assert result == 16 * len(dist.values) and len(dist.values) > 0.99 * n
+    assert peak - kept < result / 4, (peak - kept, result)
 
 
 # ---------------------------------------------------------------- percentiles

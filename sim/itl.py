@@ -1,0 +1,178 @@
+"""The inter-token-latency (ITL) distribution of a run, weighted and never expanded per token.
+
+Within runs, the gap of slot k (end of k minus end of the slot before it, step_order.py) is shared
+by every run with first < k <= last: its weight (the slot's *coverage*) is a running count of run
+starts minus run ends. Each break between two runs of a request adds one gap (first token of the
+later run minus last token of the earlier).
+
+Memory: the distribution itself is 16 bytes a gap (value, weight, step); building it scans the
+steps block by block and sorts with stable_sort_by_value, so the scratch memory is a block and a
+bucket plus O(runs), never a second copy of the distribution (sim/bucket_sort.py).
+
+Percentiles use the inverted-CDF definition (numpy method="inverted_cdf"): the smallest value v
+with P(X <= v) >= q.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from . import step_order
+from .bucket_sort import split_points, stable_sort_by_value
+from .recorder import Recorder
+from .step_order import LocalOrder, index_dtype, is_non_decreasing, step_frame
+from .token_runs import run_arrays, token_runs
+
+BUCKET = 1 << 16  # gaps per bucket of the sort (about)
+
+
+@dataclass(frozen=True)
+class ITLDistribution:
+    """Every inter-token gap of the run, weighted: `weights[i]` gaps of length `values[i]` seconds.
+
+    Sorted by value (stably: equal values keep the order in which the gaps were found). `step[i]`
+    is the global step whose end closed the gap (a step within a run, or the first of a later
+    run); `times` and `replica` (when and where each gap ended, to locate stalls) are read from
+    the step table on access.
+    """
+
+    values: np.ndarray  # float64
+    weights: np.ndarray  # int32
+    step: np.ndarray  # int32 (int64 beyond 2**31 steps)
+    step_end: np.ndarray  # end of each global step (a view of the step table)
+    step_replica: np.ndarray  # replica of each global step (a view of the step table)
+    total_tokens: int
+
+    @property
+    def times(self) -> np.ndarray:
+        return self.step_end[self.step]
+
+    @property
+    def replica(self) -> np.ndarray:
+        return self.step_replica[self.step]
+
+    @property
+    def count(self) -> int:
+        return int(self.weights.sum())
+
+    def percentile(self, q):
+        """Weighted inverted-CDF percentile(s), q in [0, 100]; NaN when there is no gap."""
+        return weighted_percentile(self.values, self.weights, q)
+
+
+def itl_distribution(recorder: Recorder, requests=(), steps: pd.DataFrame | None = None) -> ITLDistribution:
+    """The ITL distribution of a run. Pass `requests` to include runs still open when the run was cut."""
+    steps = step_frame(recorder) if steps is None else steps
+    local = LocalOrder.of(steps)
+    runs = token_runs(local, run_arrays(recorder, requests))
+    total_tokens = int(runs.tokens.sum())
+    first, last = np.sort(runs.first), np.sort(runs.last)
+    broken = np.flatnonzero(~np.isnan(runs.break_gap))
+    break_values, break_steps = runs.break_gap[broken], local.steps_at(runs.first[broken])
+    del runs, broken
+
+    def gaps():  # every gap in its natural order: within runs slot by slot, then the breaks
+        for c0, gap in local.gap_blocks():
+            cover = _coverage(first, last, c0, c0 + len(gap))
+            inside = np.flatnonzero(cover)
+            yield gap[inside], local.steps_at(inside + c0), cover[inside]
+        yield break_values, break_steps, np.ones(len(break_values), dtype=np.int64)
+
+    buckets = -(-(len(local) + len(break_values)) // BUCKET)
+    splits = split_points(_sample(local, break_values, 64 * buckets), buckets) if buckets > 1 else np.zeros(0)
+    values, step, weights = stable_sort_by_value(gaps, (index_dtype(len(local)), index_dtype(len(first))), splits)
+    return ITLDistribution(values, weights, step, local.step_end, local.step_replica, total_tokens)
+
+
+def _coverage(first: np.ndarray, last: np.ndarray, c0: int, c1: int) -> np.ndarray:
+    """Per slot k in c0..c1-1: how many runs have a token at k that follows one at k-1 in the same
+    run (first < k <= last); `first` and `last` are the runs' slots, each sorted."""
+    def below(sorted_slots):  # per k: how many of sorted_slots are < k
+        lo, hi = np.searchsorted(sorted_slots, [c0, c1 - 1])
+        steps_up = np.bincount(sorted_slots[lo:hi] - (c0 - 1), minlength=c1 - c0)
+        return lo + np.cumsum(steps_up)
+
+    return below(first) - below(last)
+
+
+def _sample(local: LocalOrder, break_values: np.ndarray, size: int) -> np.ndarray:
+    """About `size` gaps at evenly spaced slots, and some breaks: where to cut the value range into
+    buckets (any cut is correct; a representative one balances the buckets)."""
+    slots = np.unique(np.linspace(1, len(local) - 1, size).astype(np.int64)) if len(local) > 1 else np.zeros(0, int)
+    within = local.end_at(slots) - local.end_at(slots - 1)
+    return np.concatenate([within, break_values[::max(1, len(break_values) // size)]])
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q):
+    """Inverted-CDF percentile: the smallest v with (weight of values <= v) >= q/100 x total weight.
+
+    Equals numpy.percentile(np.repeat(values, weights), q, method="inverted_cdf"). Sorted values
+    with positive integer weights (an ITLDistribution) are read in place, block by block.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.asarray(weights)
+    scalar = np.ndim(q) == 0
+    q = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    if np.any((q < 0) | (q > 100)):
+        raise ValueError("percentiles must lie in [0, 100]")
+    if len(values) and weights.dtype.kind in "iu" and weights.min() > 0 and is_non_decreasing(values):
+        out = _sorted_percentile(values, weights, q)
+    else:
+        keep = weights > 0
+        values, weights = values[keep], weights[keep]
+        if len(values) == 0:
+            out = np.full(len(q), np.nan)
+        else:
+            sort = np.argsort(values, kind="stable")
+            cum = np.cumsum(weights[sort])
+            index = np.searchsorted(cum, cum[-1] * (q / 100), side="left")
+            out = values[sort][np.minimum(index, len(cum) - 1)]
+    return float(out[0]) if scalar else out
+
+
+def _sorted_percentile(values: np.ndarray, weights: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """weighted_percentile of sorted values with positive integer weights: the cumulative weight
+    is formed one block at a time (exact integers, compared with the targets as float64)."""
+    target = weights.sum() * (q / 100)
+    index = np.full(len(q), len(values) - 1)
+    pending = np.ones(len(q), dtype=bool)
+    running = 0
+    block = step_order.BLOCK
+    for b0 in range(0, len(values), block):
+        cum = np.cumsum(weights[b0:b0 + block]) + running
+        hit = pending & (cum[-1] >= target)
+        index[hit] = b0 + np.searchsorted(cum, target[hit], side="left")
+        pending &= ~hit
+        if not pending.any():
+            break
+        running = cum[-1]
+    return values[index]
+
+
+def cdf_points(values: np.ndarray, weights: np.ndarray | None = None, max_points: int = 2000):
+    """(x, F(x)) of the empirical CDF, thinned to at most `max_points` points (the last one kept)."""
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=np.float64)
+    keep = ~np.isnan(values) & (weights > 0)
+    values, weights = values[keep], weights[keep]
+    if len(values) == 0:
+        return np.zeros(0), np.zeros(0)
+    sort = np.argsort(values, kind="stable")
+    x, cum = values[sort], np.cumsum(weights[sort])
+    y = cum / cum[-1]
+    if len(x) > max_points:
+        pick = np.unique(np.searchsorted(y, np.linspace(0, 1, max_points), side="left").clip(0, len(x) - 1))
+        x, y = x[pick], y[pick]
+    return x, y
+
+
+def stall_events(dist: ITLDistribution, factor: float) -> pd.DataFrame:
+    """Gaps longer than factor x the run's median ITL: time (gap end), length, count, replica."""
+    threshold = factor * dist.percentile(50) if dist.count else math.inf
+    first = np.searchsorted(dist.values, threshold, side="right")  # values are sorted
+    step = dist.step[first:]
+    return pd.DataFrame({"time": dist.step_end[step], "length": dist.values[first:],
+                         "count": dist.weights[first:], "replica": dist.step_replica[step]})

@@ -1,0 +1,39 @@
+"""How a run's results are summarised: the `metrics:` section of an experiment (SLOs, thresholds,
+plot and trace limits). Plain typed configuration; the computations live in the metric modules."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbsim.schema import option, require
+
+
+@dataclass
+class SLOConfig:
+    """Service-level objectives; a request meets the SLO set when it finished and meets every one set."""
+
+    ttft: float | None = option(None, help="max time to first token, seconds (null: no TTFT objective)")
+    tpot: float | None = option(None, help="max time per output token after the first, seconds (null: none)")
+    itl_max: float | None = option(
+        None, help="max gap between two consecutive tokens of a request, seconds (null: none)")
+
+    def validate(self) -> None:
+        for name in ("ttft", "tpot", "itl_max"):
+            value = getattr(self, name)
+            require(value is None or value > 0, name, "a positive number of seconds or null", value)
+
+
+@dataclass
+class MetricsConfig:
+    """How the run's results are summarised."""
+
+    long_prompt_threshold: int = option(2048, help="prompts of at least this many tokens are 'long' (dec@P, short_P)")
+    slo: SLOConfig = option(default_factory=SLOConfig, help="objectives for goodput and SLO attainment")
+    stall_factor: float = option(5.0, help="an ITL gap above stall_factor x the run's median ITL is a stall")
+    cdf_max_points: int = option(2000, help="at most this many points per CDF curve in plots")
+    trace_max_steps: int = option(200_000, help="the Perfetto trace holds at most this many steps (the first ones)")
+
+    def validate(self) -> None:
+        require(self.long_prompt_threshold >= 1, "long_prompt_threshold", "an integer >= 1", self.long_prompt_threshold)
+        require(self.stall_factor > 0, "stall_factor", "a positive number", self.stall_factor)
+        require(self.cdf_max_points >= 2, "cdf_max_points", "an integer >= 2", self.cdf_max_points)
+        require(self.trace_max_steps >= 0, "trace_max_steps", "an integer >= 0", self.trace_max_steps)

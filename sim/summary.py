@@ -1,0 +1,96 @@
+"""The run summary: a flat, JSON-ready dict of percentiles, rates and interference figures.
+
+Values are plain int/float, None where a metric is undefined (no finished request, no long
+request, ...). Request-column percentiles use the inverted-CDF definition, like the ITL.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .itl import ITLDistribution, itl_distribution, stall_events
+from .metrics_config import MetricsConfig
+from .recorder import Recorder
+
+
+def json_number(value):
+    """A JSON-safe number: int stays int, NaN/inf/None become None."""
+    if value is None:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def column_percentiles(column: pd.Series, qs=(50, 90, 99)) -> list:
+    """Inverted-CDF percentiles of a column's non-NaN values, JSON-ready (None each when all are NaN)."""
+    values = column.to_numpy(dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return [None] * len(qs)
+    return [json_number(v) for v in np.percentile(values, qs, method="inverted_cdf")]
+
+
+def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recorder,
+              config: MetricsConfig | None = None, itl: ITLDistribution | None = None) -> dict:
+    """Flat JSON-ready summary (None where undefined: no finished request, no long request, ...).
+
+    Latency percentiles are over requests where the metric is defined; ITL over every gap.
+    Throughput counts the output tokens of finished requests over makespan = last completion -
+    first arrival. Stalls are ITL gaps above stall_factor x the ITL median: how many gaps, their
+    summed length and the longest. short_p_undefined counts long requests without a short_P.
+    num_preemptions sums the requests' counters. Pass `itl` (itl_distribution with the requests)
+    to include runs still open at a cut; otherwise it is rebuilt from the recorder's closed runs.
+    """
+    config = config or MetricsConfig()
+    itl = itl_distribution(recorder, steps=steps_df) if itl is None else itl
+    df = requests_df
+    out = _latency_summary(df, itl)
+    out.update(_rate_summary(df))
+    out.update(_interference_summary(df, itl, config.stall_factor))
+    out.update(num_preemptions=int(df["num_preemptions"].sum()), num_rejected=int((df["status"] == "rejected").sum()),
+               num_finished=int((df["status"] == "finished").sum()), num_requests=len(df), num_steps=len(steps_df))
+    return out
+
+
+def _latency_summary(df: pd.DataFrame, itl: ITLDistribution) -> dict:
+    out = {}
+    for name, qs in (("ttft", (50, 90, 99)), ("tpot", (50, 90, 99)), ("e2e", (50, 99)), ("queue_delay", (50, 99))):
+        for q, v in zip(qs, column_percentiles(df[name], qs)):
+            out[f"{name}_p{q}"] = v
+    for q, v in zip((50, 90, 99), itl.percentile([50, 90, 99])):
+        out[f"itl_p{q}"] = json_number(v)
+    out["itl_max"] = json_number(itl.values[-1]) if len(itl.values) else None
+    return out
+
+
+def _rate_summary(df: pd.DataFrame) -> dict:
+    finished = df["status"] == "finished"
+    makespan = df.loc[finished, "completion_time"].max() - df["arrival"].min() if finished.any() else math.nan
+    per_s = 1.0 / makespan if makespan > 0 else math.nan
+    return {
+        "throughput_tokens_per_s": json_number(df.loc[finished, "output_len"].sum() * per_s),
+        "throughput_requests_per_s": json_number(finished.sum() * per_s),
+        "goodput_requests_per_s": json_number(df["meets_slo"].sum() * per_s),
+        "slo_attainment": json_number(df["meets_slo"].mean() if len(df) else math.nan),
+        "makespan": json_number(makespan),
+    }
+
+
+def _interference_summary(df: pd.DataFrame, itl: ITLDistribution, stall_factor: float) -> dict:
+    long = df.loc[df["is_long"], ["dec_at_p", "short_p"]]  # two columns, not every column of the long rows
+    stalls = stall_events(itl, stall_factor)
+    return {
+        "dec_at_p_mean": json_number(long["dec_at_p"].mean()),
+        "dec_at_p_min": json_number(long["dec_at_p"].min()),
+        "short_p_mean": json_number(long["short_p"].mean()),
+        "short_p_max": json_number(long["short_p"].max()),
+        "short_p_undefined": int(long["short_p"].isna().sum()),
+        "num_long_requests": len(long),
+        "num_stalls": int(stalls["count"].sum()),
+        "stall_seconds_total": json_number((stalls["length"] * stalls["count"]).sum()),
+        "stall_max": json_number(stalls["length"].max()) if len(stalls) else None,
+    }
