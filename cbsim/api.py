@@ -274,6 +274,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     kvs = [replica.kv for replica in pool]
     if any(kv.prefix is not None for kv in kvs):  # prefix caching on: hit columns and summary keys
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
+        table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)
         summary.update(metrics.prefix_summary(table, kvs))
     summary["sim_wall_seconds"] = wall
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))

@@ -21,7 +21,7 @@ from .itl import ITLDistribution, cdf_points, itl_distribution, stall_events, we
 from .metrics_config import MetricsConfig, SLOConfig
 from .pool_metrics import (PREEMPTION_COLUMNS, TRANSFER_COLUMNS, handoff_frame, level_series, pool_summary,
                            preemption_frame, recovery_summary, time_average, transfer_frame)
-from .prefix_metrics import cached_token_column, prefix_summary
+from .prefix_metrics import cached_token_column, prefix_summary, readmit_hit_column
 from .request_metrics import request_frame
 from .step_order import LocalOrder, step_frame
 from .summary import column_percentiles, json_number, summarize
@@ -30,7 +30,7 @@ from .token_runs import TokenRuns, run_arrays, token_runs, token_times
 __all__ = [
     "ITLDistribution", "LocalOrder", "MetricsConfig", "PREEMPTION_COLUMNS", "SLOConfig", "TRANSFER_COLUMNS",
     "TokenRuns", "cached_token_column", "cdf_points", "column_percentiles", "handoff_frame", "itl_distribution",
-    "json_number", "level_series", "pool_summary", "preemption_frame", "prefix_summary", "recovery_summary",
+    "json_number", "level_series", "pool_summary", "preemption_frame", "prefix_summary", "readmit_hit_column", "recovery_summary",
     "request_frame", "run_arrays", "stall_events", "step_frame", "summarize", "time_average", "token_runs",
     "token_times", "transfer_frame", "weighted_percentile",
 ]

@@ -55,7 +55,8 @@ def handoff_frame(records) -> pd.DataFrame:
     backpressure_wait (ready to move, until decode room was reserved: from the prefill in p2p
     mode, from the end of the first hop in pool mode), link_queue (waits for a lane, all hops),
     transfer_time (time on the lanes, all hops), prefill_kv_held (prefill done until the
-    prefill-side KV was freed)."""
+    prefill-side KV was freed), cached_on_decode (prompt tokens the decode replica had cached:
+    not transferred)."""
     rows = []
     for rec in records:
         ready = rec.in_pool if not math.isnan(rec.in_pool) else rec.prefilled
@@ -67,11 +68,11 @@ def handoff_frame(records) -> pd.DataFrame:
             "decode_admitted": rec.decode_admitted, "backpressure_wait": rec.reserved - ready,
             "link_queue": sum(h.queued for h in rec.hops) if rec.hops else math.nan,
             "transfer_time": sum(h.end - h.start for h in rec.hops) if rec.hops else math.nan,
-            "prefill_kv_held": rec.released_src - rec.prefilled,
+            "prefill_kv_held": rec.released_src - rec.prefilled, "cached_on_decode": rec.cached_on_decode,
         })
     columns = ["request_id", "prefill_replica", "decode_replica", "prefilled", "prefill_blocks", "reserved",
                "released_src", "in_pool", "landed", "decode_admitted", "backpressure_wait", "link_queue",
-               "transfer_time", "prefill_kv_held"]
+               "transfer_time", "prefill_kv_held", "cached_on_decode"]
     return pd.DataFrame(rows, columns=columns)
 
 

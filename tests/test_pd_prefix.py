@@ -370,6 +370,9 @@ def test_run_experiment_with_prefix_caching_on_both_pools():
     handed = table[table["output_len"] > 1]
     sent = res.transfers.loc[res.transfers["kind"] == "p2p", "bytes"].sum()
     assert s["kv_transfer_bytes"] == sent < handed["prompt_len"].sum() * 131072  # 128 KiB a token, less cached
+    # what was not sent is exactly what the decode side had cached (hand-off column)
+    assert sent == (handed["prompt_len"] - handed["cached_on_decode"]).sum() * 131072
+    assert "readmit_cached_tokens" in table and (table["readmit_cached_tokens"] >= 0).all()
     off = run_experiment(EXPERIMENT, overrides=["cluster.kv_cache.prefix_caching=false"])
     assert off.summary["kv_transfer_bytes"] == pytest.approx(
         off.requests.loc[off.requests["output_len"] > 1, "prompt_len"].sum() * 131072)

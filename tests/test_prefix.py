@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from cbsim.api import build_replica_parts
@@ -14,7 +15,8 @@ from cbsim.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model
 from cbsim.sim.kv_cache import KVCache, KVCacheError
-from cbsim.sim.metrics import (cached_token_column, itl_distribution, prefix_summary, request_frame, step_frame,
+from cbsim.sim.metrics import (cached_token_column, itl_distribution, prefix_summary, readmit_hit_column,
+                               request_frame, step_frame,
                                summarize)
 from cbsim.sim.prefix_cache import PrefixCache
 from cbsim.sim.replica import ReplicaSettings
@@ -229,9 +231,10 @@ def test_metrics_count_first_admission_hits():
     assert table["cached_tokens"].tolist() == [0, 128, 0]
     summary = prefix_summary(table, run.caches)
     assert summary == {"prefix_hit_tokens": 128, "prefix_hit_rate": pytest.approx(128 / (148 + 148 + 35)),
-                       "evicted_blocks": 0}
+                       "prefix_readmit_hit_tokens": 0, "evicted_blocks": 0}
     off = prefix_summary(table.drop(columns="cached_tokens"), [KVCache(10, 16)])
-    assert off == {"prefix_hit_tokens": 0, "prefix_hit_rate": None, "evicted_blocks": 0}
+    assert off == {"prefix_hit_tokens": 0, "prefix_hit_rate": None, "prefix_readmit_hit_tokens": 0,
+                   "evicted_blocks": 0}
 
 
 def test_preemption_puts_prompt_blocks_in_the_cache_and_the_retry_hits_them():
@@ -242,6 +245,11 @@ def test_preemption_puts_prompt_blocks_in_the_cache_and_the_retry_hits_them():
     recomputed = steps["prefill_tokens"].sum() - sum(r.prompt_len for r in reqs)
     victim = max(reqs, key=lambda r: r.num_preemptions)
     assert 0 < recomputed < victim.prompt_len + victim.output_len  # the cached prompt blocks were not redone
+    ids = np.array([r.id for r in reqs])
+    readmit, first = readmit_hit_column(ids, run.caches), cached_token_column(ids, run.caches)
+    assert readmit[ids == victim.id][0] > 0  # the retry's hit is counted apart from the first admission's
+    assert prefix_summary(pd.DataFrame({"request_id": ids, "cached_tokens": first, "prompt_len": 96,
+                                        "first_scheduled": 0.0}), run.caches)["prefix_readmit_hit_tokens"] == readmit.sum()
 
 
 # ---------------------------------------------------------------- routers
