@@ -11,6 +11,22 @@ from cbsim.sim.request import Request
 from cbsim.sim.simulation import simulate
 
 
+class CheckedPolicy:
+    """Wraps a policy; runs `check()` before every plan (cluster-wide invariants of P/D tests)."""
+
+    def __init__(self, inner, check):
+        self.inner, self.check = inner, check
+        self.name, self.config = inner.name, inner.config
+        self.steady_when_blocked = inner.steady_when_blocked
+
+    def schedule(self, state):
+        self.check()
+        return self.inner.schedule(state)
+
+    def reject_reason(self, req, state):
+        return self.inner.reject_reason(req, state)
+
+
 def make_requests(specs) -> list[Request]:
     """Requests from (arrival, prompt_len, output_len[, priority]) tuples, ids in order."""
     return [Request(i, float(s[0]), int(s[1]), int(s[2]), priority=int(s[3]) if len(s) > 3 else 0)

@@ -97,10 +97,9 @@ class Checked:
         return self.inner.reject_reason(req, state)
 
 
-def check_cache(state) -> None:
-    kv, cache = state.kv, state.kv.prefix
-    holders = list(state.running) + [r for r in state.waiting if r.num_blocks]
-    assert set(cache.paths) <= {r.id for r in state.running}
+def check_tree(cache) -> tuple[list, int]:
+    """Refcounts equal the held paths, held nodes are in the tree, evictable = unreferenced units.
+    Returns (every node, the unreferenced count)."""
     expected = Counter(node for path in cache.paths.values() for node in path)
     nodes = list(cache.nodes())
     assert len(nodes) == cache.num_nodes
@@ -110,6 +109,14 @@ def check_cache(state) -> None:
         assert node.parent is not None and node.parent.children.get(node.key) is node
     unreferenced = sum(node.refs == 0 for node in nodes)
     assert cache.evictable_blocks == unreferenced * cache.unit_blocks
+    return nodes, unreferenced
+
+
+def check_cache(state) -> None:
+    kv, cache = state.kv, state.kv.prefix
+    holders = list(state.running) + [r for r in state.waiting if r.num_blocks]
+    assert set(cache.paths) <= {r.id for r in state.running}
+    nodes, unreferenced = check_tree(cache)
     own = [r.num_blocks - cache.shared_blocks(r) for r in holders]
     assert kv.free_blocks >= 0 and min(own, default=0) >= 0
     referenced = (len(nodes) - unreferenced) * cache.unit_blocks

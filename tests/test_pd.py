@@ -32,23 +32,7 @@ from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Status
 from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
-from factories import make_requests
-
-
-class CheckedPolicy:
-    """Wraps a policy; before every plan, checks where every KV block of the cluster is."""
-
-    def __init__(self, inner, check):
-        self.inner, self.check = inner, check
-        self.name, self.config = inner.name, inner.config
-        self.steady_when_blocked = inner.steady_when_blocked
-
-    def schedule(self, state):
-        self.check()
-        return self.inner.schedule(state)
-
-    def reject_reason(self, req, state):
-        return self.inner.reject_reason(req, state)
+from factories import CheckedPolicy, make_requests
 
 
 def kv_ledger(replicas, cluster) -> dict[int, dict[int, int]]:

@@ -34,26 +34,11 @@ from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Status
 from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
-from test_invariants_prefix import MAX_MODEL_LEN, to_requests
+from factories import CheckedPolicy
+from test_invariants_prefix import MAX_MODEL_LEN, check_tree, to_requests
 from test_prefix import chain_requests, run_prefix
 
 MAX_TIME = 5_000.0  # far beyond any run below: a request left unfinished at this time is a deadlock
-
-
-class Checked:
-    """Wraps a policy: checks every cache of the cluster before each plan."""
-
-    def __init__(self, inner, check):
-        self.inner, self.check = inner, check
-        self.name, self.config = inner.name, inner.config
-        self.steady_when_blocked = inner.steady_when_blocked
-
-    def schedule(self, state):
-        self.check()
-        return self.inner.schedule(state)
-
-    def reject_reason(self, req, state):
-        return self.inner.reject_reason(req, state)
 
 
 def run_pd(requests, *, prefill_policy=None, decode_policy=None, prefill_replicas=1, decode_replicas=1,
@@ -79,7 +64,7 @@ def run_pd(requests, *, prefill_policy=None, decode_policy=None, prefill_replica
                                  link or PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0))
     if check:
         for replica in replicas:
-            replica.policy = Checked(replica.policy, lambda: check_caches(replicas, cluster))
+            replica.policy = CheckedPolicy(replica.policy, lambda: check_caches(replicas, cluster))
     run_cluster(env, feed, replicas, cluster.prefill, "round_robin", MAX_TIME, busy=lambda: not cluster.is_idle)
     return recorder, replicas, cluster
 
@@ -112,15 +97,7 @@ def check_caches(replicas, cluster) -> None:
             assert kv.free_blocks + sum(q.num_blocks for q in reqs + holders) == kv.num_blocks
             continue
         assert set(cache.paths) <= {q.id for q in reqs} | claims, f"replica {r.index}: a stale path"
-        expected = Counter(node for path in cache.paths.values() for node in path)
-        nodes = list(cache.nodes())
-        assert len(nodes) == cache.num_nodes
-        for node in nodes:
-            assert node.refs >= 0 and node.refs == expected[node]
-        for node in expected:  # a held node is never evicted
-            assert node.parent is not None and node.parent.children.get(node.key) is node
-        unreferenced = sum(node.refs == 0 for node in nodes)
-        assert cache.evictable_blocks == unreferenced * cache.unit_blocks
+        nodes, unreferenced = check_tree(cache)
         own = [q.num_blocks - cache.shared_blocks(q) for q in reqs] + [h.num_blocks for h in holders]
         assert min(own, default=0) >= 0
         referenced = (len(nodes) - unreferenced) * cache.unit_blocks

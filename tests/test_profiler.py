@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 from cbsim.errors import ConfigError  # noqa: E402
 from cbsim.profiler.backends import (BackendMismatch, SdpaBackend, TorchFlashBackend,  # noqa: E402
                                      check_backend, make_backend)
-from cbsim.profiler.grid import (make_batch, named_grid, random_batches, read_batches, run_order,  # noqa: E402
-                                 write_batches)
+from cbsim.profiler.grid import (TILE_MULTIPLES, budget_batches, make_batch, named_grid,  # noqa: E402
+                                 random_batches, read_batches, run_order, tile_edge_batches, write_batches)
 from cbsim.profiler.layer import (LayerShape, batch_lengths, build_layout, decoder_layer,  # noqa: E402
                                   layer_shape, qkv_projection, random_cache, random_weights, rope_table)
 from cbsim.profiler.measurements import (COLUMNS, batch_class, batch_features, parse_decode,  # noqa: E402
@@ -195,6 +195,31 @@ def test_the_h200_grid_is_sized_for_the_device_time():
     order, grid, _ = plan_batches(config, np.random.default_rng(0))
     assert 600 <= len(grid.batches) <= 1000
     assert estimate_seconds(order, layer_shape("llama-3-8b"), config, replicas=4) < 480 / 3
+
+
+def test_budget_and_tile_edge_batches():
+    rng = np.random.default_rng(0)
+    budget = budget_batches(rng, [256, 512], [16, 300], [0, 100], 50, 40_000, 4096)
+    assert sorted(b.num_tokens for b in budget) == [256] * 3 + [512] * 4  # 300 decodes exceed the 256 budget
+    assert {batch_class(b.prefill, b.decode) for b in budget} == {"prefill", "mixed"}
+    assert [len(b.decode) for b in budget if b.num_tokens == 512 and b.decode] == [16, 300]
+    edges = tile_edge_batches(rng, [128, 256], (0, 8), 1024, 32, 100, 10_000, 4096)
+    assert sorted(b.num_tokens for b in edges) == [128, 128, 136, 136, 256, 256, 264, 264]
+    assert all(b.prefill[0][1] == 1024 and len(b.decode) in (0, 32) for b in edges)
+    tight = budget_batches(rng, [512], [16], [4000], 50, 10_000, 4096)  # h + c beyond the context limit
+    assert tight == []
+
+
+def test_the_h200_grid_probes_budgets_and_tile_steps():
+    grid = named_grid("h200-8b", np.random.default_rng(0))
+    tokens = {}
+    for b in grid.batches:
+        tokens.setdefault(b.num_tokens, set()).add(batch_class(b.prefill, b.decode))
+    for budget in (256, 512, 1024, 2048, 4096, 8192):
+        assert {"prefill", "mixed"} <= tokens[budget], budget
+    assert TILE_MULTIPLES[0] == 128 and all(m % 128 == 0 for m in TILE_MULTIPLES)
+    for m in TILE_MULTIPLES:  # the bottom of each step and just past it, pure prefill and mixed
+        assert {"prefill", "mixed"} <= tokens[m] | tokens.get(m + 8, set()) and len(tokens[m + 8]) >= 1
 
 
 def test_run_order_spreads_anchors_and_heldout_through_the_grid():
