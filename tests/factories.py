@@ -87,3 +87,24 @@ def run_policy(policy: dict, requests: list[Request], *, cost: dict | None = Non
                               lambda: KVCache(num_blocks, block_size, watermark_blocks, reserve_full_prompt, 1024.0),
                               settings, replicas=replicas, router=router, max_time=max_time)
     return Run(requests, recorder, pool, policies)
+
+
+def run_pd_cluster(requests, prefill, decode, link=None, check=None, max_time=None):
+    """Simulate a P/D cluster (sim/pd.py PoolParts for each pool; default link: 0.5 s latency, 10 B/s,
+    1 byte a token); `check(replicas, cluster)` runs before every plan. Returns (recorder, replicas,
+    cluster)."""
+    import simpy
+
+    from cbsim.sim.pd import PDSettings, build_pd
+    from cbsim.sim.recorder import Recorder
+    from cbsim.sim.simulation import ArrivalFeed, run_cluster
+
+    env, recorder = simpy.Environment(), Recorder()
+    feed = ArrivalFeed(env, requests)
+    replicas, cluster = build_pd(env, recorder, feed, prefill, decode,
+                                 link or PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0))
+    if check is not None:
+        for replica in replicas:
+            replica.policy = CheckedPolicy(replica.policy, lambda: check(replicas, cluster))
+    run_cluster(env, feed, replicas, cluster.prefill, "round_robin", max_time, busy=lambda: not cluster.is_idle)
+    return recorder, replicas, cluster

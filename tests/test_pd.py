@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 import pytest
-import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,13 +25,11 @@ from cbsim.profiler.costmodels import load_cost_model
 from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.kv_link import KVLink
 from cbsim.sim.metrics import MetricsConfig, handoff_frame, request_frame, step_frame
-from cbsim.sim.pd import PDSettings, PoolParts, build_pd
-from cbsim.sim.recorder import Recorder
+from cbsim.sim.pd import PDSettings, PoolParts
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Status
-from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
-from factories import CheckedPolicy, make_requests
+from factories import make_requests, run_pd_cluster
 
 
 def kv_ledger(replicas, cluster) -> dict[int, dict[int, int]]:
@@ -76,14 +73,7 @@ def run_pd(specs, *, prefill_policy=None, decode_policy=None, prefill_replicas=1
                         lambda: KVCache(prefill_blocks, block_size, watermark, False, 1.0), settings)
     decode = PoolParts(decode_replicas, lambda: make_policy(decode_policy or default), cost_model,
                        lambda: KVCache(decode_blocks, block_size, watermark, False, 1.0), settings)
-    env, recorder = simpy.Environment(), Recorder()
-    feed = ArrivalFeed(env, reqs)
-    replicas, cluster = build_pd(env, recorder, feed, prefill, decode,
-                                 link or PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0))
-    if check:
-        for replica in replicas:
-            replica.policy = CheckedPolicy(replica.policy, lambda: check_kv_places(replicas, cluster))
-    run_cluster(env, feed, replicas, cluster.prefill, "round_robin", None, busy=lambda: not cluster.is_idle)
+    recorder, replicas, cluster = run_pd_cluster(reqs, prefill, decode, link, check_kv_places if check else None)
     return reqs, recorder, replicas, cluster
 
 

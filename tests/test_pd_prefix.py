@@ -34,8 +34,9 @@ from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Status
 from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
-from factories import CheckedPolicy
+from factories import run_pd_cluster
 from test_invariants_prefix import MAX_MODEL_LEN, check_tree, to_requests
+from test_pd import LINKS
 from test_prefix import chain_requests, run_prefix
 
 MAX_TIME = 5_000.0  # far beyond any run below: a request left unfinished at this time is a deadlock
@@ -58,15 +59,7 @@ def run_pd(requests, *, prefill_policy=None, decode_policy=None, prefill_replica
                         kv(prefill_blocks, True), replica_settings)
     decode = PoolParts(decode_replicas, lambda: make_policy(decode_policy or default), cost_model,
                        kv(decode_blocks, decode_prefix), replica_settings)
-    env, recorder = simpy.Environment(), Recorder()
-    feed = ArrivalFeed(env, requests)
-    replicas, cluster = build_pd(env, recorder, feed, prefill, decode,
-                                 link or PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0))
-    if check:
-        for replica in replicas:
-            replica.policy = CheckedPolicy(replica.policy, lambda: check_caches(replicas, cluster))
-    run_cluster(env, feed, replicas, cluster.prefill, "round_robin", MAX_TIME, busy=lambda: not cluster.is_idle)
-    return recorder, replicas, cluster
+    return run_pd_cluster(requests, prefill, decode, link, check_caches if check else None, MAX_TIME)
 
 
 # ---------------------------------------------------------------- the cluster-wide check
@@ -232,7 +225,7 @@ def test_prefill_refcounts_are_released_when_the_kv_leaves_and_decode_claims_hel
                        replica_settings)
     env, recorder = simpy.Environment(), Recorder()
     feed = ArrivalFeed(env, reqs)
-    replicas, cluster = build_pd(env, recorder, feed, prefill, decode, link)
+    replicas, cluster = build_pd(env, recorder, feed, prefill, decode, link)  # the probe reads `replicas`
     run_cluster(env, feed, replicas, cluster.prefill, "round_robin", MAX_TIME, busy=lambda: not cluster.is_idle)
     rec = cluster.records[2]
     during = [row for row in seen if rec.reserved < row[0] < rec.landed]
@@ -299,12 +292,6 @@ CLUSTERS = st.fixed_dictionaries({
     "preemption": st.sampled_from(["recompute", "swap", "auto"]),
     "cost": st.sampled_from([{"type": "unit"}, {"type": "linear", "base": 0.01, "per_token": 0.001}]),
 })
-LINKS = st.builds(lambda mode, lanes, first, router, latency: PDSettings(
-    link_mode=mode, latency=latency, bandwidth=40.0, lanes=lanes, pool_bandwidth=25.0, first_token_on=first,
-    decode_router=router, bytes_per_token=1.0),
-    st.sampled_from(["p2p", "pool"]), st.integers(1, 2), st.sampled_from(["prefill", "decode"]),
-    st.sampled_from(["round_robin", "least_loaded"]), st.sampled_from([0.0, 0.25, 1.0]))
-
 
 @settings(max_examples=60)
 @given(SPECS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
