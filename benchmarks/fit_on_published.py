@@ -2,6 +2,7 @@
 
     python benchmarks/fit_on_published.py [--size full|tiny] [--out results/fit_on_published]
                                           [--noise 0.01] [--seed 0] [--monotone]
+                                          [--budgets 512,2048] [--no-probes]
 
 No GPU is needed. The "measurements" are the `vidur` cost model's `layer_time` (one decoder
 layer, no all-reduce) for A100 / Llama-2-70B TP2, built from Vidur's published per-operator
@@ -11,15 +12,20 @@ reproduces the published medians exactly. The script then runs the profiler's ow
 
   1. batch shapes: a grid in the style of profiler/grid.py sized to the published region
      (T <= 4096 tokens, contexts <= 4096, at most 128 decode rows: attention.csv stops there,
-     so the `long` class cannot occur), plus held-out shapes sampled from simulator runs of
-     `sarathi` (token budgets 512 and 2048) and `prefill_first` on the same cost model;
+     so the `long` class cannot occur), with its probes of the token budgets and of the tile
+     edges (batches at and just past multiples of 128 tokens; --no-probes leaves them out), plus
+     held-out shapes sampled from simulator runs of `sarathi` (token budgets --budgets, default
+     512 and 2048) and `prefill_first` on the same cost model;
   2. a measurement CSV in the profiler's format (measurements.COLUMNS, rows in grid.run_order,
      source grid / anchor / heldout) and a metadata.json the fitter reads;
-  3. `fit_profile` (what `cbsim fit` runs) and `costcheck` on the held-out and on the grid rows,
-     with scatter PNGs;
+  3. `fit_profile` (what `cbsim fit` runs: it chooses the GEMM tile of the step term by
+     cross-validation, printed with every candidate's out-of-fold error) and `costcheck` on the
+     held-out and on the grid rows, with scatter PNGs;
   4. a conclusion against the targets (held-out mixed batches: median <= 3 %, p95 <= 8 % absolute
-     relative error), the feature bins where the worst class misfits, and the errors of candidate
-     extensions of the family tried on copies of the design matrix (the fit itself is unchanged).
+     relative error), the feature bins where the worst class misfits, and the errors of variants
+     of the family (smaller ones: without the tile term, with one pair rate as profile format 1;
+     a larger one; the exact token-operator curve as a diagnostic) fitted on copies of the design
+     matrix (the fit itself is unchanged).
 
 Invariant: every table printed comes from files this run wrote in --out (measurements.csv,
 metadata.json, profile.json), so `cbsim fit measurements.csv --network a100_pairwise_nvlink` and
@@ -44,11 +50,14 @@ MAX_DECODES = 128  # attention.csv decode batch sizes
 MAX_KV = MAX_DECODES * MAX_CONTEXT
 TILE = 128  # GEMM tile rows the published A100 token operators step at (mlp.csv: +14..36 % just past k*128)
 TARGET_MEDIAN, TARGET_P95 = 0.03, 0.08  # held-out mixed batches (the issue's targets)
-HELDOUT_POLICIES = (
-    ("sarathi-512", {"name": "sarathi", "token_budget": 512, "max_num_seqs": MAX_DECODES}),
-    ("sarathi-2048", {"name": "sarathi", "token_budget": 2048, "max_num_seqs": MAX_DECODES}),
-    ("prefill_first", {"name": "prefill_first", "max_num_seqs": MAX_DECODES}),
-)
+DEFAULT_BUDGETS = (512, 2048)  # sarathi token budgets of the held-out simulations
+
+
+def heldout_policies(budgets=DEFAULT_BUDGETS) -> tuple[tuple[str, dict], ...]:
+    """(name, policy) of the held-out simulations: sarathi at each token budget, and prefill_first."""
+    sarathi = tuple((f"sarathi-{b}", {"name": "sarathi", "token_budget": int(b), "max_num_seqs": MAX_DECODES})
+                    for b in budgets)
+    return sarathi + (("prefill_first", {"name": "prefill_first", "max_num_seqs": MAX_DECODES}),)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Report:
     counts: dict
     misfits: list = field(default_factory=list)
     variants: list = field(default_factory=list)
+    tile_selection: dict = field(default_factory=dict)
     meets_targets: bool = False
     conclusion: str = ""
 
@@ -87,8 +97,9 @@ def in_region(batch) -> bool:
             and len(batch.decode) <= MAX_DECODES and batch.kv_tokens <= MAX_KV)
 
 
-def published_grid(rng: np.random.Generator, anchor_repeats: int = 4):
-    """The h200-8b grid's recipe (profiler/grid.py) rescaled to the published A100 region."""
+def published_grid(rng: np.random.Generator, anchor_repeats: int = 4, probes: bool = True):
+    """The h200-8b grid's recipe (profiler/grid.py) rescaled to the published A100 region; `probes`:
+    with its batches at the token budgets and at and just past multiples of 128 tokens."""
     from cbsim.profiler import grid as g
 
     chunks = [64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
@@ -105,6 +116,10 @@ def published_grid(rng: np.random.Generator, anchor_repeats: int = 4):
         + g.random_batches(rng, 100, MAX_KV, MAX_CONTEXT, chunks=(1, 1), max_chunk=4096, max_decodes=MAX_DECODES)
         + g.random_batches(rng, 60, MAX_KV, MAX_CONTEXT, chunks=(2, 2), max_chunk=2048, max_decodes=MAX_DECODES)
     )
+    if probes:
+        batches += (g.budget_batches(rng, [256, 512, 1024, 2048, 4096], [16, 64, 128], [0, 2048], 1024, MAX_KV,
+                                     MAX_CONTEXT)
+                    + g.tile_edge_batches(rng, g.TILE_MULTIPLES, (0, 8), 1024, 32, 1024, MAX_KV, MAX_CONTEXT))
     anchors = (g.make_batch(decode=[1024] * 64, source="anchor"), g.make_batch([(512, 0)], source="anchor"),
                g.make_batch([(256, 1024)], [1024] * 32, source="anchor"))
     return g.Grid("a100-70b-tp2-published", tuple(b for b in batches if in_region(b)), anchors,
@@ -138,13 +153,13 @@ def simulation(policy: dict, size: Size, seed: int, monotone: bool) -> dict:
     }
 
 
-def heldout_batches(size: Size, seed: int, monotone: bool) -> tuple[list, int]:
+def heldout_batches(size: Size, seed: int, monotone: bool, budgets=DEFAULT_BUDGETS) -> tuple[list, int]:
     """Step shapes sampled from the held-out simulations, and how many fell outside the region."""
     from cbsim.api import run_experiment
     from cbsim.profiler.grid import make_batch
 
     batches = []
-    for _, policy in HELDOUT_POLICIES:
+    for _, policy in heldout_policies(budgets):
         result = run_experiment(simulation(policy, size, seed, monotone))
         batches += [make_batch(s.prefill, s.decode, "heldout") for s in result.shapes]
     kept = [b for b in batches if in_region(b)]
@@ -212,7 +227,7 @@ def write_measurements(out: Path, order, model, noise: float, rng: np.random.Gen
 
 
 def metadata(profile: dict, geometry: dict, grid, size: Size, seed: int, noise: float, monotone: bool,
-             planned: int, skipped: int) -> dict:
+             planned: int, skipped: int, budgets=DEFAULT_BUDGETS, probes: bool = True) -> dict:
     """metadata.json in the keys fit.py reads (model mapping, tp, gpu, step overhead) plus provenance."""
     from cbsim.profiler.measurements import COLUMNS, git_revision
 
@@ -222,8 +237,9 @@ def metadata(profile: dict, geometry: dict, grid, size: Size, seed: int, noise: 
         "backend": {"name": "published", "version": profile["provenance"]["attention"]},
         "source": {"cost_model": "vidur", "profile": PROFILE, "monotone": monotone,
                    "token_ops": profile["provenance"]["token_ops"], "noise": noise},
-        "grid": grid.name, "grid_max_kv_tokens": grid.max_kv_tokens, "batches_planned": planned,
-        "heldout": [name for name, _ in HELDOUT_POLICIES], "heldout_skipped": skipped,
+        "grid": grid.name, "grid_probes": probes, "grid_max_kv_tokens": grid.max_kv_tokens,
+        "batches_planned": planned, "heldout": [name for name, _ in heldout_policies(budgets)],
+        "heldout_skipped": skipped,
         "size": size.__dict__, "seed": seed, "git_revision": git_revision(REPO), "columns": list(COLUMNS),
         "timing": "layer_s_median = vidur layer_time (one layer, no all-reduce); lm_head_s = its LM-head term",
     }
@@ -284,42 +300,37 @@ def misfits(frame: pd.DataFrame, rel: np.ndarray, min_rows: int = 5, top: int = 
 # ----------------------------------------------------------------------------- family variants
 
 
-def variant_matrix(cols: dict, frame: pd.DataFrame, knots, variant: str, token_ops=None) -> np.ndarray:
-    """A copy of the fit's design matrix, extended as `variant` says (see VARIANTS)."""
-    from cbsim.profiler.features import design_matrix, ramp_basis
+def variant_matrix(cols: dict, frame: pd.DataFrame, knots, tile, variant: str, token_ops=None) -> np.ndarray:
+    """A copy of the fit's design matrix (knots and tile as fitted), changed as `variant` says
+    (see VARIANTS)."""
+    from cbsim.profiler.features import LINEAR_FEATURES, design_matrix
 
-    x, names = design_matrix(cols, knots)
+    x, names = design_matrix(cols, knots, None if "notile" in variant else tile)
     tokens, extra = cols["tokens"], []
-    if "oracle" in variant:  # g(T) replaced by the published token-operator curve (a diagnostic)
-        x = x[:, len(knots):]
-        names = names[len(knots):]
+    if "oracle" in variant:  # g and gp replaced by the published token-operator curve (a diagnostic)
+        first = names.index(LINEAR_FEATURES[0])
+        x, names = x[:, first:], names[first:]
         extra.append(np.array([token_ops(t) for t in tokens]))
-    if "split" in variant:  # causal pairs -> history pairs sum(c h) and diagonal pairs sum(c (c+1) / 2)
-        i = names.index("pairs")
-        x = np.delete(x, i, axis=1)
-        sum_c, sum_c2 = frame["sum_c"].to_numpy(float), frame["sum_c2"].to_numpy(float)
-        extra += [frame["sum_ch"].to_numpy(float), (sum_c2 + sum_c) / 2]
+    if "onepair" in variant:  # one rate for all causal pairs P = Ph + Pn (profile format 1)
+        split = [names.index("pairs_history"), names.index("pairs_new")]
+        x = np.delete(x, split, axis=1)
+        extra.append(cols["pairs"])
     if "jumps" in variant:  # a non-negative step of g just past every knot
         extra += [(tokens > k).astype(float) for k in knots[1:]]
-    if "tiles" in variant:  # 128-token GEMM tile count
-        extra.append(np.ceil(tokens / TILE))
-    if "padded" in variant:  # a second g over T rounded up to whole 128-token tiles (a staircase)
-        extra.append(ramp_basis(np.where(tokens > TILE, TILE * np.ceil(tokens / TILE), tokens), knots))
     return np.column_stack([x] + extra) if extra else x
 
 
-VARIANTS = (  # (label, variant); the proposals extend the family, the diagnostics bound what is reachable
+VARIANTS = (  # (label, variant); smaller and larger families, and a diagnostic of what is reachable
     ("family as fitted", "base"),
-    ("+ split pairs", "split"),
+    ("format 1: one pair rate, no tile term", "onepair+notile"),
+    ("without the tile term", "notile"),
+    ("one pair rate", "onepair"),
     ("+ jumps at g knots", "jumps"),
-    ("+ split + 128-tile count", "split+tiles"),
-    ("+ split + g(128-padded T)", "split+padded"),
     ("diagnostic: exact token ops", "oracle"),
-    ("diagnostic: exact token ops + split", "oracle+split"),
 )
 
 
-def try_variants(frame: pd.DataFrame, knots, token_ops, folds: int = 5) -> list[dict]:
+def try_variants(frame: pd.DataFrame, knots, tile, token_ops, folds: int = 5) -> list[dict]:
     """Held-out and out-of-fold grid errors of each variant, fitted like fit.py (relative NNLS)."""
     from cbsim.profiler.costcheck import error_table
     from cbsim.profiler.fit import columns_of, relative_nnls, valid_rows, with_features
@@ -329,8 +340,8 @@ def try_variants(frame: pd.DataFrame, knots, token_ops, folds: int = 5) -> list[
     y, yh = grid["layer_s_median"].to_numpy(float), held["layer_s_median"].to_numpy(float)
     out = []
     for label, variant in VARIANTS:
-        x = variant_matrix(columns_of(grid), grid, knots, variant, token_ops)
-        xh = variant_matrix(columns_of(held), held, knots, variant, token_ops)
+        x = variant_matrix(columns_of(grid), grid, knots, tile, variant, token_ops)
+        xh = variant_matrix(columns_of(held), held, knots, tile, variant, token_ops)
         fold = np.arange(len(y)) % folds
         oof = np.empty(len(y))
         for f in range(folds):
@@ -347,10 +358,10 @@ def format_variants(variants: list[dict]) -> str:
         s = table.get(cls)
         return f"{100 * s['median_abs']:5.2f} /{100 * s['p95_abs']:6.2f}" if s else f"{'-':>13}"
 
-    lines = [f"{'variant':<36}{'cols':>5}  {'held mixed':>13}  {'held all':>13}  {'grid oof mixed':>14}  "
+    lines = [f"{'variant':<40}{'cols':>5}  {'held mixed':>13}  {'held all':>13}  {'grid oof mixed':>14}  "
              f"{'grid oof all':>13}"]
     for v in variants:
-        lines.append(f"{v['variant']:<36}{v['columns']:>5}  {cell(v['heldout'], 'mixed')}  "
+        lines.append(f"{v['variant']:<40}{v['columns']:>5}  {cell(v['heldout'], 'mixed')}  "
                      f"{cell(v['heldout'], 'overall')}  {cell(v['grid_oof'], 'mixed'):>14}  "
                      f"{cell(v['grid_oof'], 'overall')}")
     return "\n".join(lines)
@@ -376,7 +387,8 @@ def verdict(heldout: dict, found: list[dict]) -> tuple[bool, str]:
     return ok, head
 
 
-def measure(out: Path, spec: Size, seed: int, noise: float, monotone: bool):
+def measure(out: Path, spec: Size, seed: int, noise: float, monotone: bool, budgets=DEFAULT_BUDGETS,
+            probes: bool = True):
     """Steps 1-2: the batch shapes and their published times -> (measurements.csv, vidur model, counts)."""
     from cbsim.profiler.costmodels.vidur import PROFILE_DIR, VidurCostModel
     from cbsim.profiler.grid import run_order
@@ -384,10 +396,10 @@ def measure(out: Path, spec: Size, seed: int, noise: float, monotone: bool):
     rng = np.random.default_rng(seed)
     model = VidurCostModel.from_file(PROFILE_DIR / PROFILE, monotone=monotone)
     geometry = shard_geometry(model.profile)
-    grid = subsample(published_grid(rng, spec.anchor_repeats), spec.grid_batches, rng)
-    heldout, skipped = heldout_batches(spec, seed, monotone)
+    grid = subsample(published_grid(rng, spec.anchor_repeats, probes), spec.grid_batches, rng)
+    heldout, skipped = heldout_batches(spec, seed, monotone, budgets)
     order = run_order(grid, heldout, rng)
-    meta = metadata(model.profile, geometry, grid, spec, seed, noise, monotone, len(order), skipped)
+    meta = metadata(model.profile, geometry, grid, spec, seed, noise, monotone, len(order), skipped, budgets, probes)
     (out / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     counts = {"grid": len(grid.batches), "anchor_rows": len(grid.anchors) * grid.anchor_repeats,
               "heldout": len(heldout), "heldout_skipped": skipped}
@@ -410,23 +422,29 @@ def fit_and_check(out: Path, csv: Path, model) -> tuple[dict, dict, str, dict, s
     held = rows[rows["source"] == "heldout"]
     rel = predict_layers(load_model(path), held) / held["layer_s_median"].to_numpy(float) - 1
     ops = list(model.profile["token_ops"]["ms"])
-    variants = try_variants(frame, profile["knots"], lambda t: sum(model.operator_time(op, t) for op in ops))
+    variants = try_variants(frame, profile["knots"], profile["tile"],
+                            lambda t: sum(model.operator_time(op, t) for op in ops))
     return profile, held_table, held_text, grid_table, grid_text, misfits(held, rel), variants
 
 
 def run(out=REPO / "results" / "fit_on_published", size: str = "full", noise: float = 0.0, seed: int = 0,
-        monotone: bool = False, log=print) -> Report:
+        monotone: bool = False, log=print, budgets=DEFAULT_BUDGETS, probes: bool = True) -> Report:
     """The whole check (see the module docstring); prints its tables through `log`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    csv, model, counts = measure(out, SIZES[size], seed, noise, monotone)
+    csv, model, counts = measure(out, SIZES[size], seed, noise, monotone, budgets, probes)
     profile, held_table, held_text, grid_table, grid_text, found, variants = fit_and_check(out, csv, model)
     ok, line = verdict(held_table, found)
+    selection = profile["provenance"]["tile_selection"]
     report = Report(out, held_table, grid_table, {**counts, "knots": len(profile["knots"])}, found, variants,
-                    ok, line)
+                    selection, ok, line)
     (out / "report.json").write_text(json.dumps({k: v for k, v in report.__dict__.items() if k != "out"},
                                                 indent=1, default=str) + "\n")
-    log(f"published kernels: vidur {PROFILE} (monotone {monotone}), noise {noise:g}; {report.counts}")
+    log(f"published kernels: vidur {PROFILE} (monotone {monotone}), noise {noise:g}, grid probes {probes}, "
+        f"held out: {', '.join(name for name, _ in heldout_policies(budgets))}; {report.counts}")
+    log(f"GEMM tile of the step term: {selection['chosen']} ({selection['criterion']}): "
+        + ", ".join(f"{k} rms {100 * v['rms']:.2f}% p95 {100 * v['p95_abs']:.2f}%" if "rms" in v else f"{k} skipped"
+                    for k, v in selection["out_of_fold"].items()))
     log(f"g(T) knots: {profile['knots']}; fitted coefficients: "
         + ", ".join(f"{k}={v:.3g}" for k, v in profile["coefficients"].items()))
     log("\nHELD-OUT " + held_text)
@@ -452,10 +470,21 @@ def main(argv=None) -> Report:
     parser.add_argument("--noise", type=float, default=0.0, help="seeded multiplicative timing noise, e.g. 0.01")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--monotone", action="store_true", help="smooth the published tables (isotonic)")
+    parser.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
+                        help="sarathi token budgets of the held-out simulations, comma-separated")
+    parser.add_argument("--no-probes", action="store_true",
+                        help="leave the grid's token-budget and tile-edge batches out (the grid before them)")
     args = parser.parse_args(argv)
     if not 0.0 <= args.noise < 1.0:
         parser.error("--noise must be in [0, 1)")
-    return run(args.out, args.size, args.noise, args.seed, args.monotone)
+    try:
+        budgets = tuple(int(b) for b in args.budgets.split(","))
+    except ValueError:
+        budgets = ()
+    if not budgets or min(budgets) < 1:
+        parser.error("--budgets must be positive integers, comma-separated")
+    return run(args.out, args.size, args.noise, args.seed, args.monotone, budgets=budgets,
+               probes=not args.no_probes)
 
 
 if __name__ == "__main__":

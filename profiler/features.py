@@ -7,13 +7,20 @@ composition strings ("c:h;c:h" for prefill chunks, "ctx;ctx" for decode contexts
 
 Features of one batch (per layer; the GEMMs see every token once):
   T       total tokens: sum of chunk sizes c plus the number of decode rows
-  P       causal attention pairs of the prefill chunks: sum of c * (h + (c + 1) / 2)
+  Tp      T padded to whole GEMM tiles: tile * ceil(T / tile) when T > tile, else T
+  Ph      history pairs of the prefill chunks: sum of c * h (new tokens x cached tokens)
+  Pn      new-token pairs: sum of c * (c + 1) / 2 (the causal triangle of each chunk)
   Kp      KV tokens the prefill chunks read: sum of h + c
   Kd      KV tokens the decode rows read: sum of the context lengths
   n_dec   decode rows;  n_pref  prefill chunks
+P = Ph + Pn (all causal pairs) is kept for format-1 profiles, which had one rate for both.
+
 g(T), the GEMM time, is piecewise linear in T: the ramp basis below gives one column per segment
 between knots, whose coefficient is the slope on that segment (non-negative slopes make g
-non-decreasing without forcing it convex).
+non-decreasing without forcing it convex). GEMM kernels run in row tiles, so their time rises in
+a step just past each multiple of the tile; a second ramp basis over Tp, with the same knots and
+non-negative slopes, adds that staircase. Its segments that end at or below the tile duplicate g's
+exactly (there Tp = T, and above the tile both columns are full), so they get no column.
 """
 from __future__ import annotations
 
@@ -23,12 +30,15 @@ import numpy as np
 
 from cbsim.sim.shape import StepShape
 
-LINEAR_FEATURES = ("pairs", "prefill_kv", "decode_kv", "num_decode", "num_prefill", "const")
+LINEAR_FEATURES = ("pairs_history", "pairs_new", "prefill_kv", "decode_kv", "num_decode", "num_prefill", "const")
+PADDED_PREFIX = "gp"  # names of the slopes of g over the tile-padded tokens: "gp[128,256)"
 
 
 class Aggregates(NamedTuple):
     tokens: int
     pairs: float
+    pairs_history: int
+    pairs_new: int
     prefill_kv: int
     decode_kv: int
     num_decode: int
@@ -38,14 +48,26 @@ class Aggregates(NamedTuple):
 def aggregates(shape: StepShape) -> Aggregates:
     """The features of one step shape (plain Python; called once per simulated step)."""
     pairs = 0.0
-    kp = 0
-    tokens = 0
+    ph = pn = kp = tokens = 0
     for c, h in shape.prefill:
         pairs += c * (h + (c + 1) / 2)
+        ph += c * h
+        pn += c * (c + 1) // 2
         kp += c + h
         tokens += c
     n_dec = len(shape.decode)
-    return Aggregates(tokens + n_dec, pairs, kp, sum(shape.decode), n_dec, len(shape.prefill))
+    return Aggregates(tokens + n_dec, pairs, ph, pn, kp, sum(shape.decode), n_dec, len(shape.prefill))
+
+
+def padded_tokens(tokens: int, tile: int) -> int:
+    """Tp of one batch: T rounded up to a whole number of tiles when T > tile, else T (integers)."""
+    return tokens if tokens <= tile else -(-tokens // tile) * tile
+
+
+def padded_token_column(tokens, tile: int) -> np.ndarray:
+    """Tp of many batches; element k equals padded_tokens(tokens[k], tile)."""
+    t = np.asarray(tokens, dtype=np.float64)
+    return np.where(t > tile, np.ceil(t / tile) * tile, t)
 
 
 def parse_prefill(text) -> tuple[tuple[int, int], ...]:
@@ -104,18 +126,32 @@ def ramp_values_at_knots(knots, slopes) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.asarray(slopes, dtype=np.float64)[:-1] * lengths)])
 
 
-def design_matrix(cols: dict[str, np.ndarray], knots) -> tuple[np.ndarray, list[str]]:
-    """The fit's design matrix: ramp columns of g(T), then LINEAR_FEATURES; with column names."""
-    ramps = ramp_basis(cols["tokens"], knots)
+def padded_segments(knots, tile: int | None) -> list[int]:
+    """Indices of the segments of g over Tp that get a column: those ending above the tile (the
+    last segment never ends); none without a tile."""
+    if tile is None:
+        return []
+    return [k for k in range(len(knots)) if k + 1 == len(knots) or knots[k + 1] > tile]
+
+
+def design_matrix(cols: dict[str, np.ndarray], knots, tile: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """The fit's design matrix, with column names: ramp columns of g(T), then (with a tile) those of
+    g over Tp (padded_segments), then LINEAR_FEATURES."""
+    tokens = cols["tokens"]
+    blocks = [ramp_basis(tokens, knots)]
     names = [segment_name(knots, k) for k in range(len(knots))]
-    linear = [cols[name] if name != "const" else np.ones_like(cols["tokens"]) for name in LINEAR_FEATURES]
-    return np.column_stack([ramps] + linear), names + list(LINEAR_FEATURES)
+    padded = padded_segments(knots, tile)
+    if padded:
+        blocks.append(ramp_basis(padded_token_column(tokens, tile), knots)[:, padded])
+        names += [segment_name(knots, k, PADDED_PREFIX) for k in padded]
+    blocks += [cols[name] if name != "const" else np.ones_like(tokens) for name in LINEAR_FEATURES]
+    return np.column_stack(blocks), names + list(LINEAR_FEATURES)
 
 
-def segment_name(knots, k: int) -> str:
-    """Name of the g(T) slope on segment k, e.g. 'g[64,128)' or 'g[4096,inf)'."""
+def segment_name(knots, k: int, prefix: str = "g") -> str:
+    """Name of a slope on segment k, e.g. 'g[64,128)', 'g[4096,inf)' or (prefix 'gp') 'gp[128,256)'."""
     hi = knots[k + 1] if k + 1 < len(knots) else "inf"
-    return f"g[{knots[k]:g},{hi if isinstance(hi, str) else format(hi, 'g')})"
+    return f"{prefix}[{knots[k]:g},{hi if isinstance(hi, str) else format(hi, 'g')})"
 
 
 def choose_knots(tokens, min_rows: int = 8) -> list[float]:

@@ -1,7 +1,16 @@
 """Fit F(x) from profiler measurements into a `fitted` profile JSON.
 
-    layer(x) = g(T) + a1 P + a2 Kp + b1 Kd + b2 n_dec + b3 n_pref + k       (features.py)
+    layer(x) = g(T) + gp(Tp) + a1h Ph + a1n Pn + a2 Kp + b1 Kd + b2 n_dec + b3 n_pref + k   (features.py)
     F(x)     = L (layer(x) + allreduce(T)) + lm_head(rows) + step_overhead
+
+Ph = sum c h and Pn = sum c (c + 1) / 2 split the causal attention pairs P (format 1 had one rate
+for P): new-token pairs and history pairs run at different rates. g and gp are piecewise linear
+over the same knots; gp, over the tokens padded to whole GEMM tiles (Tp), is the staircase of the
+tile steps. The tile is chosen by cross-validation among candidates (`tiles`, default
+none/64/128/256; select_tile): the lowest out-of-fold mean squared relative error on the grid
+rows, where a tile must beat 'none' by more than one standard error, so data without steps (CPU
+timings) keeps no gp. Every candidate's out-of-fold errors are recorded in
+provenance.tile_selection.
 
 All coefficients are non-negative (scipy.optimize.nnls) and the least squares are weighted by
 1/y, so the fit minimises relative error, as the simulator's users judge it. Only rows with
@@ -31,13 +40,16 @@ from cbsim.errors import ConfigError
 
 from .costcheck import error_table
 from .costmodels.allreduce import analytic_spec, table_spec
-from .features import LINEAR_FEATURES, choose_knots, design_matrix, table_aggregates
+from .features import (LINEAR_FEATURES, choose_knots, design_matrix, padded_segments, padded_token_column,
+                       table_aggregates)
 
 REQUIRED_COLUMNS = ("batch_id", "cls", "source", "prefill", "decode", "layer_s_median")
 DERIVED_CHECKS = {  # CSV column -> recomputed feature
     "num_tokens": "tokens", "attn_pairs": "pairs", "prefill_kv_read": "prefill_kv",
-    "decode_kv_read": "decode_kv", "num_decode": "num_decode", "num_seqs": "num_seqs",
+    "decode_kv_read": "decode_kv", "num_decode": "num_decode", "num_seqs": "num_seqs", "sum_ch": "pairs_history",
 }
+DEFAULT_TILES = (None, 64, 128, 256)  # GEMM tile candidates for the step term; None: no step term
+FORMAT = 2  # profile format: 2 adds the tile step term and splits the attention pairs (1: one pair rate)
 PROBS = np.linspace(0.0, 1.0, 101)
 
 
@@ -106,21 +118,78 @@ def relative_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return w / scale
 
 
-def fit_layer(cols: dict[str, np.ndarray], y: np.ndarray, knots) -> np.ndarray:
-    """Weights of the design matrix (ramp slopes, then LINEAR_FEATURES) for layer seconds y."""
-    x, _ = design_matrix(cols, knots)
+def fit_layer(cols: dict[str, np.ndarray], y: np.ndarray, knots, tile: int | None = None) -> np.ndarray:
+    """Weights of the design matrix (features.design_matrix's columns) for layer seconds y."""
+    x, _ = design_matrix(cols, knots, tile)
     return relative_nnls(x, y)
 
 
-def out_of_fold(cols: dict[str, np.ndarray], y: np.ndarray, knots, folds: int) -> np.ndarray:
+def out_of_fold(cols: dict[str, np.ndarray], y: np.ndarray, knots, folds: int, tile: int | None = None) -> np.ndarray:
     """Predictions for every row from a fit on the other folds (row i is in fold i mod folds)."""
-    x, _ = design_matrix(cols, knots)
+    x, _ = design_matrix(cols, knots, tile)
     fold = np.arange(len(y)) % folds
     pred = np.empty(len(y))
     for f in range(folds):
         test = fold == f
         pred[test] = x[test] @ relative_nnls(x[~test], y[~test])
     return pred
+
+
+def parse_tiles(items) -> tuple[int | None, ...]:
+    """Tile candidates from strings or numbers: 'none' (no step term) or a positive integer."""
+    out = []
+    for item in items:
+        text = str(item).strip().lower()
+        if item is None or text == "none":
+            out.append(None)
+        elif text.isdigit() and int(text) > 0:
+            out.append(int(text))
+        else:
+            raise ConfigError("tiles", "'none' or a positive integer number of tokens", item)
+    if not out:
+        raise ConfigError("tiles", "at least one tile candidate", "")
+    return tuple(dict.fromkeys(out))
+
+
+def tile_label(tile: int | None) -> str:
+    return "none" if tile is None else str(tile)
+
+
+def select_tile(cols: dict[str, np.ndarray], y: np.ndarray, knots, candidates, folds: int
+                ) -> tuple[int | None, np.ndarray, dict]:
+    """The step term's tile, by cross-validation on the grid rows.
+
+    Each candidate is scored by the mean squared relative error of its out-of-fold predictions
+    (the fit's own loss). The best tile is the one with the lowest; it is kept only if it beats
+    'none' (when 'none' is a candidate) by more than one standard error of its own score, so data
+    without steps keeps the smaller family (the one-standard-error rule). A tile with Tp = T on
+    every row adds nothing and is skipped. Returns (tile, its out-of-fold predictions, a record of
+    every candidate's out-of-fold errors for the provenance)."""
+    tokens = cols["tokens"]
+    scores, scored = {}, {}
+    for tile in candidates:
+        if tile is not None and np.array_equal(padded_token_column(tokens, tile), tokens):
+            scores[tile_label(tile)] = {"skipped": "Tp = T on every grid row"}
+            continue
+        pred = out_of_fold(cols, y, knots, folds, tile)
+        sq = (pred / y - 1) ** 2
+        scored[tile] = (float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(len(sq))), pred)
+        rel = np.sqrt(sq)
+        scores[tile_label(tile)] = {"rms": float(np.sqrt(sq.mean())), "mse": scored[tile][0],
+                                    "mse_se": scored[tile][1], "median_abs": float(np.median(rel)),
+                                    "p95_abs": float(np.quantile(rel, 0.95))}
+    if not scored:
+        raise ConfigError("tiles", "a candidate that changes some grid row's padded tokens (or 'none')",
+                          ",".join(scores))
+    tiles = [t for t in scored if t is not None]
+    chosen = min(tiles, key=lambda t: scored[t][0]) if tiles else None
+    if None in scored and (chosen is None or scored[None][0] <= scored[chosen][0] + scored[chosen][1]):
+        chosen = None
+    record = {"candidates": [tile_label(t) for t in candidates], "chosen": tile_label(chosen),
+              "criterion": f"out-of-fold mean squared relative error of the grid rows ({folds} folds); "
+                           "a tile must beat 'none' by more than one standard error",
+              "out_of_fold": scores}
+    return chosen, scored[chosen][2], record
 
 
 def fit_lm_head(num_rows: np.ndarray, seconds: np.ndarray) -> dict:
@@ -155,7 +224,7 @@ def fit_profile(frame: pd.DataFrame, metadata: dict, *, csv_path=None, num_layer
                 tp: int | None = None, hidden: int | None = None, model: str | None = None,
                 gpu: str | None = None, step_overhead: float | None = None, graph: str = "prefer",
                 folds: int = 5, network: str | None = None, allreduce_bandwidth: float | None = None,
-                allreduce_latency: float = 10e-6, min_rows: int = 8) -> dict:
+                allreduce_latency: float = 10e-6, min_rows: int = 8, tiles=DEFAULT_TILES) -> dict:
     """A `fitted` profile (a JSON-able dict) from measurements; see the module docstring."""
     num_layers = num_layers or _meta(metadata, "num_layers", "num_hidden_layers", "n_layers")
     if not num_layers:
@@ -173,20 +242,24 @@ def fit_profile(frame: pd.DataFrame, metadata: dict, *, csv_path=None, num_layer
     y = grid["layer_s_median"].to_numpy(dtype=np.float64)
     cols = columns_of(grid)
     knots = choose_knots(cols["tokens"], min_rows=min_rows)
-    weights = fit_layer(cols, y, knots)
-    _, names = design_matrix(cols, knots)
-    folds = max(2, min(folds, len(grid) // len(names)))
-    log_res = np.log(y / out_of_fold(cols, y, knots, folds))
+    candidates = parse_tiles(tiles)
+    widest = max(len(knots) + len(padded_segments(knots, t)) + len(LINEAR_FEATURES) for t in candidates)
+    folds = max(2, min(folds, len(grid) // widest))
+    tile, oof, selection = select_tile(cols, y, knots, candidates, folds)
+    weights = fit_layer(cols, y, knots, tile)
+    _, names = design_matrix(cols, knots, tile)
+    log_res = np.log(y / oof)
     lm_rows = rows[rows["source"] == "grid"]
     lm_seconds = pd.to_numeric(lm_rows.get("lm_head_s", pd.Series(np.nan, index=lm_rows.index)), errors="coerce")
     return {
         "type": "fitted",
-        "format": 1,
+        "format": FORMAT,
         "model": model or _model_name(metadata),
         "gpu": gpu,
         "num_layers": int(num_layers),
         "tp": tp,
         "knots": [float(k) for k in knots],
+        "tile": tile,
         "coefficients": {name: float(w) for name, w in zip(names, weights)},
         "lm_head": fit_lm_head(lm_rows["f_num_seqs"].to_numpy(float), lm_seconds.to_numpy(float)),
         "step_overhead": overhead,
@@ -194,8 +267,9 @@ def fit_profile(frame: pd.DataFrame, metadata: dict, *, csv_path=None, num_layer
         "residuals": {"space": "log(measured/predicted), out of fold", "probs": PROBS.tolist(),
                       "quantiles": np.quantile(log_res, PROBS).tolist()},
         "provenance": {**_provenance(csv_path, metadata, graph, rows, grid, flagged, mismatches, folds,
-                                     len(chosen) - len(rows)), "step_overhead": overhead_source},
-        "validation": _validation(rows, grid, knots, weights, log_res, folds),
+                                     len(chosen) - len(rows)), "step_overhead": overhead_source,
+                       "tile_selection": selection},
+        "validation": _validation(rows, grid, knots, tile, weights, log_res, folds),
     }
 
 
@@ -210,11 +284,11 @@ def _step_overhead(given, metadata, csv_path) -> tuple[float, str]:
     return 0.0, "none measured"
 
 
-def _validation(rows, grid, knots, weights, log_res, folds) -> dict:
+def _validation(rows, grid, knots, tile, weights, log_res, folds) -> dict:
     """Errors on held-out rows (or, without any, the out-of-fold errors of the grid rows)."""
     heldout = rows[rows["source"] == "heldout"]
     if len(heldout):
-        x, _ = design_matrix(columns_of(heldout), knots)
+        x, _ = design_matrix(columns_of(heldout), knots, tile)
         measured, predicted = heldout["layer_s_median"].to_numpy(float), x @ weights
         classes, basis = heldout["cls"].to_numpy(str), "heldout"
     else:

@@ -39,21 +39,26 @@ def fit_command(
     folds: int = typer.Option(5, "--folds", help="cross-validation folds for residuals"),
     network: Optional[str] = typer.Option(None, "--network", help="all-reduce table (a100_dgx, h100_dgx, ...) or 'analytic'"),
     allreduce_bandwidth: Optional[float] = typer.Option(None, "--allreduce-bandwidth", help="bus bytes/s for the analytic all-reduce"),
+    tiles: str = typer.Option("none,64,128,256", "--tiles",
+                              help="GEMM tile candidates (tokens) for the step term, comma-separated; 'none' fits no "
+                                   "step; chosen by cross-validation on the grid rows"),
 ) -> None:
     """Fit F(x) to measurements and write a `fitted` profile."""
     from .costcheck import format_table
-    from .fit import fit_profile, load_measurements, write_profile
+    from .fit import fit_profile, load_measurements, tile_label, write_profile
 
     try:
         frame, meta = load_measurements(csv)
         profile = fit_profile(frame, meta, csv_path=csv, num_layers=num_layers, tp=tp, hidden=hidden, model=model,
                               gpu=gpu, step_overhead=step_overhead, graph=graph, folds=folds, network=network,
-                              allreduce_bandwidth=allreduce_bandwidth)
+                              allreduce_bandwidth=allreduce_bandwidth, tiles=tiles.split(","))
     except (ConfigError, ValueError, FileNotFoundError) as err:
         _fail(err)
     write_profile(profile, out)
     val = profile["validation"]
-    typer.echo(f"wrote {out}: {len(profile['knots'])} g(T) segments, L={profile['num_layers']}, tp={profile['tp']}")
+    typer.echo(f"wrote {out}: {len(profile['knots'])} g(T) segments, tile {tile_label(profile['tile'])} (of "
+               f"{', '.join(profile['provenance']['tile_selection']['candidates'])}), L={profile['num_layers']}, "
+               f"tp={profile['tp']}")
     typer.echo(f"layer error ({val['basis']}):\n" + format_table(val["layer_error"]))
     typer.echo(f"90% interval coverage: {100 * val['interval_90_coverage']:.1f}%")
 

@@ -118,6 +118,33 @@ def mixed_batches(rng, chunks, histories, sizes, decode_means, max_kv, max_conte
     return out
 
 
+def budget_batches(rng, budgets, sizes, histories, decode_mean: float, max_kv: int, max_context: int) -> list[Batch]:
+    """Batches of exactly B total tokens for each token budget B (a saturated Sarathi step): one
+    chunk of B tokens for each history, and a chunk of B - b tokens (history cycling through
+    `histories`) beside b lognormal decodes for each b in `sizes` below B."""
+    out = [make_batch([(budget, h)]) for budget in budgets for h in histories]
+    for i, (budget, b) in enumerate((budget, b) for budget in budgets for b in sizes if b < budget):
+        h = histories[i % len(histories)]
+        out.append(make_batch([(budget - b, h)], spread_contexts(rng, b, decode_mean, 1.0, max_context)))
+    return [batch for batch in out if _fits(batch, max_kv, max_context)]
+
+
+def tile_edge_batches(rng, multiples, offsets, history: int, decodes: int, decode_mean: float, max_kv: int,
+                      max_context: int) -> list[Batch]:
+    """Batches of T = m + d total tokens for each multiple m of the GEMM tile and offset d (0: the
+    bottom of a step, a few tokens: just past it): one chunk with the given history, and one chunk
+    beside `decodes` lognormal decodes. GEMM times rise in a step just past each multiple of the
+    tile; pairs of such batches identify its height."""
+    out = []
+    for m in multiples:
+        for t in (m + d for d in offsets):
+            out.append(make_batch([(t, history)]))
+            if t > decodes:
+                contexts = spread_contexts(rng, decodes, decode_mean, 1.0, max_context)
+                out.append(make_batch([(t - decodes, history)], contexts))
+    return [batch for batch in out if _fits(batch, max_kv, max_context)]
+
+
 def random_batches(rng, n: int, max_kv: int, max_context: int, chunks=(0, 3), max_chunk: int = 4096,
                    max_decodes: int = 256, source: str = "grid") -> list[Batch]:
     """n random batches off the regular grid: k chunks (k in [chunks[0], chunks[1]]) of log-uniform
@@ -156,10 +183,15 @@ def tiny_grid(rng: np.random.Generator) -> Grid:
 
 
 H200_8B_MAX_KV = 800_000  # KV tokens a real Llama-3-8B engine holds on one H200 (~131 kB per token)
+TILE_MULTIPLES = tuple(128 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64))  # T at GEMM steps
 
 
 def h200_8b_grid(rng: np.random.Generator) -> Grid:
-    """The Llama-3-8B grid for one H200 (PROFILER.md): about 750 grid batches and 40 anchors."""
+    """The Llama-3-8B grid for one H200 (PROFILER.md): about 840 grid batches and 40 anchors.
+
+    Beside the regular and random batches it holds batches of exactly the common token budgets
+    (256 ... 8192: where Sarathi steps sit) and batches at and just past multiples of 128 tokens
+    (where GEMM tile steps are), so the fit can identify the tile term."""
     max_kv, max_ctx = H200_8B_MAX_KV, 131072
     chunks = [16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
     histories = [0, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 98304]
@@ -174,6 +206,8 @@ def h200_8b_grid(rng: np.random.Generator) -> Grid:
                         [1, 4, 16, 32, 64, 128, 256, 512], [1024, 8192], max_kv, max_ctx)
         + random_batches(rng, 100, max_kv, max_ctx, chunks=(1, 1), max_chunk=8192, max_decodes=512)
         + random_batches(rng, 100, max_kv, max_ctx, chunks=(2, 2), max_chunk=4096, max_decodes=256)
+        + budget_batches(rng, [256, 512, 1024, 2048, 4096, 8192], [16, 64, 128], [0, 8192], 2048, max_kv, max_ctx)
+        + tile_edge_batches(rng, TILE_MULTIPLES, (0, 8), 1024, 32, 2048, max_kv, max_ctx)
     )
     anchors = (
         make_batch(decode=[2048] * 64, source="anchor"),

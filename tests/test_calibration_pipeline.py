@@ -35,7 +35,11 @@ def test_profile_fit_costcheck_and_run_on_the_fit(tmp_path):
     result = runner.invoke(app, ["fit", str(prof / "measurements.csv"), "--out", str(profile), "--num-layers", "2"])
     assert result.exit_code == 0, result.output
     fitted = json.loads(profile.read_text())
-    assert fitted["type"] == "fitted" and fitted["validation"]
+    assert fitted["type"] == "fitted" and fitted["validation"] and fitted["format"] == 2
+    selection = fitted["provenance"]["tile_selection"]  # CPU timings have no GEMM tile steps to speak of
+    assert selection["candidates"] == ["none", "64", "128", "256"]
+    assert selection["chosen"] == ("none" if fitted["tile"] is None else str(fitted["tile"]))
+    assert f"tile {selection['chosen']} (of none, 64, 128, 256)" in result.output
 
     result = runner.invoke(app, ["costcheck", str(profile), str(prof / "measurements.csv"),
                                  "--out", str(tmp_path / "scatter.png")])

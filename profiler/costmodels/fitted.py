@@ -1,13 +1,19 @@
 """Cost model `fitted`: step time from a profile fitted to measurements (profiler/fit.py).
 
-    layer  = g(T) + a1 P + a2 Kp + b1 Kd + b2 n_dec + b3 n_pref + k      (features.py)
+    layer  = g(T) + gp(Tp) + a1 P + a1h Ph + a1n Pn + a2 Kp + b1 Kd + b2 n_dec + b3 n_pref + k  (features.py)
     gpu    = L (layer + allreduce(T)) + lm_head(rows) + step_overhead
-    step   = gpu + cpu, or max(gpu, cpu) with overlap                      (cpu_overhead.py)
+    step   = gpu + cpu, or max(gpu, cpu) with overlap                                     (cpu_overhead.py)
+
+Profile formats: 2 (profiler/fit.py now) fits the tile step gp(Tp) (absent when its `tile` is
+null) and the split pair rates a1h, a1n, with a1 = 0; 1 had one pair rate a1 and no tile, so
+gp = 0 and a1h = a1n = 0. The terms that a format lacks add exactly 0.0, so a format-1 profile
+gives the same numbers, bit for bit, as before format 2 existed.
 
 Invariant: `step_time` (plain Python on the shape's aggregates, a few microseconds) and
-`decode_run_times` (numpy over a run of decode steps, where only Kd changes) call the same
-private function `_gpu` with the same operands in the same order, so they agree bit for bit.
-The profile's out-of-fold residual quantiles give `prediction_interval` and `sample_factor`.
+`decode_run_times` (numpy over a run of decode steps, where only Kd changes; T, hence Tp, is the
+number of rows) call the same private function `_gpu` with the same operands in the same order,
+so they agree bit for bit. The profile's out-of-fold residual quantiles give
+`prediction_interval` and `sample_factor`.
 """
 from __future__ import annotations
 
@@ -24,13 +30,15 @@ from cbsim.schema import option, require
 from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 
-from ..features import aggregates, ramp_values_at_knots, segment_name
+from ..features import (PADDED_PREFIX, aggregates, padded_segments, padded_tokens, ramp_values_at_knots,
+                        segment_name)
 from .allreduce import AllReduce
 from .cpu_overhead import CpuOverhead, CpuOverheadConfig
 from .curves import Curve
 from .registry import register_cost_model
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+FORMATS = (1, 2)  # profile formats this model reads (see the module docstring)
 
 
 @register_cost_model("fitted")
@@ -52,6 +60,9 @@ class FittedCostModel(CostModel):
                  cpu_overhead: CpuOverhead = CpuOverhead(), source: str = ""):
         if profile.get("type") != "fitted":
             raise ValueError(f"{source or 'profile'} is not a fitted profile (type {profile.get('type')!r})")
+        if profile.get("format", 1) not in FORMATS:
+            raise ValueError(f"{source or 'profile'} has format {profile.get('format')!r}; this cbsim reads "
+                             f"formats {FORMATS}")
         self.profile = profile
         self.source = source
         self.cpu = cpu_overhead
@@ -59,9 +70,13 @@ class FittedCostModel(CostModel):
         self.step_overhead = float(profile["step_overhead"] if step_overhead is None else step_overhead)
         coef = profile["coefficients"]
         knots = profile["knots"]
-        slopes = [coef[segment_name(knots, k)] for k in range(len(knots))]
-        self._g = Curve(knots, ramp_values_at_knots(knots, slopes), tail_slope=slopes[-1])
-        self._a1, self._a2 = coef["pairs"], coef["prefill_kv"]
+        self._g = _ramp_curve(knots, [coef[segment_name(knots, k)] for k in range(len(knots))])
+        self.tile = None if profile.get("tile") is None else int(profile["tile"])
+        padded = {k: coef[segment_name(knots, k, PADDED_PREFIX)] for k in padded_segments(knots, self.tile)}
+        self._gp = _ramp_curve(knots, [padded.get(k, 0.0) for k in range(len(knots))]) if padded else None
+        self._a1 = coef.get("pairs", 0.0)
+        self._a1h, self._a1n = coef.get("pairs_history", 0.0), coef.get("pairs_new", 0.0)
+        self._a2 = coef["prefill_kv"]
         self._b1, self._b2, self._b3 = coef["decode_kv"], coef["num_decode"], coef["num_prefill"]
         self._k = coef["const"]
         self._lm0, self._lm1 = profile["lm_head"]["const"], profile["lm_head"]["per_row"]
@@ -89,13 +104,16 @@ class FittedCostModel(CostModel):
 
     # --- the one function of aggregates --------------------------------------------------
 
-    def _layer(self, tokens, pairs, kp, kd, n_dec, n_pref):
+    def _layer(self, tokens, pairs, ph, pn, kp, kd, n_dec, n_pref):
         """One layer's seconds; `kd` may be a numpy array (a decode run)."""
-        return (self._g.at(tokens) + self._a1 * pairs + self._a2 * kp + self._b1 * kd
+        g = self._g.at(tokens)
+        if self._gp is not None:
+            g = g + self._gp.at(padded_tokens(tokens, self.tile))
+        return (g + self._a1 * pairs + self._a1h * ph + self._a1n * pn + self._a2 * kp + self._b1 * kd
                 + self._b2 * n_dec + self._b3 * n_pref + self._k)
 
-    def _gpu(self, tokens, pairs, kp, kd, n_dec, n_pref, rows):
-        layer = self._layer(tokens, pairs, kp, kd, n_dec, n_pref)
+    def _gpu(self, tokens, pairs, ph, pn, kp, kd, n_dec, n_pref, rows):
+        layer = self._layer(tokens, pairs, ph, pn, kp, kd, n_dec, n_pref)
         if self.allreduce is not None:
             layer = layer + self.allreduce.seconds(tokens)
         lm = self._lm0 + self._lm1 * rows if rows else 0.0
@@ -118,7 +136,7 @@ class FittedCostModel(CostModel):
         contexts = np.asarray(contexts, dtype=np.int64)
         n = len(contexts)
         kd = int(contexts.sum()) + n * np.arange(steps, dtype=np.int64)
-        gpu = self._gpu(n, 0.0, 0, kd, n, 0, n)
+        gpu = self._gpu(n, 0.0, 0, 0, 0, kd, n, 0, n)
         return self.cpu.combine_many(gpu, n)
 
     def _quantile(self, p: float) -> float:
@@ -144,8 +162,13 @@ class FittedCostModel(CostModel):
     def describe(self) -> dict:
         p = self.profile
         return {"type": self.name, "profile": self.source, "model": p.get("model"), "gpu": p.get("gpu"),
-                "tp": p.get("tp"), "num_layers": self.num_layers, "step_overhead": self.step_overhead,
-                "cpu_overhead": self.cpu.describe()}
+                "tp": p.get("tp"), "format": p.get("format", 1), "tile": self.tile, "num_layers": self.num_layers,
+                "step_overhead": self.step_overhead, "cpu_overhead": self.cpu.describe()}
+
+
+def _ramp_curve(knots, slopes) -> Curve:
+    """g as a lookup curve from its per-segment slopes (g(0) = 0; the last slope continues)."""
+    return Curve(knots, ramp_values_at_knots(knots, slopes), tail_slope=slopes[-1])
 
 
 def resolve_profile(name: str) -> Path:
