@@ -56,6 +56,8 @@ class PoolConfig:
                                      "{tp: 2}); null: the same cost model")
     num_blocks: int | None = option(None, help="KV blocks per replica of this pool; null: cluster.kv_cache."
                                     "num_blocks (auto: sized from this pool's GPU and tp)")
+    prefix_caching: bool | None = option(None, help="this pool's prefix cache; null: cluster.kv_cache.prefix_caching "
+                                         "(e.g. false on the decode pool: hand-offs then send whole prompts)")
 
     def validate(self) -> None:
         require(self.replicas >= 1, "replicas", "an integer >= 1", self.replicas)

@@ -40,7 +40,8 @@ Replica._evict_only). Decode replicas step one by one (no fast-forward), because
 at times no replica can foresee.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
-sim/prefix_cache.py), as in vLLM's disaggregated prefill with a KV connector and Mooncake:
+sim/prefix_cache.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated
+prefill with a KV connector and Mooncake:
 - Prefill side: an admission hits the replica's cache like a colocated one, so the prefill
   computes only prompt - hit tokens. The request holds its prompt's nodes (hit and published)
   until its KV leaves the replica (the end of the p2p hop, or of the hop into the pool); then its

@@ -341,3 +341,20 @@ def test_run_experiment_with_prefix_caching_on_both_pools():
     assert off.summary["kv_transfer_bytes"] == pytest.approx(
         off.requests.loc[off.requests["output_len"] > 1, "prompt_len"].sum() * 131072)
     assert s["ttft_p50"] < off.summary["ttft_p50"]
+
+
+def test_prefix_caching_can_be_set_per_pool():
+    def run(prefill: bool, decode: bool):
+        res = run_experiment(EXPERIMENT, overrides=[f"cluster.prefill.prefix_caching={str(prefill).lower()}",
+                                                    f"cluster.decode.prefix_caching={str(decode).lower()}"])
+        handed = res.requests[res.requests["output_len"] > 1]
+        return res.summary, handed
+
+    # prefill pool only (SGLang PD's default): prefill hits, every hand-off sends its whole prompt
+    s, handed = run(True, False)
+    assert s["prefix_hit_tokens"] > 0 and (handed["cached_on_decode"] == 0).all()
+    assert s["kv_transfer_bytes"] == pytest.approx(handed["prompt_len"].sum() * 131072)
+    # decode pool only: every prompt is computed in full, but hand-offs skip what the decode side holds
+    s, handed = run(False, True)
+    assert s["prefix_hit_tokens"] == 0 and handed["cached_on_decode"].sum() > 0
+    assert s["kv_transfer_bytes"] == pytest.approx((handed["prompt_len"] - handed["cached_on_decode"]).sum() * 131072)
