@@ -109,8 +109,9 @@ class ClusterConfig:
                                                           "when the prefill replica samples it, or only once its "
                                                           "KV has reached the decode replica (TTFT includes the "
                                                           "transfer)")
-    decode_router: Literal["round_robin", "least_loaded"] = option("least_loaded", help="mode pd: which decode "
-                                                                   "replica with room a prefilled request goes to")
+    decode_router: Literal["round_robin", "least_loaded", "prefix_affinity"] = option(
+        "least_loaded", help="mode pd: which decode replica with room a prefilled request goes to (prefix_affinity: "
+                             "the one with most of its prompt cached, then least loaded)")
 
     def validate(self) -> None:
         require(self.replicas >= 1, "replicas", "an integer >= 1", self.replicas)

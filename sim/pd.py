@@ -10,7 +10,8 @@ Life of a request (DistServe, Mooncake, vLLM's disaggregated prefill):
 3. Decode room: prefilled requests wait in one FIFO queue, with no overtaking, until a decode
    replica can reserve blocks for prompt_len + 1 tokens and still keep its watermark free. A
    replica that has a preempted request waiting takes no reservations, so a recompute is not
-   starved by new arrivals. `decode_router` picks among the replicas with room.
+   starved by new arrivals. `decode_router` picks among the replicas with room (prefix_affinity:
+   the one holding most of the prompt in its prefix cache, so the least KV crosses the link).
 4. Transfer of prompt_len x KV bytes per token (the whole model's; less with prefix caching, below):
    p2p: one hop over the prefill replica's link. It is submitted at the reservation.
    pool: a first hop (prefill replica -> shared store) submitted right after the prefill. Its end
@@ -87,7 +88,7 @@ class PDSettings:
     lanes: int = 1
     pool_bandwidth: float | None = None  # pool mode: the second hop's bandwidth (None: bandwidth)
     first_token_on: str = "prefill"  # prefill | decode
-    decode_router: str = "least_loaded"  # round_robin | least_loaded
+    decode_router: str = "least_loaded"  # round_robin | least_loaded | prefix_affinity
     bytes_per_token: float = 0.0  # KV bytes one token occupies, whole model
 
 
@@ -257,6 +258,9 @@ class PDCluster:
                     return replica
             return None
         fits = [r for r in pool if self._has_room(r, req)]
+        if self.settings.decode_router == "prefix_affinity":  # most of the prompt cached there, then least loaded
+            return min(fits, key=lambda r: (-len(r.kv.cached_prompt(req)), outstanding_tokens(r)
+                                            + self.reserved_tokens[r.index], r.index), default=None)
         return min(fits, key=lambda r: (outstanding_tokens(r) + self.reserved_tokens[r.index], r.index), default=None)
 
     def _reserve(self, rec: HandOff, dst: Replica, time: float) -> None:

@@ -185,7 +185,7 @@ LINKS = st.builds(lambda mode, lanes, first, router, latency: PDSettings(
     link_mode=mode, latency=latency, bandwidth=40.0, lanes=lanes, pool_bandwidth=25.0, first_token_on=first,
     decode_router=router, bytes_per_token=1.0),
     st.sampled_from(["p2p", "pool"]), st.integers(1, 2), st.sampled_from(["prefill", "decode"]),
-    st.sampled_from(["round_robin", "least_loaded"]), st.sampled_from([0.0, 0.25, 1.0]))
+    st.sampled_from(["round_robin", "least_loaded", "prefix_affinity"]), st.sampled_from([0.0, 0.25, 1.0]))
 
 
 def to_specs(rows):

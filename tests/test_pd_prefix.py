@@ -358,3 +358,11 @@ def test_prefix_caching_can_be_set_per_pool():
     s, handed = run(False, True)
     assert s["prefix_hit_tokens"] == 0 and handed["cached_on_decode"].sum() > 0
     assert s["kv_transfer_bytes"] == pytest.approx((handed["prompt_len"] - handed["cached_on_decode"]).sum() * 131072)
+
+
+def test_prefix_affinity_decode_router_sends_less_kv():
+    two = ["cluster.decode.replicas=2", "cluster.decode.num_blocks=200"]
+    affinity = run_experiment(EXPERIMENT, overrides=two + ["cluster.decode_router=prefix_affinity"]).summary
+    loaded = run_experiment(EXPERIMENT, overrides=two + ["cluster.decode_router=least_loaded"]).summary
+    assert affinity["num_finished"] == loaded["num_finished"]
+    assert affinity["kv_transfer_bytes"] < 0.9 * loaded["kv_transfer_bytes"]
