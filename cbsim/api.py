@@ -118,9 +118,10 @@ def build_replica_parts(cfg: ExperimentConfig):
     model = model_spec(cfg.model, "model")
     cost = load(cfg.cost_model, model)
     cluster = cfg.cluster
-    tp = cluster.tp or cfg.cost_model.get("tp", 1)
+    hardware = cost.describe()  # a profile (vidur, fitted) knows the GPU and TP it was measured on
+    tp = cluster.tp or cfg.cost_model.get("tp") or hardware.get("tp") or 1
     kv_cfg = cluster.kv_cache
-    num_blocks = kv_blocks(cfg, model, tp)
+    num_blocks = kv_blocks(cfg, model, tp, hardware.get("gpu"))
     settings = ReplicaSettings(
         preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
         swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
@@ -154,13 +155,15 @@ def pool_config(cfg: ExperimentConfig, pool: str) -> ExperimentConfig:
     return replace(cfg, cost_model=pool_cost_model(cfg, pool), policy=pool_policy(cfg, pool), cluster=cluster)
 
 
-def kv_blocks(cfg: ExperimentConfig, model, tp: int) -> int:
+def kv_blocks(cfg: ExperimentConfig, model, tp: int, cost_gpu: str | None = None) -> int:
+    """KV blocks per replica: the configured count, or 'auto' sized from the GPU (cluster.gpu, else the
+    cost model's) and TP."""
     kv_cfg = cfg.cluster.kv_cache
     if kv_cfg.num_blocks != "auto":
         return kv_cfg.num_blocks
     from cbsim.profiler.specs import gpu_spec, kv_cache_blocks
 
-    gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu")
+    gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu") or cost_gpu
     if gpu is None:
         raise ConfigError("cluster.kv_cache.num_blocks", "an integer, or 'auto' with a GPU (set cluster.gpu, or use "
                           "a cost model with a gpu)", "auto")

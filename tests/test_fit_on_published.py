@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from cbsim.api import load_cost_model, run_experiment
 from cbsim.profiler.costmodels.vidur import PROFILE_DIR
+from cbsim.profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.shape import StepShape
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fit_on_published.py"
 BOUND = 0.05
@@ -135,8 +138,14 @@ def test_budgets_and_probes_options(tmp_path):
         fop.main(["--budgets", "0,512"])
 
 
-def test_full_size_meets_the_mixed_targets_and_the_old_family_does_not(tmp_path):
-    report = fop.run(tmp_path, "full", seed=0, log=lambda *_: None)
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    return fop.run(out, "full", seed=0, log=lambda *_: None)
+
+
+def test_full_size_meets_the_mixed_targets_and_the_old_family_does_not(full):
+    report = full
     assert report.tile_selection["chosen"] == "128"
     oof = report.tile_selection["out_of_fold"]
     assert oof["128"]["rms"] < min(oof[t]["rms"] for t in ("none", "64", "256"))
@@ -145,3 +154,42 @@ def test_full_size_meets_the_mixed_targets_and_the_old_family_does_not(tmp_path)
     assert mixed["median_abs"] <= fop.TARGET_MEDIAN and mixed["p95_abs"] <= fop.TARGET_P95
     old = next(v for v in report.variants if v["variant"] == "format 1: one pair rate, no tile term")
     assert old["heldout"]["mixed"]["median_abs"] > fop.TARGET_MEDIAN  # the bound tells the families apart
+
+
+SHIPPED = "a100-llama-2-70b-tp2-published.json"
+
+
+def test_shipped_published_profile_is_this_benchmarks_fit(full):
+    """profiler/profiles/fitted/<SHIPPED> is `python benchmarks/fit_on_published.py`'s profile.json."""
+    shipped = json.loads((Path(fop.__file__).parents[1] / "profiler/profiles/fitted" / SHIPPED).read_text())
+    fresh = json.loads((full.out / "profile.json").read_text())
+    for key in ("format", "tile", "knots", "coefficients", "lm_head", "allreduce", "validation"):
+        assert close(shipped[key], fresh[key]), key
+
+
+def close(a, b) -> bool:
+    """Equal JSON values, numbers to 1e-9 relative (another BLAS may round the fit differently)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9, abs=1e-15)
+    return a == b
+
+
+def test_shipped_published_profile_runs_and_tracks_the_vidur_model():
+    fitted = load_cost_model({"type": "fitted", "profile": SHIPPED}, "llama-2-70b")
+    vidur = load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-70b", "tp": 2, "monotone": False},
+                            "llama-2-70b")
+    shapes = [StepShape(decode=(1000,) * 8, tokens_sampled=8), StepShape(prefill=((512, 0),), tokens_sampled=1),
+              StepShape(prefill=((400, 1000),), decode=(2000,) * 100, tokens_sampled=101)]
+    for shape in shapes:  # whole steps: layers x 80, all-reduce, LM head
+        assert fitted.step_time(shape) == pytest.approx(vidur.step_time(shape), rel=0.05)
+    res = run_experiment(Path(fop.__file__).parents[1] / "experiments/quickstart.yaml", overrides=[
+        "model=llama-2-70b", "cost_model={type: fitted, profile: %s}" % SHIPPED, "sim.cost_noise=true",
+        "workload.num_requests=60"])
+    assert res.summary["num_finished"] > 0 and res.config.cost_model["type"] == "fitted"
+    kv = res.config.cluster.kv_cache  # num_blocks auto: sized from the profile's GPU (A100) and TP (2)
+    expected = kv_cache_blocks(model_spec("llama-2-70b"), gpu_spec("a100"), 2, kv.block_size, kv.gpu_memory_utilization)
+    assert set(res.kv_blocks.values()) == {expected}
