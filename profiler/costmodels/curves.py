@@ -18,6 +18,9 @@ from bisect import bisect_right
 import numpy as np
 
 
+ROW_CACHE = 4096  # rows a Grid remembers for its vectorised path; cleared when full
+
+
 def upper_half_index(n: int) -> int:
     """Index of the knot that starts the upper-half secant of an n-knot table (0 when n <= 2)."""
     return max(0, (n - 1) // 2) if n > 2 else 0
@@ -116,7 +119,7 @@ class Grid:
     The vectorised path fixes `a` and varies `b` (a decode run: constant batch, growing context).
     """
 
-    __slots__ = ("a", "b", "z", "a_slopes", "a0", "b0", "_a", "_b", "_z", "_a_slopes", "_s")
+    __slots__ = ("a", "b", "z", "a_slopes", "a0", "b0", "_a", "_b", "_z", "_a_slopes", "_s", "_rows")
 
     def __init__(self, a, b, z):
         a = np.asarray(a, dtype=np.float64)
@@ -131,6 +134,7 @@ class Grid:
         self.a, self.b, self.z, self.a_slopes = a.tolist(), b.tolist(), z.tolist(), a_slopes.tolist()
         self.a0, self.b0 = self.a[0], self.b[0]
         self._s = float(slopes_of(b, z[-1])[-1]) / self.a[-1]
+        self._rows: dict[float, tuple[np.ndarray, np.ndarray]] = {}
 
     def _row_index(self, a: float) -> tuple[int, float]:
         """(row, offset) for a row between knots, or (-1, a / a_last) beyond the last row."""
@@ -162,10 +166,19 @@ class Grid:
 
     def many(self, a: float, b: np.ndarray) -> np.ndarray:
         """z(a, b[k]) for fixed a; element k equals `at(a, b[k])` exactly."""
+        row = self._rows.get(a)
+        if row is None:
+            row = self._rows[a] = self._row_at(a)
+        return interpolate_many(self._b, row[0], row[1], b)
+
+    def _row_at(self, a: float) -> tuple[np.ndarray, np.ndarray]:
+        """(values at the b knots, per-segment slopes) of the row at `a`: pure in a, so remembered
+        (a decode run's a is its batch size, which takes few values)."""
+        if len(self._rows) >= ROW_CACHE:
+            self._rows.clear()
         i, da = self._row_index(a)
         row = self._z[-1] * da if i < 0 else self._z[i] + da * self._a_slopes[i]
-        slopes = slopes_of(self._b, row, tail_slope=(a if a > self.a0 else self.a0) * self._s)
-        return interpolate_many(self._b, row, slopes, b)
+        return row, slopes_of(self._b, row, tail_slope=(a if a > self.a0 else self.a0) * self._s)
 
 
 class RaggedRows:
