@@ -7,9 +7,10 @@
 #    mismatch stops the job and is recorded in $OUT/metadata.json);
 # 3. profiles the h200-8b grid with the `torch` backend (Llama-3-8B, bf16, 4 rotated replicas) into
 #    $OUT/measurements.csv, each row flushed as measured, and stops cleanly once --seconds have passed
-#    since the run began. Held-out batches (--heldout FILE, written by the simulator; without it a
-#    random off-grid set is drawn into $OUT/heldout.jsonl) are spread through the run, so a cut run
-#    keeps some of them.
+#    since the run began. Held-out batches (--heldout FILE, written by the simulator; on the GPU the
+#    default is the committed profiler/heldout/h200-llama-3-8b.jsonl: sarathi and prefill_first steps,
+#    see profiler/heldout.py; on --cpu a random off-grid set is drawn into $OUT/heldout.jsonl) are
+#    spread through the run, so a cut run keeps some of them.
 # --cpu runs the same steps on the CPU with the tiny model and grid (the tests do this).
 # Needs python3 with torch and numpy; cbsim is imported from this checkout, not installed.
 set -euo pipefail
@@ -32,6 +33,9 @@ if [ "$cpu" = 1 ]; then
   set -- cpu "${model:-tiny}" tiny "${backend:-sdpa}" 1
 else
   nvidia-smi || true
+  if [ -z "$heldout" ] && [ -z "$model" ] && [ -f profiler/heldout/h200-llama-3-8b.jsonl ]; then
+    heldout=profiler/heldout/h200-llama-3-8b.jsonl  # simulated sarathi/prefill_first steps (profiler/heldout.py)
+  fi
   set -- cuda "${model:-llama-3-8b}" h200-8b "${backend:-torch}" 4
 fi
 

@@ -195,6 +195,13 @@ def test_the_h200_grid_is_sized_for_the_device_time():
     order, grid, _ = plan_batches(config, np.random.default_rng(0))
     assert 600 <= len(grid.batches) <= 1000
     assert estimate_seconds(order, layer_shape("llama-3-8b"), config, replicas=4) < 480 / 3
+    # with the committed held-out batches the GPU job measures beside the grid
+    config = ProfileConfig(out="unused", device="cuda", model="llama-3-8b", backend="torch", grid="h200-8b",
+                           batches=str(ROOT / "profiler" / "heldout" / "h200-llama-3-8b.jsonl"))
+    order, _, skipped = plan_batches(config, np.random.default_rng(0))
+    heldout = [b for b in order if b.source == "heldout"]
+    assert skipped == 0 and len(heldout) >= 100
+    assert estimate_seconds(order, layer_shape("llama-3-8b"), config, replicas=4) < 480 / 3
 
 
 def test_budget_and_tile_edge_batches():
