@@ -99,8 +99,10 @@ class BatchBuilder:
         self._take(req, num_tokens, target, max(extra, 0))
         return True
 
-    def schedule_decodes(self, running) -> None:
-        """One token for every running decode, in order, while budgets allow.
+    def schedule_decodes(self, running) -> list[Request]:
+        """One token for every running decode, in order, while budgets allow. Returns the requests
+        of `running` it did not take as decodes, in order (all of `running` if the budgets stopped
+        the scan), so a policy can continue prefills without scanning the decodes again.
 
         The hot path of every step, kept tight: a decode needs a new block only at a block
         boundary, and only a shortage takes the general (preempting) path.
@@ -109,13 +111,16 @@ class BatchBuilder:
         scheduled, epochs, blocks, out = self.scheduled, self.epochs, self.blocks, self._out
         room = min(self.seqs_left, self.tokens_left)
         taken = 0
+        others = []
         for req in running:
             if taken >= room:
-                break
+                self._commit_taken(taken)
+                return list(running)
             outputs = req.num_output_tokens
             computed = req.num_computed_tokens
             rid = req.id
             if not outputs or req.prompt_len + outputs - computed != 1 or rid in scheduled or rid in out:
+                others.append(req)
                 continue
             target = computed // block_size + 1  # blocks for computed + 1 tokens
             extra = target - req.num_blocks
@@ -132,6 +137,7 @@ class BatchBuilder:
             blocks[rid] = target
             taken += 1
         self._commit_taken(taken)
+        return others
 
     def _commit_taken(self, count: int) -> None:
         self.seqs_left -= count

@@ -121,9 +121,10 @@ def chunk_limit(dynamic: DynamicChunk | None, state: SchedulerState) -> Callable
     return lambda history: dynamic.limit(state, history)
 
 
-def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> None:
-    """One token for every running decode, oldest first, preempting others when KV runs short."""
-    b.schedule_decodes(running)
+def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> list[Request]:
+    """One token for every running decode, oldest first, preempting others when KV runs short.
+    Returns the running requests a prefill pass still has to look at (BatchBuilder.schedule_decodes)."""
+    return b.schedule_decodes(running)
 
 
 def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: PrefillLimit | None = None,

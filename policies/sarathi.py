@@ -45,10 +45,10 @@ class Sarathi(Policy):
     def schedule(self, state):
         cfg = self.config
         b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
-        fill_decodes(b, state.running)
+        others = fill_decodes(b, state.running)
         limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills,
                              cfg.long_prefill_token_threshold)
         chunk = chunk_limit(self.dynamic, state)
-        continue_prefills(b, state.running, limit, chunk=chunk)
+        continue_prefills(b, others, limit, chunk=chunk)
         admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk)
         return b.build()

@@ -41,8 +41,8 @@ class SplitFuse(Policy):
 
     def schedule(self, state):
         b = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
-        fill_decodes(b, state.running)
+        others = fill_decodes(b, state.running)
         chunk = chunk_limit(self.dynamic, state)
-        continue_prefills(b, state.running, chunk=chunk)
+        continue_prefills(b, others, chunk=chunk)
         admit_prefills(b, state.waiting, min_chunk=self.config.min_chunk, chunk_size=chunk)
         return b.build()
