@@ -207,9 +207,9 @@ class Replica:
                     self.handoff.committed(self, plan, end)
                 self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
             else:
-                ends, held = run
+                ends, final, extra = run
                 yield env.timeout(delay_to(env.now, float(ends[-1])))
-                self._commit_run(ends, held, plan.hold_finished)
+                self._commit_run(ends, final, extra, plan.hold_finished)
                 self._resume_at = float(ends[-1])  # the exact sum, whatever SimPy's clock rounded to
 
     # -- begin: what the step holds while it runs ---------------------------------------
@@ -431,7 +431,8 @@ class Replica:
 
     # -- fast-forward over identical decode steps ----------------------------------------
     def _fast_forward(self, plan, shape, start, duration, swap_bytes):
-        """(end times, KV blocks held) of 2+ identical decode steps from this one, or None to step once.
+        """(end times, blocks each request holds at the end, blocks held beyond the first step's) of 2+
+        identical decode steps from this one, or None to step once.
 
         The run ends with the first completion, before KV runs out, and before the first step
         that would start at or after the next outside event (an arrival). Cost models are monotone
@@ -450,33 +451,36 @@ class Replica:
             steps = min(steps, int((horizon - start) / duration) + 2)
         if steps < 2:
             return None
-        held = self._held_blocks(steps)
-        extra = held.sum(axis=1) - held[0].sum()
+        contexts, held = self._held_blocks(steps)
+        extra = held.sum(axis=1)
+        extra -= extra[0]
         steps = int(np.searchsorted(extra, self.kv.free_blocks, side="right"))
         if steps < 2:
             return None
-        contexts = np.fromiter(shape.decode, dtype=np.int64, count=len(shape.decode))
         durations = self.cost.decode_run_times(contexts, steps)
         durations[0] = duration
         ends = np.cumsum(np.concatenate(([start], durations)))[1:]
         # step j >= 2 starts at ends[j-2]; it may run only if that is before the next outside event
         runnable = 1 + int(np.searchsorted(ends[: steps - 1], horizon, side="left"))
-        return (ends[:runnable], held[:runnable]) if runnable >= 2 else None
+        return (ends[:runnable], held[runnable - 1], extra[:runnable]) if runnable >= 2 else None
 
-    def _held_blocks(self, steps: int) -> np.ndarray:
-        """[j, i]: KV blocks running request i holds after step j + 1 of a decode run (j = 0 is now)."""
+    def _held_blocks(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """(decode contexts of the running requests now, [j, i]: KV blocks running request i holds
+        after step j + 1 of a decode run, j = 0 being this step)."""
         running = self.running
         contexts = np.fromiter((r.num_computed_tokens + 1 for r in running), dtype=np.int64, count=len(running))
         reserved = np.fromiter((r.num_blocks for r in running), dtype=np.int64, count=len(running))
         growth = np.arange(steps, dtype=np.int64)
         needed = -(-(contexts[None, :] + growth[:, None]) // self.kv.block_size)
-        return np.maximum(needed, reserved[None, :])
+        return contexts, np.maximum(needed, reserved[None, :])
 
-    def _commit_run(self, ends: np.ndarray, held: np.ndarray, hold_finished: bool) -> None:
-        """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens."""
+    def _commit_run(self, ends: np.ndarray, final: np.ndarray, extra: np.ndarray, hold_finished: bool) -> None:
+        """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens;
+        `final`: the blocks each running request holds at the end, `extra[j]`: blocks held after step j
+        beyond those held in the first."""
         count = len(ends)
         running = self.running
-        used = self.kv.used_blocks + held.sum(axis=1) - held[0].sum()
+        used = self.kv.used_blocks + extra
         self.recorder.set_end(self.step, float(ends[0]))
         first = self.recorder.add_steps(
             replica=self.index, start=ends[:-1], end=ends[1:], prefill_tokens=0,
@@ -484,7 +488,7 @@ class Replica:
             preemptions=0, swap_bytes=0.0)
         last = first + count - 2
         token, grow, step, previous = self.recorder.token, self.kv.grow, self.step, self.prev_step
-        for req, blocks in zip(running, held[-1].tolist()):
+        for req, blocks in zip(running, final.tolist()):
             token(req, step, previous)
             req.num_output_tokens += count
             req.num_computed_tokens += count
