@@ -11,6 +11,7 @@ from cbsim.reference import embed
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
+PROFILES = ROOT / "profiler" / "profiles"
 
 TINY = {
     "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
@@ -69,6 +70,11 @@ def test_set_overrides_reach_the_run(tmp_path):
     ({"cluster": {"replicas": "two"}}, "cluster.replicas", "an integer"),
     ({"preemption": {"mode": "pause"}}, "preemption.mode", "recompute"),
     ({"colour": "blue"}, "colour", "one of the keys"),
+    ({"cost_model": {"type": "fitted", "profile": str(PROFILES / "vidur" / "a100-llama-2-70b-tp2.json")}},
+     "cost_model.profile", "has type 'vidur'"),
+    ({"cost_model": {"type": "vidur", "profile": str(PROFILES / "fitted" / "a100-llama-2-70b-tp2-published.json")}},
+     "cost_model.profile", "has type 'fitted'"),
+    ({"cost_model": {"type": "fitted", "profile": "no/such/profile.json"}}, "cost_model.profile", "an existing file"),
 ])
 def test_bad_input_names_file_key_and_expectation(tmp_path, change, key, expected):
     exp = write(tmp_path, {**TINY, **change})

@@ -100,6 +100,12 @@ class FittedCostModel(CostModel):
             raise ConfigError("profile", "an existing fitted profile JSON", str(path)) from None
         except json.JSONDecodeError as err:
             raise ConfigError("profile", f"valid JSON ({err})", str(path), file=str(path)) from None
+        if not isinstance(profile, dict) or profile.get("type") != "fitted":
+            got = profile.get("type") if isinstance(profile, dict) else type(profile).__name__
+            raise ConfigError("profile", f"a fitted profile (cbsim fit); {path} has type {got!r}", has_got=False)
+        if profile.get("format", 1) not in FORMATS:
+            raise ConfigError("profile", f"a profile of format {FORMATS} (refit with this cbsim); {path} has "
+                              f"format {profile.get('format')!r}", has_got=False)
         return cls(profile, source=str(path), **kwargs)
 
     # --- the one function of aggregates --------------------------------------------------

@@ -7,6 +7,8 @@ ModelSpec (cbsim.profiler.specs). `load_cost_model(mapping, model)` validates th
 """
 from __future__ import annotations
 
+from cbsim.errors import ConfigError
+
 from cbsim.registry import Registry
 from cbsim.schema import parse
 
@@ -24,4 +26,7 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
         from cbsim.profiler.specs import model_spec
 
         model = model_spec("llama-3-8b")
-    return cls.from_config(config, model)
+    try:
+        return cls.from_config(config, model)
+    except ConfigError as err:  # keys of the cost model's own section, named from the top
+        raise (err if err.path == path or err.path.startswith(path + ".") else err.under(path)) from None

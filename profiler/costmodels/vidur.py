@@ -107,6 +107,9 @@ class VidurCostModel(CostModel):
             raise ConfigError(key, "an existing vidur profile JSON", str(path)) from None
         except json.JSONDecodeError as err:
             raise ConfigError(key, f"valid JSON ({err})", str(path), file=str(path)) from None
+        if not isinstance(profile, dict) or profile.get("type") != "vidur":
+            got = profile.get("type") if isinstance(profile, dict) else type(profile).__name__
+            raise ConfigError(key, f"a vidur profile (cbsim vidur-convert); {path} has type {got!r}", has_got=False)
         return cls(profile, source=str(path), **kwargs)
 
     # --- the pieces -------------------------------------------------------------------------
