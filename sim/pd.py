@@ -37,8 +37,15 @@ Prefill replicas reserve a prompt's whole KV when they admit it (kv reserve_full
 prompt in progress can never run out of room because of KV held for hand-offs, so prefill
 replicas never preempt. A decode replica can: when reservations for incoming transfers take the
 room its lone running request needs, its plan only preempts, which costs no forward pass (see
-Replica._evict_only). Decode replicas step one by one (no fast-forward), because transfers land
-at times no replica can foresee.
+Replica._evict_only).
+
+Fast-forward: a decode replica advances a run of identical decode steps at once only if every step
+of the run ends before `PDCluster.horizon`, the earliest time anything outside could touch its cache
+or queue: another replica's step ending or a request becoming visible there (either may place a
+hand-off, reserving room on any decode replica), a hop ending (a landing, or a pool hop that places),
+an arrival. A reservation can take blocks mid-step, so, unlike a colocated replica's run (which only
+needs to start before the next arrival), the run must end before it. Prefill replicas never run pure
+decode steps and step one by one. tests/test_pd.py checks that runs equal stepping, bit for bit.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
 sim/prefix_cache.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated
@@ -61,9 +68,12 @@ A decode-side recompute re-admission hits that replica's cache (`readmit_hit_tok
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable, Sequence
 
 import simpy
@@ -142,6 +152,8 @@ class PDCluster:
         self.held = Counter()  # replica index -> hand-offs whose KV (or reserved room) sits there
         self.reserved_tokens = Counter()  # decode replica index -> decode tokens of requests on their way
         self.next_decode = 0
+        self._hop_ends: list[tuple] = []  # (end, booking order, its event) of hops; handled ones pruned lazily
+        self._hop_seq = itertools.count()
         for replica in self.prefill + self.decode:
             replica.handoff = self
 
@@ -165,6 +177,24 @@ class PDCluster:
             return (f"needs {replica.kv.blocks_for(total)} KV blocks on a decode replica, its cache has "
                     f"{replica.kv.num_blocks - replica.kv.watermark_blocks} usable")
         return replica.policy.reject_reason(req, replica.state)
+
+    def horizon(self, replica: Replica, next_arrival: float) -> float:
+        """The earliest time anything outside `replica` could touch its cache or queue: another
+        replica's step (or fast-forwarded run) ending, or a request becoming visible there (each may
+        reserve room on any decode replica), a hop ending (a landing, or a pool hop that places), an
+        arrival. A decode replica fast-forwards only through runs that end before it."""
+        hops = self._hop_ends
+        while hops and hops[0][2].processed:  # this hop's end has been handled
+            heapq.heappop(hops)
+        times = [next_arrival, hops[0][0] if hops else math.inf]
+        for other in self.prefill + self.decode:
+            if other is not replica:
+                if other.step_end is not None:
+                    times.append(other.step_end)
+                visible = other.next_visible()
+                if visible is not None:
+                    times.append(visible)
+        return min(times)
 
     def holds_kv(self, replica: Replica) -> bool:
         """Whether KV held for a hand-off (or room reserved for one) occupies `replica`'s cache."""
@@ -283,6 +313,7 @@ class PDCluster:
         rec.hops.append(transfer)
         event = UrgentTimeout(self.env, delay_to(self.env.now, transfer.end))
         event.callbacks.append(lambda _: then(rec, transfer.end))
+        heapq.heappush(self._hop_ends, (transfer.end, next(self._hop_seq), event))
 
     def _release_src(self, rec: HandOff, time: float) -> None:
         src = rec.src
@@ -311,13 +342,18 @@ def build_pd(env, recorder: Recorder, feed, prefill: PoolParts, decode: PoolPart
     the cluster joining them; nothing runs until the environment does."""
     replicas: list[Replica] = []
     for parts, role in ((prefill, "prefill"), (decode, "decode")):
-        pool_settings = replace(parts.settings, role=role, fast_forward=False)
+        # prefill replicas never run pure decode steps; decode replicas fast-forward between hand-off events
+        pool_settings = replace(parts.settings, role=role, fast_forward=parts.settings.fast_forward and role == "decode",
+                                runs_end_before_horizon=True)
         for _ in range(parts.replicas):
             kv = parts.make_kv()
             kv.reserve_full_prompt |= role == "prefill"  # a prompt never waits for room held by hand-offs
             replicas.append(Replica(env, len(replicas), parts.make_policy(), parts.cost, kv, recorder, pool_settings,
                                     lambda: feed.next_time, noise=parts.noise, pull=feed.deliver_until))
-    return replicas, PDCluster(env, replicas[:prefill.replicas], replicas[prefill.replicas:], settings)
+    cluster = PDCluster(env, replicas[:prefill.replicas], replicas[prefill.replicas:], settings)
+    for replica in replicas:
+        replica.horizon = partial(lambda r: cluster.horizon(r, feed.next_time), replica)
+    return replicas, cluster
 
 
 def simulate_pd(requests: Sequence[Request], prefill: PoolParts, decode: PoolParts, settings: PDSettings,

@@ -42,6 +42,9 @@ class ReplicaSettings:
     max_model_len: int = 8192
     fast_forward: bool = True
     max_fast_forward: int = 4096
+    # P/D decode side: an outside event (a reservation for a transfer) can take KV blocks mid-step,
+    # so a fast-forwarded run must end before the horizon, not merely start before it
+    runs_end_before_horizon: bool = False
     record_shapes: bool = False  # keep every step's shape (held-out batches for the profiler)
     role: str = "colocated"  # colocated | prefill | decode (a replica of a P/D pool, see sim/pd.py)
     max_predicted_ttft: float | None = None  # early admission control (sim/admission.py); None: admit all
@@ -78,6 +81,7 @@ class Replica:
         self.landed: deque[tuple[float, Request]] = deque()  # P/D decode side: KV arrived, not yet visible
         self.preemption_log: list[tuple] = []  # (time, replica, request, mode, recomputed tokens, swapped bytes)
         self._step_start = 0.0
+        self.step_end: float | None = None  # end of the step (or fast-forwarded run) in progress, if any
         self._swap_out_booked = 0.0  # bytes this step's victims swap out (already on the host link)
         self._wake = None
         self._resume_at = None
@@ -137,7 +141,7 @@ class Replica:
         yield self._wake
         self._wake = None
 
-    def _next_visible(self) -> float | None:
+    def next_visible(self) -> float | None:
         """When the earliest request routed or landed here, but not yet visible, becomes visible."""
         times = [self.incoming[0].arrival] if self.incoming else []
         if self.landed:
@@ -163,7 +167,7 @@ class Replica:
             if self.landed:
                 self._take_landed(start)
             if not self.waiting and not self.running:
-                later = self._next_visible()
+                later = self.next_visible()
                 if later is not None:  # routed or landed, but a hair later than this clock
                     yield env.timeout(delay_to(env.now, later))
                     continue
@@ -176,7 +180,7 @@ class Replica:
                 if self.handoff is None or not self.handoff.holds_kv(self):
                     raise SchedulerStuck(self._stuck_message())
                 # P/D: KV held for a transfer leaves no room; its release (or a new request) wakes us
-                later = self._next_visible()
+                later = self.next_visible()
                 if later is None:
                     yield from self._sleep()
                 else:
@@ -200,17 +204,18 @@ class Replica:
                 self.handoff.began(self, plan, start)
             run = self._fast_forward(plan, shape, start, duration, swap_bytes)
             if run is None:
-                end = start + duration
+                end = self.step_end = start + duration
                 yield env.timeout(delay_to(env.now, end))
                 self.commit(plan, end)
-                if self.handoff is not None:
-                    self.handoff.committed(self, plan, end)
-                self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
             else:
                 ends, final, extra = run
-                yield env.timeout(delay_to(env.now, float(ends[-1])))
+                end = self.step_end = float(ends[-1])
+                yield env.timeout(delay_to(env.now, end))
                 self._commit_run(ends, final, extra, plan.hold_finished)
-                self._resume_at = float(ends[-1])  # the exact sum, whatever SimPy's clock rounded to
+            self.step_end = None
+            if self.handoff is not None:  # after a run too: its last step's room counts, as after one step
+                self.handoff.committed(self, plan, end)
+            self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
 
     # -- begin: what the step holds while it runs ---------------------------------------
     def begin(self, plan: StepPlan, now: float) -> tuple[StepShape, float]:
@@ -336,8 +341,9 @@ class Replica:
         swapped = sum(self._preempt(self.by_id[rid]) for rid in plan.preempted)
         self.state.running = [r for r in self.running if r.status == Status.RUNNING]
         if swapped:
-            self._resume_at = start + swapped / self.settings.swap_bandwidth
+            self._resume_at = self.step_end = start + swapped / self.settings.swap_bandwidth
             yield self.env.timeout(delay_to(self.env.now, self._resume_at))
+            self.step_end = None
 
     def _book_swap_ins(self, start: float, swap_bytes: float) -> None:
         """Put the step's swap-ins on the host link (its swap-outs were booked as they were decided)."""
@@ -460,8 +466,10 @@ class Replica:
         durations = self.cost.decode_run_times(contexts, steps)
         durations[0] = duration
         ends = np.cumsum(np.concatenate(([start], durations)))[1:]
-        # step j >= 2 starts at ends[j-2]; it may run only if that is before the next outside event
-        runnable = 1 + int(np.searchsorted(ends[: steps - 1], horizon, side="left"))
+        if self.settings.runs_end_before_horizon:  # every step of the run ends before the next outside event
+            runnable = int(np.searchsorted(ends, horizon, side="left"))
+        else:  # step j >= 2 starts at ends[j-2]; it may run only if that is before the next outside event
+            runnable = 1 + int(np.searchsorted(ends[: steps - 1], horizon, side="left"))
         return (ends[:runnable], held[runnable - 1], extra[:runnable]) if runnable >= 2 else None
 
     def _held_blocks(self, steps: int) -> tuple[np.ndarray, np.ndarray]:

@@ -62,12 +62,13 @@ def check_kv_places(replicas, cluster) -> None:
 
 def run_pd(specs, *, prefill_policy=None, decode_policy=None, prefill_replicas=1, decode_replicas=1,
            prefill_blocks=1000, decode_blocks=1000, block_size=4, link=None, cost=None, preemption="recompute",
-           watermark=0, check=False):
+           watermark=0, check=False, fast_forward=True):
     """Simulate a P/D cluster on CPU (unit cost unless `cost`); with `check`, every plan of every
     replica is preceded by check_kv_places."""
     reqs = make_requests(specs)
     cost_model = load_cost_model(cost or {"type": "unit"})
-    settings = ReplicaSettings(preemption_mode=preemption, max_model_len=10_000, swap_bandwidth=1e9)
+    settings = ReplicaSettings(preemption_mode=preemption, max_model_len=10_000, swap_bandwidth=1e9,
+                               fast_forward=fast_forward)
     default = {"name": "sarathi", "token_budget": 32}
     prefill = PoolParts(prefill_replicas, lambda: make_policy(prefill_policy or default), cost_model,
                         lambda: KVCache(prefill_blocks, block_size, watermark, False, 1.0), settings)
@@ -304,3 +305,41 @@ def test_a_whole_prompt_prefill_policy_judges_only_the_prompt():
     # prefill_first without chunks needs prompt + output - 1 <= budget colocated; a prefill replica only the prompt
     reqs, _, _, _ = run_pd([(0, 30, 20)], prefill_policy={"name": "prefill_first", "token_budget": 32})
     assert reqs[0].status == Status.FINISHED
+
+
+def outcome(reqs, recorder, cluster) -> tuple:
+    """Everything a run produced: step rows, token runs, request times, hand-off times and hops."""
+    requests = [(r.id, r.status, r.replica, r.first_token_time, r.completion_time, r.num_preemptions,
+                 r.first_scheduled) for r in reqs]
+    handoffs = [(rid, rec.prefilled, rec.reserved, rec.released_src, rec.in_pool, rec.landed, rec.decode_admitted,
+                 rec.cached_on_decode, [(h.link, h.start, h.end, h.nbytes) for h in rec.hops])
+                for rid, rec in sorted(cluster.records.items())]
+    steps = {name: column.tolist() for name, column in recorder.step_table().items()}
+    runs = {name: column.tolist() for name, column in recorder.run_table().items()}
+    return requests, handoffs, steps, runs
+
+
+@given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
+def test_pd_fast_forward_changes_nothing(rows, prefill_policy, decode_policy, cluster, link):
+    """Decode replicas advance runs of identical decode steps at once, up to the next hand-off
+    event anywhere in the cluster; the result equals stepping one by one, bit for bit."""
+    specs = to_specs(rows)
+    on = run_pd(specs, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link, **cluster)
+    off = run_pd(specs, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link, fast_forward=False,
+                 **cluster)
+    assert outcome(on[0], on[1], on[3]) == outcome(off[0], off[1], off[3])
+
+
+def test_decode_replicas_fast_forward_between_hand_offs(monkeypatch):
+    from cbsim.policies.sarathi import Sarathi
+
+    plans = []
+    schedule = Sarathi.schedule
+    monkeypatch.setattr(Sarathi, "schedule", lambda self, state: plans.append(1) or schedule(self, state))
+    counts = {}
+    for fast in (True, False):
+        plans.clear()
+        reqs, recorder, _, _ = run_pd([(0, 8, 200), (0, 8, 150), (100, 8, 50)], fast_forward=fast)
+        counts[fast] = (len(plans), recorder.num_steps)
+    assert counts[True][1] == counts[False][1] > 150  # the same steps...
+    assert counts[True][0] < counts[False][0] / 10  # ...planned in far fewer calls

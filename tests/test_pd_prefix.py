@@ -36,7 +36,7 @@ from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
 from factories import run_pd_cluster
 from test_invariants_prefix import MAX_MODEL_LEN, check_tree, to_requests
-from test_pd import LINKS
+from test_pd import LINKS, outcome
 from test_prefix import chain_requests, run_prefix
 
 MAX_TIME = 5_000.0  # far beyond any run below: a request left unfinished at this time is a deadlock
@@ -44,11 +44,12 @@ MAX_TIME = 5_000.0  # far beyond any run below: a request left unfinished at thi
 
 def run_pd(requests, *, prefill_policy=None, decode_policy=None, prefill_replicas=1, decode_replicas=1,
            prefill_blocks=200, decode_blocks=200, block_size=16, hash_block_size=16, decode_prefix=True,
-           link=None, cost=None, preemption="recompute", watermark=0, check=False):
+           link=None, cost=None, preemption="recompute", watermark=0, check=False, fast_forward=True):
     """Simulate a P/D cluster with prefix caching on the prefill pool (and on the decode pool unless
     `decode_prefix` is False), unit cost unless `cost`; bounded by MAX_TIME."""
     cost_model = load_cost_model(cost or {"type": "unit"})
-    replica_settings = ReplicaSettings(preemption_mode=preemption, max_model_len=10_000, swap_bandwidth=1e9)
+    replica_settings = ReplicaSettings(preemption_mode=preemption, max_model_len=10_000, swap_bandwidth=1e9,
+                                       fast_forward=fast_forward)
     default = {"name": "sarathi", "token_budget": 32}
 
     def kv(blocks, prefix):
@@ -305,6 +306,11 @@ def test_pd_prefix_invariants(specs, prefill_policy, decode_policy, cluster, lin
     recorder, replicas, pd = run_pd(requests, prefill_policy=prefill_policy, decode_policy=decode_policy,
                                     link=link, check=True, **cluster)
     check_end(requests, recorder, replicas, pd, cluster["prefill_replicas"])
+    # decode replicas fast-forward (the default above); stepping one by one gives the same run
+    stepped = to_requests(specs, cluster["hash_block_size"])
+    again = run_pd(stepped, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link,
+                   fast_forward=False, **cluster)
+    assert outcome(requests, recorder, pd) == outcome(stepped, again[0], again[2])
 
 
 # ---------------------------------------------------------------- through the experiment API
