@@ -38,7 +38,7 @@ WORKLOADS = st.lists(
     st.tuples(st.floats(0, 6, allow_nan=False), st.integers(1, 160), st.integers(1, 40), st.integers(0, 2)),
     min_size=1, max_size=18)
 
-ENGINE = st.fixed_dictionaries({
+ENGINE_FIELDS = {  # the engine knobs drawn per example (the prefix suite adds its own)
     "num_blocks": st.integers(4, 120),
     "block_size": st.sampled_from([1, 4, 16]),
     "watermark_blocks": st.integers(0, 2),
@@ -47,7 +47,8 @@ ENGINE = st.fixed_dictionaries({
     "cost": st.sampled_from([{"type": "unit"}, {"type": "linear", "base": 0.01, "per_token": 0.001,
                                                   "per_seq": 0.0005, "per_kv_token": 1e-5}]),
     "reserve_full_prompt": st.booleans(),
-})
+}
+ENGINE = st.fixed_dictionaries(ENGINE_FIELDS)
 
 
 def to_requests(specs):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cbsim.sim.request import Request, Status
 from cbsim.workloads.prefixes import content_id, hash_chain
 
-from test_invariants import CHUNKED_ONLY, ORCA, PREFILL_FIRST, SPLITFUSE, STATIC
+from test_invariants import CHUNKED_ONLY, ENGINE_FIELDS, ORCA, PREFILL_FIRST, SPLITFUSE, STATIC
 from test_prefix import chain, run_prefix
 
 ORDERS = ["fcfs", "lpm", "dfs_weight", "lof", "random", "priority", "routing_key", "sjf", "edf"]
@@ -47,15 +47,9 @@ SPECS = st.lists(st.tuples(st.floats(0, 4, allow_nan=False), st.integers(0, 1), 
                  min_size=1, max_size=16)
 
 ENGINE = st.fixed_dictionaries({
+    **ENGINE_FIELDS,
     "num_blocks": st.integers(8, 120),
-    "block_size": st.sampled_from([1, 4, 16]),
     "hash_block_size": st.sampled_from([2, 4, 8, 16, 32]),
-    "watermark_blocks": st.integers(0, 2),
-    "preemption": st.sampled_from(["recompute", "swap"]),
-    "victim": st.sampled_from(["last_admitted", "lowest_priority"]),
-    "cost": st.sampled_from([{"type": "unit"}, {"type": "linear", "base": 0.01, "per_token": 0.001,
-                                                  "per_seq": 0.0005, "per_kv_token": 1e-5}]),
-    "reserve_full_prompt": st.booleans(),
     "prefix_caching": st.sampled_from([True, True, False]),  # off: sglang and dynamic chunks without a cache
 })
 
