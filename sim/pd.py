@@ -180,9 +180,10 @@ class PDCluster:
 
     def horizon(self, replica: Replica, next_arrival: float) -> float:
         """The earliest time anything outside `replica` could touch its cache or queue: another
-        replica's step (or fast-forwarded run) ending, or a request becoming visible there (each may
-        reserve room on any decode replica), a hop ending (a landing, or a pool hop that places), an
-        arrival. A decode replica fast-forwards only through runs that end before it."""
+        replica's step (or fast-forwarded run) ending or starting now (woken at this instant), or a
+        request becoming visible there (each may reserve room on any decode replica), a hop ending
+        (a landing, or a pool hop that places), an arrival. A decode replica fast-forwards only
+        through runs that end before it."""
         hops = self._hop_ends
         while hops and hops[0][2].processed:  # this hop's end has been handled
             heapq.heappop(hops)
@@ -191,6 +192,8 @@ class PDCluster:
             if other is not replica:
                 if other.step_end is not None:
                     times.append(other.step_end)
+                elif other.woken:  # its step starts now and may end before any run of ours
+                    times.append(self.env.now)
                 visible = other.next_visible()
                 if visible is not None:
                     times.append(visible)

@@ -136,6 +136,11 @@ class Replica:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
+    @property
+    def woken(self) -> bool:
+        """Woken from its sleep but not resumed yet: it plans at this instant."""
+        return self._wake is not None and self._wake.triggered
+
     def _sleep(self):
         self._wake = self.env.event()
         yield self._wake

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cbsim.api import run_experiment
@@ -319,7 +319,19 @@ def outcome(reqs, recorder, cluster) -> tuple:
     return requests, handoffs, steps, runs
 
 
+# A prefill replica woken at the instant a decode run was planned: its step ends with the run's first one
+WOKEN_AT_RUN_START = dict(
+    rows=[(0.0, 3, 7), (0.0, 8, 9), (0.0, 1, 9), (1.0, 20, 4), (4.0, 30, 2), (0.0, 29, 1)],
+    prefill_policy={"name": "sarathi", "token_budget": 16},
+    decode_policy={"name": "orca", "kv_reservation": "paged", "max_num_seqs": 3},
+    cluster={"prefill_replicas": 1, "decode_replicas": 1, "decode_blocks": 23, "prefill_blocks": 16, "watermark": 1,
+             "preemption": "recompute", "cost": {"type": "unit"}},
+    link=PDSettings(link_mode="p2p", latency=0.25, bandwidth=40.0, lanes=1, pool_bandwidth=25.0,
+                    first_token_on="prefill", decode_router="round_robin", bytes_per_token=1.0))
+
+
 @given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
+@example(**WOKEN_AT_RUN_START)
 def test_pd_fast_forward_changes_nothing(rows, prefill_policy, decode_policy, cluster, link):
     """Decode replicas advance runs of identical decode steps at once, up to the next hand-off
     event anywhere in the cluster; the result equals stepping one by one, bit for bit."""
