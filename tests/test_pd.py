@@ -182,10 +182,15 @@ CLUSTERS = st.fixed_dictionaries({
     "preemption": st.sampled_from(["recompute", "swap", "auto"]),
     "cost": st.sampled_from([{"type": "unit"}, {"type": "linear", "base": 0.01, "per_token": 0.001}]),
 })
-LINKS = st.builds(lambda mode, lanes, first, router, latency: PDSettings(
-    link_mode=mode, latency=latency, bandwidth=40.0, lanes=lanes, pool_bandwidth=25.0, first_token_on=first,
-    decode_router=router, bytes_per_token=1.0),
-    st.sampled_from(["p2p", "pool"]), st.integers(1, 2), st.sampled_from(["prefill", "decode"]),
+
+
+def make_link(mode, lanes, first, router, latency) -> PDSettings:
+    return PDSettings(link_mode=mode, latency=latency, bandwidth=40.0, lanes=lanes, pool_bandwidth=25.0,
+                      first_token_on=first, decode_router=router, bytes_per_token=1.0)
+
+
+LINKS = st.builds(
+    make_link, st.sampled_from(["p2p", "pool"]), st.integers(1, 2), st.sampled_from(["prefill", "decode"]),
     st.sampled_from(["round_robin", "least_loaded", "prefix_affinity"]), st.sampled_from([0.0, 0.25, 1.0]))
 
 
@@ -326,8 +331,7 @@ WOKEN_AT_RUN_START = dict(
     decode_policy={"name": "orca", "kv_reservation": "paged", "max_num_seqs": 3},
     cluster={"prefill_replicas": 1, "decode_replicas": 1, "decode_blocks": 23, "prefill_blocks": 16, "watermark": 1,
              "preemption": "recompute", "cost": {"type": "unit"}},
-    link=PDSettings(link_mode="p2p", latency=0.25, bandwidth=40.0, lanes=1, pool_bandwidth=25.0,
-                    first_token_on="prefill", decode_router="round_robin", bytes_per_token=1.0))
+    link=make_link("p2p", 1, "prefill", "round_robin", 0.25))
 
 
 @given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
