@@ -194,12 +194,57 @@ class ExperimentConfig:
         return data
 
 
+MAX_DEPTH = 64  # deepest YAML nesting accepted (experiment files use fewer than 10 levels)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses duplicate keys and nesting deeper than MAX_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise ConfigError("<file>", f"YAML nested at most {MAX_DEPTH} levels deep (line {mark.line + 1} "
+                                  "is deeper)", has_got=False)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: PyYAML reports it below
+                continue
+            if repeated:
+                raise ConfigError(str(key), f"each key once per mapping (line {key_node.start_mark.line + 1} "
+                                  "repeats it)", has_got=False)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str):
+    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("<file>", "an existing YAML file", str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError("<file>", f"UTF-8 text (byte {err.start} is not)", has_got=False, file=str(path)) from None
+    except OSError as err:
+        raise ConfigError("<file>", "a readable file", str(err), file=str(path)) from None
+    except ConfigError as err:
+        raise err.in_file(str(path)) from None
     except yaml.YAMLError as err:
         raise ConfigError("<file>", f"valid YAML ({err})".replace("\n", " "), has_got=False, file=str(path))
     if not isinstance(data, dict):
@@ -214,7 +259,11 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
         if "=" not in item:
             raise ConfigError("--set", "key.path=value", item)
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw)
+        try:
+            value = parse_yaml(raw)
+        except (yaml.YAMLError, ConfigError) as err:
+            problem = getattr(err, "problem", None) or getattr(err, "expected", None) or "invalid"
+            raise ConfigError(f"--set {key.strip()}", f"a YAML value ({problem})", raw) from None
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
