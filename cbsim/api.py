@@ -245,12 +245,29 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator):
     return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
 
 
+def client_frontend(cfg: ExperimentConfig, requests):
+    """(engine, client arrivals or None, requests in scheduler-arrival order): with an engine front
+    end, each request reaches the scheduler later than the client sent it (sim/client_view.py)."""
+    from cbsim.profiler.costmodels.registry import engine_of
+    from cbsim.sim.client_view import shift_arrivals
+
+    try:
+        engine = engine_of(cfg.cost_model)
+    except ConfigError as err:
+        raise err.in_file(cfg.source) if cfg.source else err
+    if not engine.has_frontend:
+        return engine, None, requests
+    client = shift_arrivals(requests, engine.terms)
+    return engine, client, sorted(requests, key=lambda r: r.arrival)
+
+
 def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> Results:
     """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
 
     Writes the output folder when `out_dir` is given or the config's `output.dir` is set.
     """
     from cbsim.sim import metrics
+    from cbsim.sim.client_view import client_view
     from cbsim.workloads import build_requests, parse_workload
 
     cfg = load_config(config, overrides)
@@ -260,11 +277,14 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         requests = build_requests(parse_workload(cfg.workload, "workload"), rng, base_dir)
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
+    frontend, client_arrival, in_order = client_frontend(cfg, requests)
     started = time.perf_counter()
-    recorder, pool, pools, cluster = _simulate(cfg, requests, rng)
+    recorder, pool, pools, cluster = _simulate(cfg, in_order, rng)
     wall = time.perf_counter() - started
     steps = metrics.step_frame(recorder)
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
+    if client_arrival is not None:
+        table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
     itl = metrics.itl_distribution(recorder, requests, steps)
     summary = metrics.summarize(table, steps, recorder, cfg.metrics, itl=itl)
     preemptions = metrics.preemption_frame(pool)

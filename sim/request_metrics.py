@@ -86,7 +86,7 @@ def _short_p(arrival, completion, finished, long_mask, rejected) -> np.ndarray:
     return out
 
 
-def _meets_slo(frame: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
+def meets_slo(frame: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
     """Finished, and within every objective set; an undefined TPOT or ITL (one token) passes."""
     ok = (frame["status"] == "finished").to_numpy().copy()
     if slo.ttft is not None:
@@ -140,5 +140,5 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
         "short_p": _short_p(arrival, completion, finished, long_mask, rejected),
         "reject_reason": [r.reject_reason for r in requests],
     }, copy=False)
-    frame["meets_slo"] = _meets_slo(frame, config.slo)
+    frame["meets_slo"] = meets_slo(frame, config.slo)
     return frame

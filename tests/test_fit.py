@@ -20,7 +20,7 @@ from cbsim.errors import ConfigError
 from cbsim.profiler import features
 from cbsim.profiler.costcheck import costcheck, error_table
 from cbsim.profiler.costmodels.fitted import FittedCostModel
-from cbsim.profiler.costmodels.cpu_overhead import CpuOverhead
+from cbsim.profiler.costmodels.engine import Engine, EngineTerms
 from cbsim.profiler.costmodels.curves import Curve
 from cbsim.profiler.costmodels.registry import load_cost_model
 from cbsim.profiler.fit import fit_profile, load_measurements, parse_tiles, select_graph, write_profile
@@ -39,6 +39,11 @@ STEP_PADDED = [0.0, 5e-8, 1.5e-7, 1.8e-7]  # segment 0 ends at 64 <= the tile: n
 TRUE_LM = (2e-5, 1e-7)
 NOISE = 0.02
 LAYERS = 32
+
+
+def host_engine(per_step, per_seq, overlap):
+    """An engine of host terms only (the former CpuOverhead)."""
+    return Engine(EngineTerms(host_per_step_s=per_step, host_per_seq_s=per_seq, overlap=overlap), "test")
 
 
 def ramp(t: float, slopes) -> float:
@@ -335,7 +340,7 @@ def test_decode_runs_are_bit_identical(request, which, overlap):
     prof = dict(request.getfixturevalue(which)["profile"])
     prof["allreduce"] = {"kind": "analytic", "num_workers": 2, "per_layer": 2, "bytes_per_token": 8192,
                          "bus_bandwidth": 2e11, "latency_s": 1e-5}
-    model = FittedCostModel(prof, cpu_overhead=CpuOverhead(8e-4, 4e-5, overlap))
+    model = FittedCostModel(prof, engine=host_engine(8e-4, 4e-5, overlap))
     assert model.tile == (TILE if which == "stepped" else None)
     rng = np.random.default_rng(3)
     for n in (1, 7, 64, 128, 129, 300):
@@ -377,11 +382,11 @@ def test_format_1_profiles_give_the_numbers_they_gave(synthetic):
 def test_cpu_overhead_adds_or_overlaps(synthetic):
     shape = StepShape.from_batch([], [500] * 4)
     gpu = FittedCostModel(synthetic["profile"]).step_time(shape)
-    serial = FittedCostModel(synthetic["profile"], cpu_overhead=CpuOverhead(1e-3, 1e-4, False)).step_time(shape)
+    serial = FittedCostModel(synthetic["profile"], engine=host_engine(1e-3, 1e-4, False)).step_time(shape)
     assert serial == pytest.approx(gpu + 1e-3 + 4e-4)
-    hidden = FittedCostModel(synthetic["profile"], cpu_overhead=CpuOverhead(1e-3, 1e-4, True)).step_time(shape)
+    hidden = FittedCostModel(synthetic["profile"], engine=host_engine(1e-3, 1e-4, True)).step_time(shape)
     assert hidden == pytest.approx(max(gpu, 1.4e-3))
-    exposed = FittedCostModel(synthetic["profile"], cpu_overhead=CpuOverhead(1.0, 0.0, True)).step_time(shape)
+    exposed = FittedCostModel(synthetic["profile"], engine=host_engine(1.0, 0.0, True)).step_time(shape)
     assert exposed == 1.0
 
 
@@ -413,7 +418,7 @@ def test_registry_config_and_errors(synthetic, tmp_path):
     model = load_cost_model({"type": "fitted", "profile": str(synthetic["path"]), "num_layers": 2,
                              "cpu_overhead": {"preset": "vidur-a100-tp1", "overlap": True}}, model=object())
     assert isinstance(model, FittedCostModel) and model.num_layers == 2
-    assert model.cpu.per_step == pytest.approx(0.790e-3) and model.cpu.overlap
+    assert model.engine.terms.host_per_step_s == pytest.approx(0.790e-3) and model.engine.terms.overlap
     assert model.describe()["type"] == "fitted"
     with pytest.raises(ConfigError, match="profile"):
         load_cost_model({"type": "fitted", "profile": str(tmp_path / "nope.json")}, model=object())

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cbsim.errors import ConfigError
 from cbsim.profiler import vidur_data
-from cbsim.profiler.costmodels.cpu_overhead import CpuOverhead
+from cbsim.profiler.costmodels.engine import Engine, EngineTerms
 from cbsim.profiler.costmodels.curves import Curve, Grid, isotonic, isotonic_table
 from cbsim.profiler.costmodels.registry import load_cost_model
 from cbsim.profiler.costmodels.vidur import VidurCostModel, normalise_model_name, shipped_profiles
@@ -27,6 +27,11 @@ needs_data = pytest.mark.skipif(not (DATA / "data" / "profiling").is_dir(), reas
 SHIPPED = vidur_data.shipped_dir()
 REQUIRED = ["a100-llama-2-70b-tp2", "a100-llama-2-7b-tp1", "h100-llama-2-7b-tp1", "a100-llama-3-8b-tp1",
             "h100-llama-3-8b-tp1"]
+
+
+def host_engine(per_step, per_seq, overlap):
+    """An engine of host terms only (the former CpuOverhead)."""
+    return Engine(EngineTerms(host_per_step_s=per_step, host_per_seq_s=per_seq, overlap=overlap), "test")
 
 
 def model_of(name: str, **kw) -> VidurCostModel:
@@ -101,7 +106,7 @@ def test_monotone_in_tokens_context_and_batch(name):
 @pytest.mark.parametrize("name", ["a100-llama-2-70b-tp2", "h100-llama-3-8b-tp1"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_decode_runs_are_bit_identical(name, overlap):
-    model = model_of(name, cpu_overhead=CpuOverhead(1.4e-3, 43.5e-6, overlap))
+    model = model_of(name, engine=host_engine(1.4e-3, 43.5e-6, overlap))
     rng = np.random.default_rng(1)
     for n in (1, 5, 128, 200):
         ctx = rng.integers(1, 9000, n)
@@ -118,7 +123,7 @@ def test_step_composition():
     gpu = model.step_time(shape)
     assert gpu > 80 * (layer + comm)  # plus embedding and LM head
     assert gpu < 80 * (layer + comm) * 1.02
-    with_cpu = model_of("a100-llama-2-70b-tp2", cpu_overhead=CpuOverhead(1e-3, 1e-5, False))
+    with_cpu = model_of("a100-llama-2-70b-tp2", engine=host_engine(1e-3, 1e-5, False))
     assert with_cpu.step_time(shape) == pytest.approx(gpu + 1e-3 + 9e-5)
 
 

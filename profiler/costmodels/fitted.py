@@ -2,7 +2,7 @@
 
     layer  = g(T) + gp(Tp) + a1 P + a1h Ph + a1n Pn + a2 Kp + b1 Kd + b2 n_dec + b3 n_pref + k  (features.py)
     gpu    = L (layer + allreduce(T)) + lm_head(rows) + step_overhead
-    step   = gpu + cpu, or max(gpu, cpu) with overlap                                     (cpu_overhead.py)
+    step   = the serving engine around the kernels: host work, launches, overlap             (engine.py)
 
 Profile formats: 2 (profiler/fit.py now) fits the tile step gp(Tp) (absent when its `tile` is
 null) and the split pair rates a1h, a1n, with a1 = 0; 1 had one pair rate a1 and no tile, so
@@ -22,6 +22,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from cbsim.sim.shape import StepShape
 from ..features import (PADDED_PREFIX, aggregates, padded_segments, padded_tokens, ramp_values_at_knots,
                         segment_name)
 from .allreduce import AllReduce
-from .cpu_overhead import CpuOverhead, CpuOverheadConfig
+from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve
 from .registry import register_cost_model
 
@@ -49,7 +50,9 @@ class FittedCostModel(CostModel):
                               "shipped profiles folder")
         num_layers: int | None = option(None, help="decoder layers; default: the profile's")
         step_overhead: float | None = option(None, help="seconds added per step on the GPU side; default: the profile's")
-        cpu_overhead: CpuOverheadConfig = option(CpuOverheadConfig(), help="host-side step overhead")
+        engine: Any = engine_option()
+        cpu_overhead: CpuOverheadConfig | None = option(None, help="the older form of the engine's host terms "
+                                                        "(kept for old configs; use engine:)")
 
         def validate(self) -> None:
             require(self.num_layers is None or self.num_layers >= 1, "num_layers", "an integer >= 1", self.num_layers)
@@ -57,7 +60,7 @@ class FittedCostModel(CostModel):
                     self.step_overhead)
 
     def __init__(self, profile: dict, *, num_layers: int | None = None, step_overhead: float | None = None,
-                 cpu_overhead: CpuOverhead = CpuOverhead(), source: str = ""):
+                 engine: Engine = NO_ENGINE, source: str = ""):
         if profile.get("type") != "fitted":
             raise ValueError(f"{source or 'profile'} is not a fitted profile (type {profile.get('type')!r})")
         if profile.get("format", 1) not in FORMATS:
@@ -65,8 +68,9 @@ class FittedCostModel(CostModel):
                              f"formats {FORMATS}")
         self.profile = profile
         self.source = source
-        self.cpu = cpu_overhead
         self.num_layers = int(num_layers or profile["num_layers"])
+        self.engine = engine
+        self._engine = engine.bind(self.num_layers, int(profile.get("tp") or 1))
         self.step_overhead = float(profile["step_overhead"] if step_overhead is None else step_overhead)
         coef = profile["coefficients"]
         knots = profile["knots"]
@@ -88,7 +92,7 @@ class FittedCostModel(CostModel):
     def from_config(cls, config: "FittedCostModel.Config", model=None) -> "FittedCostModel":
         return cls.from_file(resolve_profile(config.profile), num_layers=config.num_layers,
                              step_overhead=config.step_overhead,
-                             cpu_overhead=CpuOverhead.from_config(config.cpu_overhead))
+                             engine=resolve_engine(config.engine, config.cpu_overhead))
 
     @classmethod
     def from_file(cls, path, **kwargs) -> "FittedCostModel":
@@ -136,14 +140,14 @@ class FittedCostModel(CostModel):
         return self._gpu(*aggregates(shape), shape.tokens_sampled)
 
     def step_time(self, shape: StepShape) -> float:
-        return self.cpu.combine(self._gpu(*aggregates(shape), shape.tokens_sampled), shape.num_seqs)
+        return self._engine.step_of(self._gpu(*aggregates(shape), shape.tokens_sampled), shape)
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.int64)
         n = len(contexts)
         kd = int(contexts.sum()) + n * np.arange(steps, dtype=np.int64)
         gpu = self._gpu(n, 0.0, 0, 0, 0, kd, n, 0, n)
-        return self.cpu.combine_many(gpu, n)
+        return self._engine.step_many(gpu, n)
 
     def _quantile(self, p: float) -> float:
         """Residual quantile (log space) at probability p, linear between stored probabilities."""
@@ -159,7 +163,7 @@ class FittedCostModel(CostModel):
         gpu = self.gpu_time(shape)
         lo = gpu * math.exp(self._quantile((1 - q) / 2))
         hi = gpu * math.exp(self._quantile((1 + q) / 2))
-        return self.cpu.combine(lo, shape.num_seqs), self.cpu.combine(hi, shape.num_seqs)
+        return self._engine.step_of(lo, shape), self._engine.step_of(hi, shape)
 
     def sample_factor(self, rng: np.random.Generator) -> float:
         """A multiplicative noise factor drawn from the fit's residual distribution."""
@@ -169,7 +173,7 @@ class FittedCostModel(CostModel):
         p = self.profile
         return {"type": self.name, "profile": self.source, "model": p.get("model"), "gpu": p.get("gpu"),
                 "tp": p.get("tp"), "format": p.get("format", 1), "tile": self.tile, "num_layers": self.num_layers,
-                "step_overhead": self.step_overhead, "cpu_overhead": self.cpu.describe()}
+                "step_overhead": self.step_overhead, "engine": self.engine.describe()}
 
 
 def _ramp_curve(knots, slopes) -> Curve:

@@ -7,7 +7,8 @@ pair (prefill chunks' causal pairs plus decode contexts) at `peak * attention_ef
 KV bytes it reads. Norms, RoPE, the activation and residual adds stream their bytes, and
 `layer_overhead` covers their kernels' fixed cost. Times num_layers; plus the embedding, the LM
 head (only sampled rows compute logits), 2 ring all-reduces per layer (+1 for the embedding) when
-tp > 1, and a constant `step_overhead` for the engine's CPU work. KV swap bytes are not charged:
+tp > 1; then the serving engine around the kernels (engine.py; with `engine: none`, a constant
+`step_overhead` of 300 µs for the engine's CPU work, as before that component existed). KV swap bytes are not charged:
 the replica adds host-link time itself.
 
 Invariant: `step_time` and `decode_run_times` call the same `_seconds` on the same aggregate
@@ -23,6 +24,7 @@ attention reaches ~0.2-0.3 of peak in Vidur's A100 profile and ~0.6 in FlashAtte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +33,10 @@ from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
 from ..specs import GPUSpec, ModelSpec, gpu_spec
+from .engine import NO_ENGINE, Engine, engine_option, load_engine
 from .registry import register_cost_model
+
+NO_ENGINE_STEP_OVERHEAD = 300e-6  # the CPU work per step this model charged before the engine component
 
 
 def _max(a, b):
@@ -53,8 +58,10 @@ class RooflineCost(CostModel):
         attention_efficiency: float = option(0.4, help="fraction of dense bf16 peak prefill attention reaches")
         memory_efficiency: float = option(0.8, help="fraction of peak HBM bandwidth streaming kernels reach")
         layer_overhead: float = option(15e-6, help="fixed seconds per layer for small kernels (norms, RoPE, adds)")
-        step_overhead: float = option(
-            300e-6, help="fixed seconds per step: scheduling, input preparation and sampling on the CPU")
+        step_overhead: float | None = option(
+            None, help="fixed seconds per step for the engine's CPU work when engine is none (default 300e-6); "
+            "with an engine its host terms cover this (default 0)")
+        engine: Any = engine_option()
 
         def validate(self) -> None:
             gpu_spec(self.gpu, "gpu")
@@ -62,14 +69,19 @@ class RooflineCost(CostModel):
             for key in ("gemm_efficiency", "attention_efficiency", "memory_efficiency"):
                 value = getattr(self, key)
                 require(0.0 < value <= 1.0, key, "a fraction in (0, 1]", value)
-            for key in ("layer_overhead", "step_overhead"):
-                require(getattr(self, key) >= 0, key, "a non-negative number of seconds", getattr(self, key))
+            require(self.layer_overhead >= 0, "layer_overhead", "a non-negative number of seconds", self.layer_overhead)
+            require(self.step_overhead is None or self.step_overhead >= 0, "step_overhead",
+                    "a non-negative number of seconds", self.step_overhead)
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, gemm_efficiency: float = 0.72,
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
-                 layer_overhead: float = 15e-6, step_overhead: float = 300e-6):
+                 layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE):
         model.check_tp(tp, "cost_model.tp")
         self.model, self.gpu, self.tp = model, gpu, tp
+        if step_overhead is None:
+            step_overhead = NO_ENGINE_STEP_OVERHEAD if engine.is_none else 0.0
+        self.engine = engine
+        self._engine = engine.bind(model.num_layers, tp)
         self.factors = {"gemm_efficiency": gemm_efficiency, "attention_efficiency": attention_efficiency,
                         "memory_efficiency": memory_efficiency, "layer_overhead": layer_overhead,
                         "step_overhead": step_overhead}
@@ -79,7 +91,7 @@ class RooflineCost(CostModel):
     def from_config(cls, config: "RooflineCost.Config", model: ModelSpec) -> "RooflineCost":
         return cls(model, gpu_spec(config.gpu, "cost_model.gpu"), config.tp, config.gemm_efficiency,
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
-                   config.step_overhead)
+                   config.step_overhead, load_engine(config.engine, "engine"))
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
         """Fold the model, the GPU and the factors into per-feature constants (all Python floats)."""
@@ -132,15 +144,18 @@ class RooflineCost(CostModel):
             pairs += c * (h + (c + 1) / 2)
             kv_read += c + h
         decode_read = sum(shape.decode)
-        return self._seconds(float(tokens), float(shape.tokens_sampled), pairs + float(decode_read),
-                             float(kv_read + decode_read))
+        gpu = self._seconds(float(tokens), float(shape.tokens_sampled), pairs + float(decode_read),
+                            float(kv_read + decode_read))
+        return self._engine.step_of(gpu, shape)
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         n, read = decode_run_reads(contexts, steps)
         if n == 0:
             return np.zeros(steps, dtype=np.float64)
-        return np.asarray(self._seconds(float(n), float(n), 0.0 + read, read), dtype=np.float64)
+        gpu = np.asarray(self._seconds(float(n), float(n), 0.0 + read, read), dtype=np.float64)
+        return self._engine.step_many(gpu, n)
 
     def describe(self) -> dict:
-        return {"type": self.name, "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, **self.factors}
+        return {"type": self.name, "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, **self.factors,
+                "engine": self.engine.describe()}
 

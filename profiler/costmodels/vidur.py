@@ -2,7 +2,7 @@
 
 A step of T tokens (prefill chunks plus decode rows) on one TP shard takes
     L * (token_ops(T) + attention + allreduce(T)) + emb(T) + lm_head(rows)
-and then the CPU overhead term (cpu_overhead.py). token_ops is the sum of the layer's
+and then the serving engine around the kernels (engine.py). token_ops is the sum of the layer's
 token-level operators from mlp.csv (norms, QKV, RoPE, O-proj, gate/up, activation, down,
 residual add), interpolated in num_tokens between measured points; attention comes from
 attention.csv where published, else from a calibrated roofline (vidur_attention.py); the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 
 from .allreduce import AllReduce
-from .cpu_overhead import CpuOverhead, CpuOverheadConfig
+from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve, isotonic
 from .registry import register_cost_model
 from .vidur_attention import make_attention
@@ -48,21 +49,24 @@ class VidurCostModel(CostModel):
         num_layers: int | None = option(None, help="decoder layers; default: the profile's")
         monotone: bool = option(True, help="smooth the measured tables into non-decreasing ones (isotonic "
                                 "regression); false reproduces every published median exactly")
-        cpu_overhead: CpuOverheadConfig = option(CpuOverheadConfig(), help="host-side step overhead")
+        engine: Any = engine_option()
+        cpu_overhead: CpuOverheadConfig | None = option(None, help="the older form of the engine's host terms "
+                                                        "(kept for old configs; use engine:)")
 
         def validate(self) -> None:
             require(self.tp >= 1, "tp", "an integer >= 1", self.tp)
             require(self.num_layers is None or self.num_layers >= 1, "num_layers", "an integer >= 1", self.num_layers)
 
     def __init__(self, profile: dict, *, num_layers: int | None = None, monotone: bool = True,
-                 cpu_overhead: CpuOverhead = CpuOverhead(), source: str = ""):
+                 engine: Engine = NO_ENGINE, source: str = ""):
         if profile.get("type") != "vidur":
             raise ValueError(f"{source or 'profile'} is not a vidur profile (type {profile.get('type')!r})")
         self.profile = profile
         self.source = source
         self.monotone = monotone
-        self.cpu = cpu_overhead
         self.num_layers = int(num_layers or profile["num_layers"])
+        self.engine = engine
+        self._engine = engine.bind(self.num_layers, int(profile["tp"]))
         ops = profile["token_ops"]
         tokens = ops["num_tokens"]
         self._ops = {op: Curve(tokens, np.asarray(ms) * 1e-3) for op, ms in ops["ms"].items()}
@@ -95,7 +99,7 @@ class VidurCostModel(CostModel):
                                   + " (or convert one with `cbsim vidur-convert` and pass profile:)",
                                   f"{config.gpu}-{normalise_model_name(name)}-tp{config.tp}")
         return cls.from_file(path, num_layers=config.num_layers, monotone=config.monotone,
-                             cpu_overhead=CpuOverhead.from_config(config.cpu_overhead), key=key)
+                             engine=resolve_engine(config.engine, config.cpu_overhead), key=key)
 
     @classmethod
     def from_file(cls, path, key: str = "profile", **kwargs) -> "VidurCostModel":
@@ -155,20 +159,20 @@ class VidurCostModel(CostModel):
         n = len(shape.decode)
         attn = self._prefill_attention(shape) + self.attention.decode(n, sum(shape.decode))
         gpu = self._gpu(shape.num_prefill_tokens + n, attn, shape.tokens_sampled)
-        return self.cpu.combine(gpu, shape.num_seqs)
+        return self._engine.step_of(gpu, shape)
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.int64)
         n = len(contexts)
         kv = int(contexts.sum()) + n * np.arange(steps, dtype=np.int64)
         attn = 0.0 + self.attention.decode_many(n, kv)
-        return self.cpu.combine_many(self._gpu(n, attn, n), n)
+        return self._engine.step_many(self._gpu(n, attn, n), n)
 
     def describe(self) -> dict:
         p = self.profile
         return {
             "type": self.name, "profile": self.source, "gpu": p["gpu"], "model": p["model"], "tp": p["tp"],
-            "num_layers": self.num_layers, "monotone": self.monotone, "cpu_overhead": self.cpu.describe(),
+            "num_layers": self.num_layers, "monotone": self.monotone, "engine": self.engine.describe(),
             "measured": p["provenance"]["measured"],
         }
 
