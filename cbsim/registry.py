@@ -35,6 +35,6 @@ class Registry(dict):
         if self.key not in mapping:
             raise missing(f"{path}.{self.key}", known)
         name = mapping[self.key]
-        if name not in self:
+        if not isinstance(name, str) or name not in self:
             raise ConfigError(f"{path}.{self.key}", known, name)
         return self[name]

@@ -78,3 +78,15 @@ def test_duplicate_yaml_keys_are_rejected_naming_key_and_file(tmp_path):
     nested = "name: x\nworkload:\n  num_requests: 3\n  num_requests: 4\n"
     with pytest.raises(ConfigError, match="num_requests.*once"):
         load_config(write(tmp_path, nested, "nested.yaml"))
+
+
+# 4. A list where a name is expected
+
+@pytest.mark.parametrize("override, key", [
+    ("policy.name=[1]", "policy.name"),
+    ("cost_model.type=[1]", "cost_model.type"),
+    ("workload.arrival.type=[1]", "workload.arrival.type"),
+    ("workload.prompt_len.type={a: 1}", "workload.prompt_len.type"),
+])
+def test_04_a_list_where_a_name_is_expected_names_the_key(override, key):
+    assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key, "one of")

@@ -109,7 +109,7 @@ def parse_tagged(kinds: dict[str, type], mapping, path: str):
     if "type" not in mapping:
         raise missing(f"{path}.type", names)
     kind = mapping["type"]
-    if kind not in kinds:
+    if not isinstance(kind, str) or kind not in kinds:
         raise ConfigError(f"{path}.type", names, kind)
     rest = {k: v for k, v in mapping.items() if k != "type"}
     _precheck(kinds[kind], rest, path)
