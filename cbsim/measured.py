@@ -168,17 +168,18 @@ def _read_flat(record: dict) -> MeasuredRun:
 
 def _read_bench(record: dict) -> MeasuredRun:
     metrics, skipped = {}, []
-    keys = [(f"{word}_{src}_ms", f"{name}_{stat}", 1e-3) for word, stat in _BENCH_STATS.items()
+    keys = [(f"{word}_{src}_ms", f"{name}_{stat}", 1000.0) for word, stat in _BENCH_STATS.items()
             for src, name in _BENCH_METRICS.items()]
     keys += [(key, name, 1.0) for key, name in _BENCH_RATES.items()]
-    for key, name, scale in keys:
+    for key, name, per_unit in keys:
         if key not in record:
             continue
         if record[key] is None or record[key] == 0:  # the benchmark did not measure it (no stream, no tokenizer)
             skipped.append(key)
             continue
-        unit = "milliseconds" if scale != 1.0 else "per second"
-        metrics[name] = scale * _number(key, record[key], f"a finite number >= 0 ({unit})", lambda v: v >= 0)
+        unit = "milliseconds" if per_unit != 1.0 else "per second"
+        metrics[name] = _number(key, record[key], f"a finite number >= 0 ({unit})", lambda v: v >= 0) / per_unit
+    metrics = {name: metrics[name] for name in METRICS if name in metrics}
     run = MeasuredRun(metrics, skipped=tuple(skipped), **_traffic(record), **_per_request(record))
     if not metrics and not run.has_lengths:
         raise ConfigError("<root>", "a benchmark result with latency metrics (mean_ttft_ms, ...) or per-request "
