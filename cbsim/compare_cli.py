@@ -56,4 +56,5 @@ def format_table(rows: dict) -> str:
         for name, row in group.items():
             lines.append(f"{name:<{width}}  {row.measured * scale:>15.4g}  {row.simulated * scale:>15.4g}  "
                          f"{row.error * 100:>+8.1f}")
+    lines.append("error % = (simulated - measured) / measured")
     return "\n".join(lines)
