@@ -140,12 +140,12 @@ def _read_record(path: Path) -> tuple[dict, str]:
         record, where = json.loads(text), file
     except json.JSONDecodeError as whole:
         lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-        if len(lines) < 2:
-            raise ConfigError("<file>", f"valid JSON ({whole})", has_got=False, file=file) from None
-        for number, line in lines:
+        for k, (number, line) in enumerate(lines):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
+                if k == 0:  # not JSON lines either: report the whole file's error
+                    raise ConfigError("<file>", f"valid JSON ({whole})", has_got=False, file=file) from None
                 raise ConfigError("<file>", f"JSON lines, one object a line (line {number}: {err})",
                                   has_got=False, file=file) from None
         where = f"{file} (line {lines[-1][0]}, the last run)"

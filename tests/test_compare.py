@@ -116,6 +116,7 @@ def test_vllm_request_rate_inf_string(tmp_path):
     ('{"ttft_p99": "fast"}', "ttft_p99", "finite number > 0"),
     ('{"ttft_p95": 0.2}', "ttft_p95", "ttft_mean, ttft_p50"),
     ("ttft_mean: 0.2", "<file>", "valid JSON"),
+    ("ttft_mean: 0.2\nitl_mean: 0.1\n", "<file>", "valid JSON (Expecting value: line 1 column 1"),
     ("", "<file>", "the file is empty"),
     ("[0.1, 0.2]", "<root>", "a JSON object"),
     ("{}", "<root>", "at least one metric"),
