@@ -18,8 +18,9 @@ class ConfigError(ValueError):
         return f"{where}{self.path}: expected {self.expected}{got}"
 
     def in_file(self, file: str) -> "ConfigError":
-        """The same error, now naming the file it came from."""
-        return ConfigError(self.path, self.expected, self.got, file, self.has_got)
+        """The same error, now naming the file it came from; an error that already names a file (a
+        trace or profile the experiment points to) keeps that file, where the bad content is."""
+        return ConfigError(self.path, self.expected, self.got, self.file or file, self.has_got)
 
     def under(self, prefix: str) -> "ConfigError":
         """The same error with its key path nested under `prefix`."""

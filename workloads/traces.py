@@ -1,8 +1,11 @@
 """Readers for real request traces: one function per file format, each returning a TraceData.
 
 Invariant: a reader returns the file's rows as they are (arrival times in seconds from the first
-row, lengths as integers, Mooncake's `hash_ids` as tuples); it drops nothing and draws nothing.
-Cleaning (zero lengths), slot spreading, windows, filters and sampling happen in trace_source.py.
+row, lengths as integers, Mooncake's `hash_ids` as tuples) and draws nothing. It drops only rows
+that cannot be a request, each counted in `TraceData.dropped` under its rule (`UNREADABLE`): a
+missing or non-numeric length or timestamp, an infinite timestamp, a non-integer length, a length
+beyond 2**53 tokens. Cleaning (zero lengths), slot spreading, windows, filters and sampling happen
+in trace_source.py.
 
 Formats (columns as documented in shared/data/traces/SOURCE.md):
 - azure: `TIMESTAMP` (wall-clock string), `ContextTokens`, `GeneratedTokens` (Azure LLM 2023).
@@ -13,6 +16,7 @@ Formats (columns as documented in shared/data/traces/SOURCE.md):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +27,8 @@ from cbsim.errors import ConfigError
 
 TIMED_FORMATS = ("azure", "mooncake", "vidur")
 LENGTH_ONLY_FORMATS = ("sharegpt", "arxiv")
+MAX_LENGTH = 2 ** 53  # longer "lengths" are corrupt rows (and no longer exact as floats)
+UNREADABLE = ("missing or non-numeric value", "infinite timestamp", "length beyond 2**53", "non-integer length")
 
 
 @dataclass
@@ -78,44 +84,81 @@ def read_azure(path: Path, key: str) -> TraceData:
     except (ValueError, TypeError) as err:
         raise ConfigError(key, "TIMESTAMP values like '2023-11-16 18:17:03.9799600'", str(err), file=str(path))
     seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
-    prompts, outputs = _ints(frame, "ContextTokens", path, key), _ints(frame, "GeneratedTokens", path, key)
-    return TraceData(str(path), prompts, outputs, seconds)
+    return _rows(str(path), seconds, _numbers(frame, "ContextTokens"), _numbers(frame, "GeneratedTokens"))
 
 
 def read_mooncake(path: Path, key: str) -> TraceData:
     """Mooncake FAST'25 JSONL: `timestamp` in ms becomes seconds; `hash_ids` become prefix hashes."""
     stamps, prompts, outputs, hashes = [], [], [], []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+    expected = "UTF-8 JSON lines with timestamp, input_length, output_length, hash_ids"
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
             try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
                 row = json.loads(line)
-                stamps.append(float(row["timestamp"]))
-                prompts.append(int(row["input_length"]))
-                outputs.append(int(row["output_length"]))
+                stamps.append(_json_number(row, "timestamp"))
+                prompts.append(_json_number(row, "input_length"))
+                outputs.append(_json_number(row, "output_length"))
                 hashes.append(tuple(int(h) for h in row.get("hash_ids", ())))
-            except (ValueError, KeyError, TypeError) as err:
-                raise ConfigError(key, "JSON lines with timestamp, input_length, output_length, hash_ids",
-                                  f"line {number}: {err}", file=str(path))
-    seconds = np.asarray(stamps, dtype=np.float64) / 1000.0
-    if len(seconds):
-        seconds -= seconds.min()
-    return TraceData(str(path), np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64),
-                     seconds, hashes)
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise ConfigError(key, expected, f"line {number}: {err}", file=str(path)) from None
+    return _rows(str(path), np.asarray(stamps, dtype=np.float64) / 1000.0, prompts, outputs, hashes)
 
 
 def read_lengths_csv(path: Path, key: str, timed: bool) -> TraceData:
     """Sarathi/Vidur length CSVs; with `timed`, an `arrived_at` column (if present) gives arrivals."""
     frame = _read_csv(path, key, ("num_prefill_tokens", "num_decode_tokens"))
-    arrival = None
-    if timed and "arrived_at" in frame.columns:
-        arrival = frame["arrived_at"].to_numpy(dtype=np.float64)
-        if len(arrival):
-            arrival = arrival - arrival.min()
-    prompts = _ints(frame, "num_prefill_tokens", path, key)
-    outputs = _ints(frame, "num_decode_tokens", path, key)
-    return TraceData(str(path), prompts, outputs, arrival)
+    arrival = _numbers(frame, "arrived_at") if timed and "arrived_at" in frame.columns else None
+    return _rows(str(path), arrival, _numbers(frame, "num_prefill_tokens"), _numbers(frame, "num_decode_tokens"))
+
+
+def _rows(source: str, arrival, prompt, output, hashes=None) -> TraceData:
+    """A TraceData of the rows that can be requests (the others counted under UNREADABLE), lengths
+    as integers and arrivals in seconds from the first kept row."""
+    prompt, output = np.asarray(prompt, dtype=np.float64), np.asarray(output, dtype=np.float64)
+    arrival = None if arrival is None else np.asarray(arrival, dtype=np.float64)
+    trace = TraceData(source, prompt, output, arrival, hashes)
+    for reason, bad in zip(UNREADABLE, (_missing, _infinite_time, _too_long, _fractional)):
+        trace = trace.take(~bad(trace), reason)
+    trace.prompt_len = trace.prompt_len.astype(np.int64)
+    trace.output_len = trace.output_len.astype(np.int64)
+    if trace.arrival is not None and len(trace):
+        trace.arrival = trace.arrival - trace.arrival.min()
+    return trace
+
+
+def _missing(t: TraceData) -> np.ndarray:
+    return np.isnan(t.prompt_len) | np.isnan(t.output_len) | (False if t.arrival is None else np.isnan(t.arrival))
+
+
+def _infinite_time(t: TraceData) -> np.ndarray:
+    return np.zeros(len(t), dtype=bool) if t.arrival is None else np.isinf(t.arrival)
+
+
+def _too_long(t: TraceData) -> np.ndarray:
+    return (np.abs(t.prompt_len) > MAX_LENGTH) | (np.abs(t.output_len) > MAX_LENGTH)
+
+
+def _fractional(t: TraceData) -> np.ndarray:
+    return (t.prompt_len != np.round(t.prompt_len)) | (t.output_len != np.round(t.output_len))
+
+
+def _json_number(row: dict, name: str) -> float:
+    """A JSON value as a float: null is missing (NaN), a huge integer is infinite, a numeric string is
+    read; other types are errors."""
+    value = row[name]
+    if value is None:
+        return math.nan
+    if isinstance(value, str):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is {value!r}, not a number")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def detect_slot_width(seconds: np.ndarray) -> float:
@@ -149,9 +192,6 @@ def _read_csv(path: Path, key: str, columns: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
-def _ints(frame: pd.DataFrame, column: str, path: Path, key: str) -> np.ndarray:
-    try:
-        return frame[column].to_numpy(dtype=np.int64)
-    except (ValueError, TypeError):
-        raise ConfigError(key, f"whole numbers in column {column}", "missing or non-integer values",
-                          file=str(path)) from None
+def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A column as floats; empty or non-numeric cells become NaN (rows _rows then drops and counts)."""
+    return pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
