@@ -102,7 +102,7 @@ class FittedCostModel(CostModel):
             profile = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError("profile", "an existing fitted profile JSON", str(path)) from None
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # not JSON, or not UTF-8 text
             raise ConfigError("profile", f"valid JSON ({err})", str(path), file=str(path)) from None
         if not isinstance(profile, dict) or profile.get("type") != "fitted":
             got = profile.get("type") if isinstance(profile, dict) else type(profile).__name__
