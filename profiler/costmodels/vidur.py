@@ -109,7 +109,7 @@ class VidurCostModel(CostModel):
             profile = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(key, "an existing vidur profile JSON", str(path)) from None
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # not JSON, or not UTF-8 text
             raise ConfigError(key, f"valid JSON ({err})", str(path), file=str(path)) from None
         if not isinstance(profile, dict) or profile.get("type") != "vidur":
             got = profile.get("type") if isinstance(profile, dict) else type(profile).__name__
