@@ -9,17 +9,17 @@ shared system prompts or multi-turn conversations that fill `Request.prefix_hash
     print(format_description(describe_requests(requests)))
 """
 from .arrivals import ARRIVALS, sample_arrivals
-from .build import build_requests, make_requests
+from .build import build_requests, build_workload, make_requests
 from .config import ExplicitRequest, WorkloadConfig, check_workload, parse_tagged, parse_workload
 from .describe import describe_requests, format_description, plot_workload
 from .lengths import LENGTHS, sample_lengths
 from .prefixes import SharedPrefixConfig, block_hash, content_id, hash_chain
-from .trace_source import TraceConfig, load_trace, resolve_path
+from .trace_source import TraceConfig, drop_warnings, load_trace, resolve_path
 from .traces import TraceData, read_trace
 
 __all__ = [
     "ARRIVALS", "LENGTHS", "ExplicitRequest", "SharedPrefixConfig", "TraceConfig", "TraceData", "WorkloadConfig",
-    "block_hash", "build_requests", "check_workload", "content_id", "describe_requests", "format_description",
-    "hash_chain", "load_trace", "make_requests", "parse_tagged", "parse_workload", "plot_workload", "read_trace",
-    "resolve_path", "sample_arrivals", "sample_lengths",
+    "block_hash", "build_requests", "build_workload", "check_workload", "content_id", "describe_requests",
+    "drop_warnings", "format_description", "hash_chain", "load_trace", "make_requests", "parse_tagged",
+    "parse_workload", "plot_workload", "read_trace", "resolve_path", "sample_arrivals", "sample_lengths",
 ]

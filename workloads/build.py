@@ -25,14 +25,22 @@ from .trace_source import load_trace
 def build_requests(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None,
                    path: str = "workload") -> list[Request]:
     """The requests the workload describes; `base_dir` is the experiment file's folder (for trace paths)."""
+    return build_workload(cfg, rng, base_dir, path)[0]
+
+
+def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None,
+                   path: str = "workload") -> tuple[list[Request], dict[str, int] | None]:
+    """The requests, and for a trace the rows its rules dropped ({rule: rows}, see trace_source.py);
+    None for other sources."""
     if cfg.source == "requests":
         rows = cfg.requests
         return make_requests(np.array([r.arrival for r in rows], dtype=np.float64),
                              np.array([r.prompt_len for r in rows]), np.array([r.output_len for r in rows]),
-                             priority=np.array([r.priority for r in rows]))
+                             priority=np.array([r.priority for r in rows])), None
     if cfg.source == "trace":
-        return make_requests(*_from_trace(cfg, rng, base_dir, path))
-    return make_requests(*_synthetic(cfg, rng, base_dir, path))
+        *columns, dropped = _from_trace(cfg, rng, base_dir, path)
+        return make_requests(*columns), dropped
+    return make_requests(*_synthetic(cfg, rng, base_dir, path)), None
 
 
 def make_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
@@ -76,4 +84,4 @@ def _from_trace(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | 
     prompt, hashes = trace.prompt_len, trace.prefix_hashes
     if cfg.shared_prefix is not None:
         prompt, hashes = system_prompts(cfg.shared_prefix, prompt, rng)
-    return arrival, prompt, trace.output_len, hashes
+    return arrival, prompt, trace.output_len, hashes, dict(trace.dropped)

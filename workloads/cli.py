@@ -28,17 +28,23 @@ def register(app: typer.Typer) -> None:
         from cbsim.config import read_yaml
         from cbsim.errors import ConfigError
 
-        from .build import build_requests
+        from .build import build_workload
         from .config import parse_workload
         from .describe import describe_requests, format_description, plot_workload
+        from .trace_source import drop_warnings
 
         data = read_yaml(file)
         try:
             cfg = parse_workload(data.get("workload"), "workload")
             rng = np.random.default_rng(seed if seed is not None else data.get("seed", 0))
-            requests = build_requests(cfg, rng, base_dir=file.parent)
+            requests, dropped = build_workload(cfg, rng, base_dir=file.parent)
         except ConfigError as err:
             raise err.in_file(str(file))
         typer.echo(format_description(describe_requests(requests)))
+        if dropped is not None:
+            text = ", ".join(f"{reason}: {n}" for reason, n in dropped.items()) or "none"
+            typer.echo(f"trace rows dropped: {text}")
+        for line in drop_warnings(dropped):
+            typer.secho(line, fg=typer.colors.YELLOW, err=True)
         if plot is not None:
             typer.echo(f"plot: {plot_workload(requests, plot, title=f'{file.name}: workload')}")

@@ -1,9 +1,11 @@
 """A real trace as a workload source: where the file is, and which of its rows to replay.
 
-Invariant: `load_trace` applies its steps in one fixed order, and every row it removes is counted
-in `TraceData.dropped` under the rule that removed it:
+Invariant: `load_trace` applies its steps in one fixed order, every row it removes is counted in
+`TraceData.dropped` under the rule that removed it, and a step that leaves no request at all is a
+ConfigError naming its key (never an empty run):
 
-1. read the file (traces.py), arrivals in seconds from the first row;
+1. read the file (traces.py), arrivals in seconds from the first row (rows that cannot be requests,
+   such as NaN lengths or timestamps, are dropped and counted there);
 2. drop rows with prompt_len < 1 or output_len < 1 (a request needs a prompt and at least one
    output token; the shipped traces have none, other files may);
 3. Mooncake: spread each coarse arrival slot's requests uniformly over the slot (seeded);
@@ -25,9 +27,17 @@ import numpy as np
 from cbsim.errors import ConfigError
 from cbsim.schema import option, require
 
-from .traces import LENGTH_ONLY_FORMATS, TraceData, detect_slot_width, read_trace, spread_slots
+from .traces import LENGTH_ONLY_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace, spread_slots
 
 DATA_ENV = "CBSIM_DATA"
+CLEANING = UNREADABLE + ("zero length",)  # rules the user did not choose: their drops are warned about
+
+
+def drop_warnings(dropped: dict[str, int] | None) -> list[str]:
+    """One warning line per cleaning rule that dropped rows (window, filters and sampling are chosen
+    by the experiment and only reported)."""
+    return [f"warning: {n} trace rows dropped: {reason}" for reason, n in (dropped or {}).items()
+            if reason in CLEANING]
 
 
 @dataclass
@@ -95,15 +105,25 @@ def load_trace(cfg: TraceConfig, rng: np.random.Generator, base_dir: Path | None
     file = resolve_path(cfg.path, base_dir, f"{path}.path")
     trace = read_trace(cfg.format, file, path)
     trace = trace.take((trace.prompt_len >= 1) & (trace.output_len >= 1), "zero length")
+    _nonempty(trace, f"{path}.path", "a trace with at least one usable row", "none")
     if cfg.format == "mooncake":
         trace = _spread(trace, cfg, rng, path)
     if trace.arrival is not None:
         trace = trace.take(np.argsort(trace.arrival, kind="stable"), "unsorted")
+        span = float(trace.arrival.max())
         trace = _window(trace, cfg)
+        _nonempty(trace, f"{path}.start", f"a window [start, start + duration) holding arrivals (the trace's "
+                  f"arrivals span 0 to {span:.6g} s)", {"start": cfg.start, "duration": cfg.duration})
     if cfg.max_prompt_len is not None:
+        shortest = int(trace.prompt_len.min())
         trace = trace.take(trace.prompt_len <= cfg.max_prompt_len, "over max_prompt_len")
+        _nonempty(trace, f"{path}.max_prompt_len", f"a limit keeping a request (the shortest prompt left has "
+                  f"{shortest} tokens)", cfg.max_prompt_len)
     if cfg.max_total_len is not None:
+        shortest = int((trace.prompt_len + trace.output_len).min())
         trace = trace.take(trace.prompt_len + trace.output_len <= cfg.max_total_len, "over max_total_len")
+        _nonempty(trace, f"{path}.max_total_len", f"a limit keeping a request (the shortest request left has "
+                  f"{shortest} tokens)", cfg.max_total_len)
     if cfg.sample is not None and cfg.sample < len(trace):
         trace = trace.take(np.sort(rng.choice(len(trace), size=cfg.sample, replace=False)), "not sampled")
     if cfg.max_requests is not None:
@@ -111,6 +131,13 @@ def load_trace(cfg: TraceConfig, rng: np.random.Generator, base_dir: Path | None
     if trace.arrival is not None:
         trace.arrival = trace.arrival / cfg.time_scale
     return trace
+
+
+def _nonempty(trace: TraceData, key: str, expected: str, got) -> None:
+    """A rule that left no request is an error naming its key (and what every rule dropped)."""
+    if len(trace) == 0:
+        dropped = ", ".join(f"{reason}: {n}" for reason, n in trace.dropped.items()) or "the file has no rows"
+        raise ConfigError(key, f"{expected}; rows dropped: {dropped}", got, file=trace.source)
 
 
 def _spread(trace: TraceData, cfg: TraceConfig, rng: np.random.Generator, path: str) -> TraceData:
