@@ -268,13 +268,13 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     """
     from cbsim.sim import metrics
     from cbsim.sim.client_view import client_view
-    from cbsim.workloads import build_requests, parse_workload
+    from cbsim.workloads import build_workload, parse_workload
 
     cfg = load_config(config, overrides)
     try:
         rng = np.random.default_rng(cfg.seed)
         base_dir = Path(cfg.source).parent if cfg.source else None
-        requests = build_requests(parse_workload(cfg.workload, "workload"), rng, base_dir)
+        requests, dropped = build_workload(parse_workload(cfg.workload, "workload"), rng, base_dir)
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
     frontend, client_arrival, in_order = client_frontend(cfg, requests)
@@ -301,6 +301,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)
         summary.update(metrics.prefix_summary(table, kvs))
     summary["sim_wall_seconds"] = wall
+    if dropped is not None:  # trace rows its rules removed, by rule (workloads/trace_source.py)
+        summary["dropped_rows"] = dropped
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})
