@@ -41,6 +41,8 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)")):
     """Run one experiment and write its results folder."""
+    from cbsim.workloads import drop_warnings
+
     from .api import run_experiment
     from .config import load_config
 
@@ -52,6 +54,10 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         value = results.summary.get(key)
         text = f"{value:.4g}" if isinstance(value, float) else str(value)
         typer.echo(f"{key:<{width}}  {text}")
+    if results.summary.get("dropped_rows"):
+        typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
+    for line in drop_warnings(results.summary.get("dropped_rows")):
+        typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target}")
 
 
