@@ -43,6 +43,8 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     """Run one experiment and write its results folder."""
     from cbsim.workloads import drop_warnings
 
+    from cbsim.workloads import drop_warnings
+
     from .api import run_experiment
     from .config import load_config
 
@@ -65,10 +67,15 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
 @user_errors
 def validate(file: Path = typer.Argument(..., help="experiment YAML"),
              set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key")):
-    """Check an experiment file without running it."""
+    """Check an experiment file, and the traces and profiles it reads, without running it."""
+    from cbsim.workloads import drop_warnings
+
     from .config import load_config
+    from .preflight import preflight
 
     cfg = load_config(file, set_)
+    for line in drop_warnings(preflight(cfg)):
+        typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"{file}: ok ({cfg.policy['name']} on {cfg.cost_model['type']} cost model)")
 
 

@@ -90,3 +90,78 @@ def test_duplicate_yaml_keys_are_rejected_naming_key_and_file(tmp_path):
 ])
 def test_04_a_list_where_a_name_is_expected_names_the_key(override, key):
     assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key, "one of")
+
+
+# Trace files for items 5 to 7 and the dropped-rows report: tiny files written per test.
+
+def mooncake_line(t, prompt, output):
+    blocks = -(-prompt // 512) if isinstance(prompt, int) and prompt < 10 ** 6 else 0
+    return json.dumps({"timestamp": t, "input_length": prompt, "output_length": output,
+                       "hash_ids": list(range(blocks))})
+
+
+def trace_experiment(tmp_path, fmt, name, text, **trace):
+    (tmp_path / name).write_text(text)
+    workload = {"trace": {"format": fmt, "path": name, "slot_width": 0, **trace} if fmt == "mooncake"
+                else {"format": fmt, "path": name, **trace}}
+    return write(tmp_path, {**TINY, "workload": workload})
+
+
+GOOD_MOONCAKE = "\n".join(mooncake_line(1000 * i, 100 + i, 5) for i in range(4)) + "\n"
+
+
+# 5. A window or filter leaving no request
+
+def test_05_a_window_that_leaves_no_request_names_the_filter(tmp_path):
+    exp = trace_experiment(tmp_path, "mooncake", "t.jsonl", GOOD_MOONCAKE, start=1e9)
+    assert_user_error(cli("run", exp, "--out", tmp_path / "out"), "t.jsonl", "workload.trace.start", "span 0 to 3")
+    assert not (tmp_path / "out").exists()
+
+
+def test_05_a_length_filter_or_a_header_only_csv_is_a_clean_error(tmp_path):
+    exp = trace_experiment(tmp_path, "mooncake", "t.jsonl", GOOD_MOONCAKE, max_prompt_len=50)
+    assert_user_error(cli("validate", exp), "workload.trace.max_prompt_len", "shortest prompt left has 100")
+    exp = trace_experiment(tmp_path, "azure", "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert_user_error(cli("validate", exp), "a.csv", "workload.trace.path", "at least one usable row")
+
+
+# 6. NaN timestamps and lengths are dropped and counted, never silently
+
+def test_06_nan_rows_in_mooncake_azure_and_vidur_are_counted(tmp_path):
+    mooncake = GOOD_MOONCAKE + '{"timestamp": NaN, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+    azure = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0,100,5\n,100,5\n"
+             "2023-11-16 18:00:01.0,,5\n2023-11-16 18:00:02.0,100.5,5\n2023-11-16 18:00:03.0,100,5\n")
+    vidur = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,5\nnan,100,5\n1.0,100,\n2.0,100,5\n"
+    for fmt, name, text, expected in (
+            ("mooncake", "t.jsonl", mooncake, {"missing or non-numeric value": 1}),
+            ("azure", "a.csv", azure, {"missing or non-numeric value": 2, "non-integer length": 1}),
+            ("vidur", "v.csv", vidur, {"missing or non-numeric value": 2})):
+        exp = trace_experiment(tmp_path, fmt, name, text)
+        result = cli("workload", "describe", exp)
+        assert result.exit_code == 0, result.output
+        for reason, n in expected.items():
+            assert f"{reason}: {n}" in result.output, (fmt, result.output)
+            assert f"warning: {n} trace rows dropped: {reason}" in result.output, (fmt, result.output)
+
+
+# 7. Integers beyond int64 and integral huge floats
+
+def test_07_trace_lengths_beyond_int64_are_dropped_not_overflowing(tmp_path):
+    text = GOOD_MOONCAKE + mooncake_line(5000, 10 ** 30, 5) + "\n" + mooncake_line(6000, 100, 2 ** 70) + "\n"
+    exp = trace_experiment(tmp_path, "mooncake", "t.jsonl", text)
+    result = cli("workload", "describe", exp)
+    assert result.exit_code == 0, result.output
+    assert "4 requests" in result.output and "length beyond 2**53: 2" in result.output
+
+
+# Nothing dropped silently: the summary and the run's stderr
+
+def test_dropped_rows_reach_the_summary_and_a_warning(tmp_path):
+    text = GOOD_MOONCAKE + mooncake_line(5000, 0, 5) + "\n"
+    exp = trace_experiment(tmp_path, "mooncake", "t.jsonl", text, max_requests=3)
+    result = cli("run", exp, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["dropped_rows"] == {"zero length": 1, "over max_requests": 1}
+    assert "warning: 1 trace rows dropped: zero length" in result.output
+    assert "over max_requests" not in result.output.split("dropped_rows")[0]
