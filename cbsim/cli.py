@@ -43,8 +43,6 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     """Run one experiment and write its results folder."""
     from cbsim.workloads import drop_warnings
 
-    from cbsim.workloads import drop_warnings
-
     from .api import run_experiment
     from .config import load_config
 
