@@ -138,6 +138,7 @@ class GPUSpec:
     hbm_bandwidth: float  # bytes/s
     link_bandwidth: float  # NVLink per GPU, one direction, bytes/s
     link_latency: float  # fixed cost of one small all-reduce, s
+    topology: str = "nvswitch"  # how the TP group's GPUs connect: nvswitch, nvlink_pairwise, pcie
 
 
 # Vendor datasheets (NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB; H100 Tensor Core GPU
@@ -149,10 +150,13 @@ class GPUSpec:
 # link_latency is not a vendor number: the smallest median all-reduce times Vidur measured on DGX
 # A100/H100 NVLink (shared/data/vidur/.../network/*/all_reduce.csv) run from 7 µs (2 GPUs) to
 # 25 µs (8 GPUs); 10 µs is a middle value.
+# topology: the SXM4/SXM5 parts ship on HGX/DGX baseboards where all 8 GPUs meet at NVSwitches
+# (NVIDIA DGX A100 and DGX H100/H200 user guides: 6 second-gen / 4 third-gen NVSwitches), so the
+# presets are `nvswitch`; the roofline's `topology:` chooses a pairwise-NVLink or PCIe node instead.
 GPU_PRESETS = MappingProxyType({
-    "a100": GPUSpec("a100", 80 * GiB, 312e12, 2.039e12, 300e9, 10e-6),
-    "h100": GPUSpec("h100", 80 * GiB, 989e12, 3.35e12, 450e9, 10e-6),
-    "h200": GPUSpec("h200", 141 * GiB, 989e12, 4.8e12, 450e9, 10e-6),
+    "a100": GPUSpec("a100", 80 * GiB, 312e12, 2.039e12, 300e9, 10e-6, "nvswitch"),
+    "h100": GPUSpec("h100", 80 * GiB, 989e12, 3.35e12, 450e9, 10e-6, "nvswitch"),
+    "h200": GPUSpec("h200", 141 * GiB, 989e12, 4.8e12, 450e9, 10e-6, "nvswitch"),
 })
 GPU_ALIASES = MappingProxyType({
     "a100-80gb": "a100", "a100-sxm4-80gb": "a100", "a100-sxm": "a100",

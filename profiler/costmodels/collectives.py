@@ -1,0 +1,104 @@
+"""NCCL-like all-reduce time inside one node, by topology.
+
+NCCL picks, per message, the algorithm its cost model predicts fastest; two are modelled here,
+each as a launch floor plus per-hop latency plus bytes over the bus bandwidth B of the slowest
+link the algorithm crosses:
+
+    ring: base + 2 (n - 1) * hop + 2 (n - 1) / n * S / B     (reduce-scatter + all-gather)
+    tree: base + 2 ceil(log2 n) * hop + 2 * S / B            (double binary tree: up, then down)
+
+Tree wins only on small messages among many GPUs; ring carries the bandwidth. Topologies:
+  nvswitch          every GPU reaches every other at full NVLink bandwidth (DGX/HGX A100, H100,
+                    H200 SXM boards)
+  nvlink_pairwise   GPUs paired by NVLink bridges; a 2-GPU group stays on its bridge, a larger
+                    ring crosses PCIe (Azure NC A100 v4 / NC H100 v5 style nodes)
+  pcie              every hop over PCIe
+NVLS (in-switch reduction on H100 NVSwitch) is not modelled apart: the H100 DGX table is fitted
+by the ring with one bus bandwidth within 2-10 % at >= 16 MiB for 2, 4 and 8 GPUs.
+
+Invariant: `allreduce_seconds` is a pure function of Python scalars; it is increasing in the
+message size and never below `base`.
+
+Calibration (`python benchmarks/fit_gemm_collectives.py`, log-ratio least squares over every
+row): Vidur's measured all-reduce medians, shared/data/vidur/data/profiling/network/
+{a100_dgx, h100_dgx, a100_pairwise_nvlink, h100_pairwise_nvlink}/all_reduce.csv (microsoft/vidur
+7d47513, MIT; 2 KiB..64 MiB, to 512 MiB on a100_pairwise_nvlink), single-node rows. pcie takes the
+pairwise nodes' PCIe bandwidth and latencies. Absolute relative error, median / p90, by GPUs and
+message size (the < 1 MiB rows are a noisy floor: at the same size Vidur's medians jump between
+~10 and ~60 us, so no smooth curve does better than ~25 % there):
+
+    node                   n   < 1 MiB        1-16 MiB       >= 16 MiB
+    a100_dgx               2   28 % / 44 %    2.9 % / 9.7 %  1.8 % / 3.9 %
+                           4   30 % / 109 %   6.4 % / 15 %   8.1 % / 11 %
+                           8   26 % / 52 %    5.9 % / 13 %   8.8 % / 14 %
+    h100_dgx               2   29 % / 164 %   9.8 % / 21 %   10 % / 12 %
+                           4   25 % / 29 %    7.9 % / 13 %   1.4 % / 6.7 %
+                           8   9.5 % / 39 %   4.4 % / 8.9 %  2.1 % / 4.2 %
+    a100_pairwise_nvlink   2   26 % / 42 %    13 % / 18 %    1.6 % / 2.7 %
+                           4   3.2 % / 6.4 %  1.7 % / 3.0 %  0.4 % / 1.5 %
+    h100_pairwise_nvlink   2   34 % / 120 %   1.9 % / 4.1 %  0.7 % / 1.8 %
+                           4   17 % / 33 %    1.4 % / 8.7 %  2.9 % / 3.4 %
+
+Over all rows of a node: a100_dgx 6.4 % / 20 %, h100_dgx 6.6 % / 20 %, a100_pairwise 1.3 % / 7.9 %,
+h100_pairwise 2.1 % / 16 %. For scale, the flat model this replaces (10 us + ring at the datasheet
+NVLink bandwidth) is 2-6x too fast at every size on these tables.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+Topology = Literal["nvswitch", "nvlink_pairwise", "pcie"]
+TOPOLOGIES = ("nvswitch", "nvlink_pairwise", "pcie")
+Algorithm = Literal["auto", "ring", "tree"]
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Fitted constants of one GPU family on one topology."""
+
+    base: float  # s, launch floor of one collective
+    hop: float  # s, per ring/tree step
+    bandwidth: float  # bytes/s, bus bandwidth of the GPUs' direct links (NVSwitch port or NVLink bridge)
+    pcie_bandwidth: float  # bytes/s, bus bandwidth when a ring has to cross PCIe
+
+
+# Fitted on the Vidur tables named in the module docstring. Datasheet peaks for scale: NVLink 300
+# (A100) / 450 (H100) GB/s per direction, so the DGX fits reach 0.54 and 0.79 of it; NVLink bridges
+# 300 GB/s per direction (0.66); PCIe Gen4 / Gen5 x16 32 / 64 GB/s (0.74, 0.75).
+CALIBRATION = MappingProxyType({
+    ("a100", "nvswitch"): LinkModel(36.3e-6, 1.28e-6, 163.3e9, 23.6e9),
+    ("h100", "nvswitch"): LinkModel(27.4e-6, 0.44e-6, 356.4e9, 47.8e9),
+    ("a100", "nvlink_pairwise"): LinkModel(33.9e-6, 4.39e-6, 198.8e9, 23.6e9),
+    ("h100", "nvlink_pairwise"): LinkModel(7.3e-6, 4.77e-6, 197.9e9, 47.8e9),
+})
+
+
+def link_model(gpu_name: str, topology: str) -> LinkModel:
+    """Constants for a GPU (H200: H100's, same NVLink 4 and NVSwitch) on a topology."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
+    fam = "a100" if gpu_name.startswith("a100") else "h100"
+    if topology == "pcie":
+        pair = CALIBRATION[(fam, "nvlink_pairwise")]
+        return LinkModel(pair.base, pair.hop, pair.pcie_bandwidth, pair.pcie_bandwidth)
+    return CALIBRATION[(fam, topology)]
+
+
+def allreduce_seconds(size: float, n: int, link: LinkModel, topology: str,
+                      algorithm: Algorithm = "auto") -> float:
+    """Time of one all-reduce of `size` bytes among `n` GPUs; 0 for one GPU."""
+    if n <= 1:
+        return 0.0
+    direct = topology == "nvswitch" or (topology == "nvlink_pairwise" and n == 2)
+    bw = link.bandwidth if direct else link.pcie_bandwidth
+    ring = link.base + 2 * (n - 1) * link.hop + 2.0 * (n - 1) / n * size / bw
+    tree = link.base + 2 * math.ceil(math.log2(n)) * link.hop + 2.0 * size / bw
+    if algorithm == "ring":
+        return ring
+    if algorithm == "tree":
+        return tree
+    return ring if ring <= tree else tree
+

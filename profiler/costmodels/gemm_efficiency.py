@@ -1,0 +1,85 @@
+"""Shape-dependent time and efficiency of one bf16 GEMM on one GPU (M tokens, K in, N out features).
+
+    t(M, N, K) = t0 + max(2 * Mp * N * K / (peak * c),  (K*N + M*(K + N)) * 2 / (hbm * e_mem))
+    Mp = TILE * ceil(M / TILE)                      (M padded to whole 128-row output tiles)
+    efficiency(M, N, K) = roofline bound / t,  bound = max(2*M*N*K / peak, bytes / hbm)
+
+Three physical effects and four constants per GPU: a fixed cost t0 (launch, prologue, tail wave)
+that dominates narrow TP shards at few tokens; a compute rate c of the dense peak reached on whole
+tiles; the tile staircase (a GEMM of 129 tokens costs what one of 256 does: Vidur's tables are flat
+across each 128-token window and jump just past it); and a weight-streaming rate e_mem of HBM
+bandwidth at few tokens. So efficiency rises with M within the compute regime (t0 and padding
+amortised), dips near the ridge point, and falls for narrow shards (small N*K per GPU), whose
+time is mostly t0. Smoother forms were tried (M/(M+m0) compute ramp, K/(K+k0) depth factor, wave
+quantisation over the SMs, a p-norm blend of the two regimes): none improved p90 by more than one
+point, and the blend needed e_mem > 1.
+
+Invariant: `gemm_seconds` is a pure function of Python scalars (no numpy), so a caller that
+evaluates it on the same token count always gets the same float.
+
+Fit: `python benchmarks/fit_gemm_collectives.py` (log-ratio least squares) on every row of Vidur's
+published token-operator tables, shared/data/vidur/data/profiling/compute/<gpu>/*/*/mlp.csv
+(microsoft/vidur 7d47513, MIT): columns time_stats.{attn_pre_proj, attn_post_proj, mlp_up_proj,
+mlp_down_proj}.median by num_tokens (1..4096, Llama-3: ..32768) and num_tensor_parallel_workers
+(1, 2, 4, 8), with the per-GPU shapes of each model's QKV, O, gate+up and down projections. A100:
+8 models (Llama-2-7B/70B, Llama-3-8B/70B, CodeLlama-34B, Qwen-72B, InternLM-20B, phi-2), 36,516
+GEMMs; H100: 6 models (no Llama-3), 21,924 GEMMs. Relative error of predicted GEMM time:
+
+    GPU    this curve: median / p90     one factor (0.72 of peak, 0.8 of HBM): median / p90
+    A100   5.0 % / 13.9 %               7.1 % / 28.8 %
+    H100   7.6 % / 20.3 %               14.0 % / 43.8 %
+
+H100's kernel choice is noisier (its tables jump at 64-token steps too). H200 has no published
+table: it takes H100's compute form (same SXM5 die) with its own HBM bandwidth.
+"""
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+TILE = 128  # output-tile rows in M; 64 and 256 fit worse on A100 (p90 15.0 %, 23.1 %), tie on H100
+
+# gpu family -> (t0 seconds, compute fraction c of dense peak, HBM fraction e_mem), fitted as above
+CONSTANTS = MappingProxyType({
+    "a100": (7.15e-6, 0.727, 0.739),
+    "h100": (7.73e-6, 0.690, 0.955),
+})
+FIT_ERROR = MappingProxyType({  # median / p90 absolute relative error of GEMM time on the tables
+    "a100": (0.050, 0.139),
+    "h100": (0.076, 0.203),
+})
+
+
+def family(gpu_name: str) -> str:
+    """The fitted GPU whose constants a GPU uses (H200: H100's)."""
+    return "a100" if gpu_name.startswith("a100") else "h100"
+
+
+class GemmCurve:
+    """GEMM seconds and efficiency on one GPU (peak FLOP/s and HBM bytes/s from its spec)."""
+
+    __slots__ = ("peak", "hbm", "t0", "compute_rate", "memory_rate")
+
+    def __init__(self, peak_flops: float, hbm_bandwidth: float, gpu_name: str):
+        t0, c, e_mem = CONSTANTS[family(gpu_name)]
+        self.peak, self.hbm, self.t0 = float(peak_flops), float(hbm_bandwidth), t0
+        self.compute_rate, self.memory_rate = self.peak * c, self.hbm * e_mem
+
+    def seconds(self, m: float, n: float, k: float, dtype_bytes: float = 2.0) -> float:
+        """Time of one (M x K) @ (K x N) GEMM; 0 when there are no rows."""
+        if m <= 0:
+            return 0.0
+        padded = TILE * math.ceil(m / TILE)
+        compute = 2.0 * padded * n * k / self.compute_rate
+        memory = (k * n + m * (k + n)) * dtype_bytes / self.memory_rate
+        return self.t0 + (compute if compute >= memory else memory)
+
+    def efficiency(self, m: float, n: float, k: float, dtype_bytes: float = 2.0) -> float:
+        """Fraction of the roofline bound max(FLOPs / peak, bytes / HBM) this GEMM reaches."""
+        bound = max(2.0 * m * n * k / self.peak, (k * n + m * (k + n)) * dtype_bytes / self.hbm)
+        return bound / self.seconds(m, n, k, dtype_bytes)
+
+
+def gemm_curve(gpu) -> GemmCurve:
+    """The curve of a GPUSpec."""
+    return GemmCurve(gpu.bf16_flops, gpu.hbm_bandwidth, gpu.name)
