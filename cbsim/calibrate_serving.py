@@ -7,7 +7,8 @@ measured file read by cbsim/measured.py: cbsim's flat JSON, vLLM `bench serve --
 SGLang `bench_serving`). The objective is the mean squared log ratio simulated / measured. A
 handful of terms (by default host_per_step_s, host_per_seq_s and frontend_s, the three that move
 ITL, its growth with the batch, and TTFT apart) are searched by Nelder-Mead over t = unit * u^2
-(so every term stays >= 0), from the base engine's values, for at most `max_evals` evaluations:
+(so every term stays >= 0), from the base engine's values (or a typical magnitude), with a wide
+first simplex and one restart from the best point, for at most `max_evals` evaluations:
 with experiments of a few thousand requests that is minutes. Stream latency and front-end
 latency shift TTFT and E2E alike and cannot be told apart from these metrics: fit one of them.
 """
@@ -101,9 +102,16 @@ def calibrate_serving(cases, fit=DEFAULT_FIT, base_engine=None, max_evals: int =
         evaluations.append(value)
         return value
 
-    start = [np.sqrt(max(base_terms[n], START.get(n, 1e-3)) / unit) for n, unit in zip(names, units)]
-    result = minimize(objective, start, method="Nelder-Mead",
-                      options={"maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-6})
+    point = np.array([np.sqrt(max(base_terms[n], START.get(n, 1e-3)) / unit) for n, unit in zip(names, units)])
+    result = None
+    for spread in (1.0, 0.25):  # a wide simplex (the objective steps as the schedule changes), then a restart
+        simplex = np.vstack([point] + [point + spread * point[i] * np.eye(len(point))[i] for i in range(len(point))])
+        budget = max_evals - len(evaluations)
+        if budget <= len(point):
+            break
+        result = minimize(objective, point, method="Nelder-Mead",
+                          options={"maxfev": budget, "xatol": 1e-3, "fatol": 1e-7, "initial_simplex": simplex})
+        point = result.x
     terms = terms_of(result.x)
     report = {"type": "engine", "terms": terms, "fitted": list(names), "base_engine": base.name,
               "search": {"method": "Nelder-Mead over t = unit * u^2", "evaluations": len(evaluations),

@@ -183,8 +183,9 @@ class StepEngine:
 # --- resolving `cost_model.engine:` -------------------------------------------------------------
 
 def preset_names() -> list[str]:
-    """Names of the shipped engine presets (profiler/costmodels/engines/*.yaml)."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    """Names of the shipped engine presets: profiler/costmodels/engines/*.yaml (terms with their
+    sources) and *.json (engine files fitted by `cbsim calibrate`, with their data and errors)."""
+    return sorted(p.stem for p in [*PRESET_DIR.glob("*.yaml"), *PRESET_DIR.glob("*.json")])
 
 
 def load_engine(value, path: str = "engine") -> Engine:
@@ -217,9 +218,9 @@ def _load_named(name, path: str) -> Engine:
         raise ConfigError(path, "an engine preset name or a file path", name)
     if name == NONE:
         return NO_ENGINE
-    preset = PRESET_DIR / f"{name}.yaml"
-    if preset.exists():
-        return read_engine_file(preset, path, name=name)
+    for preset in (PRESET_DIR / f"{name}.yaml", PRESET_DIR / f"{name}.json"):
+        if preset.exists():
+            return read_engine_file(preset, path, name=name)
     file = Path(name)
     if file.suffix in (".json", ".yaml", ".yml"):
         if not file.exists():
@@ -255,6 +256,9 @@ def read_engine_file(file: Path, path: str = "engine", name: str | None = None) 
     except ConfigError as err:
         raise err.in_file(str(file)) from None
     provenance = {k: v for k, v in data.items() if k != "terms"}
+    sources = {k: {f: v for f, v in e.items() if f != "value"} for k, e in data["terms"].items() if isinstance(e, dict)}
+    if sources:
+        provenance["term_sources"] = sources
     return Engine(terms, name or data.get("name") or file.stem, str(file), provenance)
 
 
