@@ -156,3 +156,19 @@ def test_roofline_charges_high_tp_its_collectives():
     one = StepShape.from_batch([], [600])
     tp2, tp8 = roofline().step_time(one), roofline(tp=8).step_time(one)
     assert 0.35 < tp8 / tp2 < 0.5
+
+
+def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():
+    """allreduce.py's `nccl` kind (collectives.py) against the converted a100_dgx table it was fitted on."""
+    import json
+
+    from cbsim.profiler.costmodels.allreduce import AllReduce, nccl_spec, table_spec
+    from cbsim.profiler.vidur_data import shipped_dir
+
+    network = json.loads((shipped_dir() / "network" / "a100_dgx.json").read_text())
+    for tp in (2, 4, 8):
+        table, model = AllReduce(table_spec(network, tp, 8192)), AllReduce(nccl_spec(tp, 8192, "a100"))
+        for tokens in (512, 1024, 2048):  # 8-32 MiB messages: bandwidth-bound
+            assert model.seconds(tokens) == pytest.approx(table.seconds(tokens), rel=0.15)
+    with pytest.raises(ValueError, match="topology"):
+        nccl_spec(2, 8192, "a100", "token-ring")
