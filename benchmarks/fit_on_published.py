@@ -28,7 +28,7 @@ reproduces the published medians exactly. The script then runs the profiler's ow
      matrix (the fit itself is unchanged).
 
 Invariant: every table printed comes from files this run wrote in --out (measurements.csv,
-metadata.json, profile.json), so `cbsim fit measurements.csv --network a100_pairwise_nvlink` and
+metadata.json, profile.json), so `cbsim fit measurements.csv --network a100_dgx` and
 `cbsim costcheck profile.json measurements.csv --rows heldout|grid` reproduce them.
 """
 from __future__ import annotations

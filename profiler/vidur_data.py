@@ -261,8 +261,13 @@ def read_network(data: Path, node: str) -> dict:
 
 
 def default_node(gpu: str, tp: int) -> str:
-    """Vidur's default node for a GPU: pairs of NVLinked GPUs up to 4, a DGX box for 8."""
-    return f"{gpu}_pairwise_nvlink" if tp <= 4 else f"{gpu}_dgx"
+    """The measured node of a GPU's usual server: a DGX box (NVSwitch) for the A100/H100 SXM parts.
+
+    Vidur's own default picked the pairwise-NVLink tables up to 4 GPUs; on those nodes a 4-GPU ring
+    crosses PCIe (23.6 GB/s on A100), which doubles a TP4 prefill on the NVSwitch boxes the SXM
+    parts ship in. Pass `--node <gpu>_pairwise_nvlink` for a node of NVLink-bridged pairs.
+    """
+    return f"{gpu}_dgx" if gpu in ("a100", "h100") else f"{gpu}_pairwise_nvlink"
 
 
 def convert(data: Path, gpu: str, model: str, tp: int, node: str | None = None) -> dict:

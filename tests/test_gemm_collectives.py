@@ -4,6 +4,7 @@ data is absent), and the roofline's bit-identical decode runs with both in place
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -160,7 +161,6 @@ def test_roofline_charges_high_tp_its_collectives():
 
 def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():
     """allreduce.py's `nccl` kind (collectives.py) against the converted a100_dgx table it was fitted on."""
-    import json
 
     from cbsim.profiler.costmodels.allreduce import AllReduce, nccl_spec, table_spec
     from cbsim.profiler.vidur_data import shipped_dir
@@ -172,3 +172,22 @@ def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():
             assert model.seconds(tokens) == pytest.approx(table.seconds(tokens), rel=0.15)
     with pytest.raises(ValueError, match="topology"):
         nccl_spec(2, 8192, "a100", "token-ring")
+
+
+def test_vidur_convert_defaults_to_the_dgx_tables():
+    from cbsim.profiler import vidur_data
+
+    assert [vidur_data.default_node("a100", tp) for tp in (2, 4, 8)] == ["a100_dgx"] * 3
+    assert vidur_data.default_node("h100", 4) == "h100_dgx"
+    shipped = json.loads((vidur_data.shipped_dir() / "a100-llama-2-70b-tp2.json").read_text())
+    assert shipped["allreduce"]["node"] == "a100_dgx"
+
+
+@needs_data
+def test_shipped_tp2_profile_is_the_default_conversion():
+    from cbsim.profiler import vidur_data
+
+    fresh = json.loads(json.dumps(vidur_data.convert(DATA, "a100", "llama-2-70b", 2)))
+    assert fresh == json.loads((vidur_data.shipped_dir() / "a100-llama-2-70b-tp2.json").read_text())
+    pairwise = vidur_data.convert(DATA, "a100", "llama-2-70b", 2, node="a100_pairwise_nvlink")
+    assert pairwise["allreduce"]["node"] == "a100_pairwise_nvlink"  # still there when asked
