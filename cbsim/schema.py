@@ -1,17 +1,22 @@
 """Typed config sections: a dataclass per section, built from a YAML mapping with validation.
 
 Each field carries its help text in `metadata["help"]` (use `option(...)`). `parse(cls, mapping,
-path)` checks types, rejects unknown keys and names the key path of the first error.
+path)` checks types, rejects unknown keys and names the key path of the first error. Numbers are
+finite (no NaN or infinity) and integers fit in int64: a huge value is an error here, not an
+overflow or a hang later.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal
 
 from .errors import ConfigError, missing
+
+MAX_INT = 2 ** 63  # integers (int64) and integral floats must stay below this magnitude
 
 
 def option(default=dataclasses.MISSING, help: str = "", **kw):
@@ -105,14 +110,21 @@ def coerce(tp, value, path: str):
             return value
         raise ConfigError(path, "true or false", value)
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+        number = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(number, int) and not isinstance(number, bool):
+            if abs(number) >= MAX_INT:
+                raise ConfigError(path, "an integer of magnitude below 2**63", value)
+            return number
         raise ConfigError(path, "an integer", value)
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):
+                raise ConfigError(path, "a finite number", value)
+            return number
         raise ConfigError(path, "a number", value)
     if tp is str:
         if isinstance(value, str):

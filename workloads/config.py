@@ -80,6 +80,7 @@ class WorkloadConfig:
 
 
 _TAGGED = {"arrival": ARRIVALS, "prompt_len": LENGTHS, "output_len": LENGTHS}
+MAX_REQUESTS = 10_000_000  # synthetic requests per run (a million run in about a minute)
 
 
 def parse_workload(mapping, path: str = "workload") -> WorkloadConfig:
@@ -178,7 +179,25 @@ def _check_synthetic(cfg: WorkloadConfig, path: str) -> None:
                                 "'prompt_len' and 'output_len'", has_got=False)
     if cfg.num_requests is None:
         raise missing(f"{path}.num_requests", "int >= 1")
-    require(cfg.num_requests >= 1, f"{path}.num_requests", "an integer >= 1", cfg.num_requests)
+    require(1 <= cfg.num_requests <= MAX_REQUESTS, f"{path}.num_requests", f"an integer >= 1 and <= {MAX_REQUESTS:,}",
+            cfg.num_requests)
     for name in ("arrival", "prompt_len", "output_len"):
         if getattr(cfg, name) is None:
             raise missing(f"{path}.{name}", "a mapping with a 'type' key")
+
+
+def check_lengths(cfg: WorkloadConfig, limit: int, path: str = "workload") -> None:
+    """Every length a synthetic workload names is at most `limit` (the model's max_model_len): a
+    longer one could only make requests the replicas reject, or hash chains that take minutes."""
+    for name in ("prompt_len", "output_len"):
+        spec = getattr(cfg, name)
+        for field in ("value", "min", "max", "median"):
+            value = getattr(spec, field, None)
+            require(value is None or value <= limit, f"{path}.{name}.{field}",
+                    f"a length <= max_model_len ({limit})", value)
+        values = getattr(spec, "values", None)
+        require(not values or max(values) <= limit, f"{path}.{name}.values",
+                f"lengths <= max_model_len ({limit})", max(values or [0]))
+    prefix = cfg.shared_prefix
+    require(prefix is None or prefix.prefix_len <= limit, f"{path}.shared_prefix.prefix_len",
+            f"a length <= max_model_len ({limit})", prefix and prefix.prefix_len)
