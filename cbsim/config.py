@@ -16,6 +16,10 @@ import yaml
 from .errors import ConfigError
 from .schema import option, parse, require
 
+MAX_REPLICAS = 4096  # replicas per cluster or pool: more is surely a typo (and a slow run)
+MAX_BLOCKS = 1 << 31  # KV blocks per replica
+MAX_BLOCK_SIZE = 1 << 16  # tokens per KV block
+
 
 @dataclass
 class KVCacheConfig:
@@ -35,9 +39,10 @@ class KVCacheConfig:
                                          "keeps units of lcm(block_size, hash_block_size) tokens")
 
     def validate(self) -> None:
-        require(self.block_size >= 1, "block_size", "an integer >= 1", self.block_size)
-        require(self.num_blocks == "auto" or self.num_blocks >= 1, "num_blocks", "an integer >= 1 or 'auto'",
-                self.num_blocks)
+        require(1 <= self.block_size <= MAX_BLOCK_SIZE, "block_size", f"an integer >= 1 and <= {MAX_BLOCK_SIZE}",
+                self.block_size)
+        require(self.num_blocks == "auto" or 1 <= self.num_blocks <= MAX_BLOCKS, "num_blocks",
+                f"an integer >= 1 and <= {MAX_BLOCKS} or 'auto'", self.num_blocks)
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "a number in (0, 1]",
                 self.gpu_memory_utilization)
         require(0 <= self.watermark < 1, "watermark", "a number in [0, 1)", self.watermark)
@@ -60,9 +65,9 @@ class PoolConfig:
                                          "(e.g. false on the decode pool: hand-offs then send whole prompts)")
 
     def validate(self) -> None:
-        require(self.replicas >= 1, "replicas", "an integer >= 1", self.replicas)
-        require(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "an integer >= 1 or null",
-                self.num_blocks)
+        require(1 <= self.replicas <= MAX_REPLICAS, "replicas", f"an integer >= 1 and <= {MAX_REPLICAS}", self.replicas)
+        require(self.num_blocks is None or 1 <= self.num_blocks <= MAX_BLOCKS, "num_blocks",
+                f"an integer >= 1 and <= {MAX_BLOCKS} or null", self.num_blocks)
 
 
 @dataclass
@@ -114,7 +119,8 @@ class ClusterConfig:
                              "the one with most of its prompt cached, then least loaded)")
 
     def validate(self) -> None:
-        require(self.replicas >= 1, "replicas", "an integer >= 1", self.replicas)
+        require(1 <= self.replicas <= MAX_REPLICAS, "replicas", f"an integer >= 1 and <= {MAX_REPLICAS}", self.replicas)
+        require(self.tp is None or 1 <= self.tp <= 1024, "tp", "an integer >= 1 and <= 1024 or null", self.tp)
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "an integer >= 2",
                 self.max_model_len)
         if self.mode == "pd":
@@ -160,6 +166,10 @@ class SimConfig:
     cost_noise: bool = option(False, help="multiply each step time by a factor drawn (seeded) from the cost "
                               "model's residuals (fitted models); turns fast-forward off")
 
+    def validate(self) -> None:
+        require(self.max_time is None or self.max_time > 0, "max_time", "a time > 0 (seconds) or null",
+                self.max_time)
+
 
 @dataclass
 class OutputConfig:
@@ -169,6 +179,10 @@ class OutputConfig:
     formats: list[Literal["csv", "parquet"]] = option(["csv", "parquet"], help="table file formats")
     shapes: int = option(0, help="write shapes.jsonl with this many step shapes sampled from the run "
                          "(held-out batches for `cbsim profile --batches`); 0 = none")
+
+    def validate(self) -> None:
+        require(self.shapes >= 0, "shapes", "an integer >= 0 (0 = none)", self.shapes)
+        require(self.dir is None or self.dir.strip() != "", "dir", "a folder path or null", self.dir)
 
 
 @dataclass
@@ -188,10 +202,21 @@ class ExperimentConfig:
     sim: SimConfig = option(SimConfig(), help="simulator switches")
     source: str | None = field(default=None, repr=False, init=False)  # the file it came from
 
+    def validate(self) -> None:
+        check_name(self.name, "name")
+        require(self.seed >= 0, "seed", "an integer >= 0 (numpy seeds are non-negative)", self.seed)
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data.pop("source")
         return data
+
+
+def check_name(name: str, path: str) -> None:
+    """A run or sweep name becomes a folder under results/: one plain path component."""
+    require(name.strip() != "" and name not in (".", "..") and not any(c in name for c in "/\\\0")
+            and name == name.strip(), path, "a folder name: not empty, no '/', '\\' or surrounding spaces, "
+            "not '.' or '..'", name)
 
 
 MAX_DEPTH = 64  # deepest YAML nesting accepted (experiment files use fewer than 10 levels)
@@ -302,6 +327,7 @@ def validate_sections(config: ExperimentConfig) -> None:
     from cbsim.profiler.specs import model_spec
     from cbsim.sim.metrics import MetricsConfig
     from cbsim.workloads import parse_workload
+    from cbsim.workloads.config import check_lengths
 
     model = model_spec(config.model, "model")
     load_cost_model(config.cost_model, model)
@@ -318,7 +344,8 @@ def validate_sections(config: ExperimentConfig) -> None:
                 load_cost_model(pool_cost_model(config, name), model)
             except ConfigError as err:
                 raise err.under(path)
-    parse_workload(config.workload, "workload")
+    workload = parse_workload(config.workload, "workload")
+    check_lengths(workload, config.cluster.max_model_len or model.max_model_len)
     if not isinstance(config.metrics, MetricsConfig):
         config.metrics = parse(MetricsConfig, config.metrics, "metrics")
 

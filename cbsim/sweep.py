@@ -30,7 +30,7 @@ from typing import Any, Callable, Literal
 import pandas as pd
 import yaml
 
-from .config import ExperimentConfig, load_config, read_yaml
+from .config import ExperimentConfig, check_name, load_config, read_yaml
 from .errors import ConfigError
 from .schema import option, parse, require
 
@@ -63,8 +63,9 @@ class SweepSpec:
 
     def validate(self) -> None:
         require(isinstance(self.base, (str, dict)), "base", "an experiment path or mapping", self.base)
-        require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds",
-                "a non-empty list of distinct integers", self.seeds)
+        check_name(self.name, "name")
+        require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, "seeds",
+                "a non-empty list of distinct integers >= 0", self.seeds)
         grids = self.grids
         keys = [k for grid in grids for k in grid]
         for key in self.set:
@@ -196,6 +197,8 @@ def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | No
     `address` joins a Ray cluster. `on_start(done, total)` is called once the finished points are
     loaded, `on_point(record, done, total)` each time a point finishes in this call.
     """
+    if workers is not None and workers < 1:
+        raise ConfigError("workers", "an integer >= 1, or null for the CPU count", workers)
     spec = load_sweep(spec_or_path, root)
     points = sweep_points(spec)
     points_dir = Path(out_dir) / "points" if out_dir is not None else None
