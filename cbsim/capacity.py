@@ -109,12 +109,12 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
         _check_slo(slo)
     if min_attainment is not None and not 0 < min_attainment <= 1:
         raise ConfigError("min_attainment", "a fraction in (0, 1]", min_attainment)
-    if rel_tol <= 0:
+    if not rel_tol > 0 or not math.isfinite(rel_tol):
         raise ConfigError("rel_tol", "a relative tolerance > 0", rel_tol)
     if not 0 <= min_finished <= 1:
         raise ConfigError("min_finished", "a fraction in [0, 1]", min_finished)
     start = float(lo if lo is not None else _rate_of(base, rate_key))
-    if start <= 0 or (hi is not None and hi <= start):
+    if not 0 < start < math.inf or (hi is not None and not start < hi < math.inf):
         raise ConfigError("--lo/--hi", "0 < lo < hi", (start, hi))
     rows: list[dict] = []
 
@@ -211,8 +211,8 @@ def _check_slo(slo: dict[str, float]) -> None:
     if not slo:
         raise ConfigError("slo", "at least one metric=limit, e.g. itl_p99=0.1", slo)
     for metric, limit in slo.items():
-        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
-            raise ConfigError(f"slo.{metric}", "a number", limit)
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not (math.isfinite(limit) and limit > 0):
+            raise ConfigError(f"slo.{metric}", "a finite limit > 0 (NaN would never be violated)", limit)
 
 
 def _flow(mapping: dict) -> str:

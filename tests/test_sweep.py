@@ -304,7 +304,7 @@ def test_capacity_brackets_downward_and_respects_hi():
     assert 10.25 < down.fail_rate  # 10.25/s still meets it: median wait about 20 x (0.1 - 1/10.25) = 0.049 s
     capped = find_capacity(CAPACITY, SLO, lo=2.0, hi=8.0)
     assert capped.rate == 8.0 and capped.fail_rate is None and len(capped.points) == 2
-    never = find_capacity(CAPACITY, {"queue_delay_p50": -1.0}, lo=1.0, max_expansions=2)
+    never = find_capacity(CAPACITY, {"ttft_p50": 1e-9}, lo=1.0, max_expansions=2)  # no prefill is that fast
     assert never.rate is None and never.fail_rate == 0.25
 
 
