@@ -45,9 +45,14 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
 
     from .api import run_experiment
     from .config import load_config
+    from .preflight import check_writable
 
     cfg = load_config(file, set_)
     target = out or cfg.output.dir or Path("results") / cfg.name
+    try:
+        check_writable(target, "--out" if out else "output.dir" if cfg.output.dir else "name")
+    except ConfigError as err:
+        raise err.in_file(str(file)) if not out else err
     results = run_experiment(cfg, out_dir=target)
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:

@@ -30,12 +30,16 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cbsim.errors import ConfigError
+    from cbsim.preflight import check_writable
     from cbsim.sweep import load_sweep, run_sweep
 
     if backend not in ("local", "ray"):
         raise ConfigError("--backend", "local or ray", backend)
+    if workers is not None and workers < 1:
+        raise ConfigError("--workers", "an integer >= 1 (default: the CPU count)", workers)
     spec = load_sweep(file)
     target = out or Path("results") / "sweeps" / spec.name
+    check_writable(target, "--out" if out else "name")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(spec.name, total=None)
@@ -74,7 +78,10 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     from cbsim.capacity import find_capacities, find_capacity
     from cbsim.config import load_config
     from cbsim.errors import ConfigError
+    from cbsim.preflight import check_writable
 
+    if out is not None:
+        check_writable(out.parent, "--out")
     limits = {}
     for item in slo:
         name, _, value = item.partition("=")
