@@ -165,3 +165,88 @@ def test_dropped_rows_reach_the_summary_and_a_warning(tmp_path):
     assert summary["dropped_rows"] == {"zero length": 1, "over max_requests": 1}
     assert "warning: 1 trace rows dropped: zero length" in result.output
     assert "over max_requests" not in result.output.split("dropped_rows")[0]
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    ("workload.num_requests=1.0e+300", "workload.num_requests", "below 2**63"),
+    ("workload.num_requests=100000000", "workload.num_requests", "10,000,000"),
+    ("policy.token_budget=99999999999999999999999", "policy.token_budget", "below 2**63"),
+    ("workload.prompt_len.max=1.0e+18", "workload.prompt_len.max", "max_model_len (8192)"),
+    ("workload.shared_prefix={prefix_len: 1.0e+18}", "workload.shared_prefix.prefix_len", "max_model_len"),
+    ("workload.output_len.value=100000", "workload.output_len.value", "max_model_len"),
+    ("workload.arrival.rate=.nan", "workload.arrival.rate", "a finite number"),
+    ("workload.arrival.rate=.inf", "workload.arrival.rate", "a finite number"),
+])
+def test_07_huge_integral_floats_and_lengths_are_bounded_at_validation(override, key, expected):
+    assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key, expected)
+
+
+# 9. Values that passed validate and then crashed, or were silently replaced
+
+@pytest.mark.parametrize("override, key", [
+    ("seed=-1", "seed"), ("sim.max_time=0", "sim.max_time"), ("output.shapes=-1", "output.shapes"),
+    ("cluster.replicas=100000", "cluster.replicas"), ("cluster.kv_cache.num_blocks=1.0e+15", "num_blocks"),
+])
+def test_09_bad_seed_max_time_shapes_and_replicas_are_named(override, key):
+    assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key)
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_09_sweep_workers_below_one_are_refused(tmp_path, workers):
+    from cbsim.sweep import run_sweep
+
+    sweep = write(tmp_path, {"base": TINY, "grid": {"policy.token_budget": [64]}}, "sweep.yaml")
+    assert_user_error(cli("sweep", sweep, "--workers", workers, "--out", tmp_path / "o"), "--workers")
+    with pytest.raises(ConfigError, match="workers"):
+        run_sweep(sweep, workers=int(workers))
+
+
+# 10. Capacity SLOs
+
+@pytest.mark.parametrize("limit", ["nan", "inf", "0", "-1"])
+def test_10_capacity_slos_must_be_finite_and_positive(tmp_path, limit):
+    assert_user_error(cli("capacity", write(tmp_path, TINY), "--slo", f"itl_p99={limit}"), "slo.itl_p99", "> 0")
+
+
+# 11. Output folder checked before simulating
+
+def test_11_unwritable_output_folder_fails_before_simulating(tmp_path, monkeypatch):
+    import cbsim.api
+
+    monkeypatch.setattr(cbsim.api, "_simulate", lambda *a: pytest.fail("simulated before checking --out"))
+    assert_user_error(cli("run", write(tmp_path, TINY), "--out", "/dev/null/x"), "--out", "/dev/null/x")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    exp = write(tmp_path, {**TINY, "output": {"dir": str(blocker / "sub"), "plots": False}})
+    assert_user_error(cli("run", exp), "exp.yaml", "output.dir", "is not a folder")
+    sweep = write(tmp_path, {"base": TINY, "grid": {"policy.token_budget": [64]}}, "sweep.yaml")
+    assert_user_error(cli("sweep", sweep, "--out", blocker / "x"), "--out")
+
+
+# 12. Names become folders under results/
+
+@pytest.mark.parametrize("name", ["../../../x", "a/b", "..", "", "a\\\\b"])
+def test_12_names_with_path_separators_or_dots_are_refused(tmp_path, name):
+    assert_user_error(cli("validate", write(tmp_path, {**TINY, "name": name})), "exp.yaml", "name", "folder name")
+    with pytest.raises(ConfigError, match="name"):
+        from cbsim.sweep import load_sweep
+
+        load_sweep({"base": TINY, "grid": {"policy.token_budget": [64]}, "name": name})
+
+
+# Newcomer: the CLI finds traces in ../shared/data like reproduce.py and the notebooks
+
+def test_cli_finds_traces_beside_the_repository_without_cbsim_data(monkeypatch, tmp_path):
+    from cbsim import data
+
+    monkeypatch.delenv("CBSIM_DATA", raising=False)
+    found = data.data_dir()
+    if found is None or not (found / "traces").is_dir():
+        pytest.skip("no shared/data beside the repository")
+    assert found.resolve() == (ROOT.parent / "shared" / "data").resolve()
+    result = cli("validate", ROOT / "experiments" / "lpm_mooncake.yaml")
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("CBSIM_DATA", str(tmp_path))
+    assert data.data_dir() == tmp_path
+    assert_user_error(cli("validate", ROOT / "experiments" / "lpm_mooncake.yaml"), "workload.trace.path",
+                      str(tmp_path))

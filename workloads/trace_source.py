@@ -17,19 +17,18 @@ ConfigError naming its key (never an empty run):
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+from cbsim.data import DATA_ENV, data_dir
 from cbsim.errors import ConfigError
 from cbsim.schema import option, require
 
 from .traces import LENGTH_ONLY_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace, spread_slots
 
-DATA_ENV = "CBSIM_DATA"
 CLEANING = UNREADABLE + ("zero length",)  # rules the user did not choose: their drops are warned about
 
 
@@ -48,7 +47,8 @@ class TraceConfig:
         help="file format: azure (Azure LLM 2023 CSV), mooncake (FAST'25 JSONL with hash_ids), "
              "sharegpt / arxiv (length-statistics CSVs, no timestamps), vidur (processed_traces CSV)")
     path: str = option(help="the file: absolute, or relative to the experiment file's folder, then to "
-                            "$CBSIM_DATA, then to the current directory")
+                            "the data folder ($CBSIM_DATA, else shared/data beside the repository), then to "
+                            "the current directory")
     time_scale: float = option(1.0, help="replay speed-up: arrivals are divided by it (2.0 replays twice as fast)")
     start: float = option(0.0, help="start of the replayed window in trace seconds (before time_scale); "
                                     "arrivals are shifted so the window starts at 0")
@@ -85,12 +85,13 @@ class TraceConfig:
 
 
 def resolve_path(value: str, base_dir: Path | None, key: str) -> Path:
-    """The file `value` names: absolute, else under base_dir, $CBSIM_DATA or the current directory."""
+    """The file `value` names: absolute, else under base_dir, the data folder (cbsim.data) or the
+    current directory."""
     given = Path(value).expanduser()
     if given.is_absolute():
         candidates = [given]
     else:
-        roots = [base_dir, os.environ.get(DATA_ENV) or None, Path.cwd()]
+        roots = [base_dir, data_dir(), Path.cwd()]
         candidates = [Path(root) / given for root in roots if root is not None]
     for candidate in candidates:
         if candidate.is_file():

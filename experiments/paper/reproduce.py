@@ -325,11 +325,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(only) - set(STUDIES))
     if unknown:
         parser.error(f"--only: unknown studies {unknown}; choose from {', '.join(STUDIES)}")
-    default_data = REPO.parent / "shared" / "data"
-    if args.data is not None:
+    if args.data is not None:  # else cbsim.data's rule: $CBSIM_DATA, then shared/data beside the repository
         os.environ["CBSIM_DATA"] = str(args.data)
-    elif not os.environ.get("CBSIM_DATA") and default_data.is_dir():
-        os.environ["CBSIM_DATA"] = str(default_data)
     numbers = reproduce(SIZES[args.size], args.out, only)
     for study, result in numbers.items():
         for claim, holds in result["claims"].items():
