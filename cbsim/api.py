@@ -264,7 +264,8 @@ def client_frontend(cfg: ExperimentConfig, requests):
 def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> Results:
     """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
 
-    Writes the output folder when `out_dir` is given or the config's `output.dir` is set.
+    Writes the output folder only when `out_dir` is given (the CLI passes output.dir or results/<name>
+    explicitly): running a shipped experiment from Python or a test never overwrites its results.
     """
     from cbsim.sim import metrics
     from cbsim.sim.client_view import client_view
@@ -306,7 +307,6 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})
-    target = out_dir or cfg.output.dir
-    if target:
-        results.write(target)
+    if out_dir is not None:
+        results.write(out_dir)
     return results
