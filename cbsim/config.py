@@ -173,7 +173,8 @@ class SimConfig:
 
 @dataclass
 class OutputConfig:
-    dir: str | None = option(None, help="results folder; default results/<name> from the CLI, none from Python")
+    dir: str | None = option(None, help="results folder of `cbsim run` (default results/<name>); from Python, "
+                             "run_experiment writes only to the out_dir it is given")
     plots: bool = option(True, help="write PNG plots")
     trace: bool = option(True, help="write a Perfetto/Chrome trace JSON of the steps")
     formats: list[Literal["csv", "parquet"]] = option(["csv", "parquet"], help="table file formats")
