@@ -48,7 +48,7 @@ from cbsim.errors import ConfigError
 from cbsim.schema import option, parse, require
 
 PRESET_DIR = Path(__file__).resolve().parent / "engines"
-DEFAULT = "none"  # what a cost model that names no engine gets (README: "How far to trust the numbers")
+DEFAULT = "vllm-v1"  # what a cost model that names no engine gets (README: "How far to trust the numbers")
 NONE = "none"
 
 
