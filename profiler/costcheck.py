@@ -50,8 +50,14 @@ def load_model(profile_path):
     from .costmodels.fitted import FittedCostModel
     from .costmodels.vidur import VidurCostModel
 
+    from cbsim.errors import ConfigError
+
     path = Path(profile_path)
-    kind = json.loads(path.read_text()).get("type")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:  # missing, not UTF-8, not JSON
+        raise ConfigError("<file>", "a profile JSON (fitted or vidur)", str(err), file=str(path)) from None
+    kind = data.get("type") if isinstance(data, dict) else None
     models = {"fitted": FittedCostModel, "vidur": VidurCostModel}
     if kind not in models:
         raise ValueError(f"{path}: profile type {kind!r} is not one of {sorted(models)}")
