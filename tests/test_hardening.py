@@ -250,3 +250,54 @@ def test_cli_finds_traces_beside_the_repository_without_cbsim_data(monkeypatch, 
     assert data.data_dir() == tmp_path
     assert_user_error(cli("validate", ROOT / "experiments" / "lpm_mooncake.yaml"), "workload.trace.path",
                       str(tmp_path))
+
+
+# Newcomer: tests and the Python API never overwrite results/quickstart
+
+def test_run_experiment_writes_only_to_an_explicit_out_dir(tmp_path, monkeypatch):
+    from cbsim.api import run_experiment
+
+    monkeypatch.chdir(tmp_path)
+    small = ["workload.num_requests=20", "output.plots=false", "output.trace=false"]
+    results = run_experiment(QUICKSTART, overrides=small)
+    assert results.out_dir is None and not (tmp_path / "results").exists()
+    run_experiment(QUICKSTART, out_dir=tmp_path / "mine", overrides=small)
+    assert (tmp_path / "mine" / "summary.json").is_file()
+    result = cli("run", QUICKSTART, *[arg for item in small for arg in ("--set", item)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "results" / "quickstart" / "summary.json").is_file()  # the CLI writes where it did
+
+
+# 14. cbsim fit / costcheck: errors name the file and the row
+
+MEASURED = ("batch_id,cls,source,prefill,decode,layer_s_median,lm_head_s\n"
+            "0,decode,grid,,8,0.001,0.0002\n1,prefill,grid,128:0,,0.002,0.0002\n")
+
+
+@pytest.mark.parametrize("extra, key", [
+    ("2,decode,grid,,16,nan,0.0002\n", "layer_s_median (row 2, line 4)"),
+    ("2,decode,grid,,16,-0.001,0.0002\n", "layer_s_median (row 2, line 4)"),
+    ("2,decode,grid,,16,0.001,-1\n", "lm_head_s (row 2, line 4)"),
+    ("2,decode,grid,,16\n", "line 4"),
+])
+def test_14_bad_timing_rows_are_errors_naming_file_and_row(tmp_path, extra, key):
+    from cbsim.profiler.fit import load_measurements
+
+    path = tmp_path / "m.csv"
+    path.write_text(MEASURED + extra)
+    with pytest.raises(ConfigError) as err:
+        load_measurements(path)
+    assert str(err.value).startswith(f"{path}: {key}")
+    assert_user_error(cli("fit", path, "--out", tmp_path / "p.json"), "m.csv", key)
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_14_unreadable_measurements_and_profiles_name_the_file(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert_user_error(cli("fit", empty, "--out", tmp_path / "p.json"), "empty.csv")
+    good = tmp_path / "m.csv"
+    good.write_text(MEASURED)
+    binary = tmp_path / "profile.json"
+    binary.write_bytes(b"\x86\xff\x00")
+    assert_user_error(cli("costcheck", binary, good), "profile.json")
