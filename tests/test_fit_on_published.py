@@ -188,7 +188,7 @@ def test_shipped_published_profile_runs_and_tracks_the_vidur_model():
         assert fitted.step_time(shape) == pytest.approx(vidur.step_time(shape), rel=0.05)
     res = run_experiment(Path(fop.__file__).parents[1] / "experiments/quickstart.yaml", overrides=[
         "model=llama-2-70b", "cost_model={type: fitted, profile: %s}" % SHIPPED, "sim.cost_noise=true",
-        "workload.num_requests=60"])
+        "workload.num_requests=60", "workload.prompt_len.max=3000"])  # Llama-2-70B: max_model_len 4096
     assert res.summary["num_finished"] > 0 and res.config.cost_model["type"] == "fitted"
     kv = res.config.cluster.kv_cache  # num_blocks auto: sized from the profile's GPU (A100) and TP (2)
     expected = kv_cache_blocks(model_spec("llama-2-70b"), gpu_spec("a100"), 2, kv.block_size, kv.gpu_memory_utilization)
