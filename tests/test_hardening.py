@@ -301,3 +301,75 @@ def test_14_unreadable_measurements_and_profiles_name_the_file(tmp_path):
     binary = tmp_path / "profile.json"
     binary.write_bytes(b"\x86\xff\x00")
     assert_user_error(cli("costcheck", binary, good), "profile.json")
+
+
+# The fuzz battery: the shipped quickstart mutated one field at a time. Every outcome is a valid
+# config (validate says ok) or a ConfigError naming the file and the mutated key (or its parent,
+# a child or a sibling: a changed median is reported at the bound it conflicts with).
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+BASE = yaml.safe_load(QUICKSTART.read_text())
+MUTATIONS = {
+    "drop": None, "string": "x", "list": [1], "mapping": {"a": 1}, "negative": -1, "zero": 0,
+    "huge_int": 10 ** 30, "huge_float": 1.0e300, "nan": math.nan, "inf": math.inf, "unicode": "ünï©ødé",
+    "bool": True, "unknown_key": "zzz_unknown",
+}
+
+
+def key_paths(node, prefix=""):
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, dict):
+            yield from key_paths(value, path + ".")
+
+
+PATHS = sorted(key_paths(BASE))
+
+
+def mutate(data: dict, path: str, kind: str) -> dict:
+    data = json.loads(json.dumps(data))
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    if kind == "drop":
+        del node[leaf]
+    elif kind == "unknown_key":
+        target = node[leaf] if isinstance(node[leaf], dict) else node
+        target["zzz_unknown"] = 1
+    else:
+        node[leaf] = MUTATIONS[kind]
+    return data
+
+
+def related(named: str, key: str) -> bool:
+    """The error's key is the mutated key, or its parent, a child or a sibling of it."""
+    a, b = named.split("."), key.split(".")
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return common >= min(len(a), len(b)) or common >= len(b) - 1 or named == "<root>"
+
+
+@settings(max_examples=120, derandomize=True, deadline=None)
+@given(path=st.sampled_from(PATHS), kind=st.sampled_from(sorted(MUTATIONS)))
+def test_fuzz_one_field_of_quickstart(tmp_path_factory, path, kind):
+    folder = tmp_path_factory.mktemp("fuzz")
+    file = folder / "mutant.yaml"
+    file.write_text(yaml.safe_dump(mutate(BASE, path, kind), allow_unicode=True))
+    try:
+        load_config(file)
+        loaded = None
+    except ConfigError as err:
+        loaded = err
+        assert err.file == str(file), (path, kind, str(err))
+        shown = "zzz_unknown" if kind == "unknown_key" else path
+        assert related(err.path, shown) or shown in err.path, (path, kind, str(err))
+    result = cli("validate", file)
+    if loaded is not None:
+        assert_user_error(result, "mutant.yaml")
+    else:
+        assert result.exit_code in (0, 2), (path, kind, result.output, result.exception)
+        if result.exit_code == 2:
+            assert_user_error(result, "mutant.yaml")
