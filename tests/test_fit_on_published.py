@@ -38,7 +38,8 @@ def load_script():
 
 
 fop = load_script()
-pytestmark = pytest.mark.skipif(not (PROFILE_DIR / fop.PROFILE).exists(), reason="vidur A100 70B TP2 profile missing")
+pytestmark = [pytest.mark.slow,  # pytest -m 'not slow' skips this module (see pyproject.toml)
+              pytest.mark.skipif(not (PROFILE_DIR / fop.PROFILE).exists(), reason="vidur A100 70B TP2 profile missing")]
 
 
 @pytest.fixture(scope="module")

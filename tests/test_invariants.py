@@ -6,6 +6,7 @@ rejected with a reason, token times strictly increase and follow the arrival, ti
 backwards, tokens are conserved, and fast-forward changes nothing.
 """
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -111,6 +112,7 @@ def check_run(run, policy, engine):
 
 
 
+@pytest.mark.slow
 @given(POLICIES, WORKLOADS, ENGINE)
 def test_invariants_hold_for_every_policy(policy, specs, engine):
     run = run_policy(policy, to_requests(specs), trace=True, max_model_len=MAX_MODEL_LEN, **engine)
@@ -118,6 +120,7 @@ def test_invariants_hold_for_every_policy(policy, specs, engine):
 
 
 
+@pytest.mark.slow
 @given(POLICIES, WORKLOADS, ENGINE)
 def test_fast_forward_changes_nothing(policy, specs, engine):
     fast = run_policy(policy, to_requests(specs), max_model_len=MAX_MODEL_LEN, fast_forward=True, **engine)

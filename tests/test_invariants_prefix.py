@@ -12,6 +12,7 @@ tokens when nothing was preempted, and fast-forward changes nothing.
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -157,12 +158,14 @@ def simulate(policy, specs, engine, **kw):
                       **engine, **kw)
 
 
+@pytest.mark.slow
 @given(POLICIES, SPECS, ENGINE)
 def test_prefix_invariants_hold_for_every_policy(policy, specs, engine):
     run = simulate(policy, specs, engine, wrap=Checked)
     check_run(run, policy, engine)
 
 
+@pytest.mark.slow
 @given(POLICIES, SPECS, ENGINE)
 def test_fast_forward_changes_nothing_with_prefix_caching(policy, specs, engine):
     fast = simulate(policy, specs, engine, fast_forward=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pytest -m 'not slow' skips this module (see pyproject.toml)
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 NAMES = ["chunk_size_sweep.ipynb", "token_budget_sweep.ipynb"]
 

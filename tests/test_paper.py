@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pytest -m 'not slow' skips this module (see pyproject.toml)
+
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
 DATA = Path(os.environ.get("CBSIM_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 

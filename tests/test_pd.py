@@ -213,6 +213,7 @@ def token_runs_by_request(recorder, requests):
     return found
 
 
+@pytest.mark.slow
 @given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
 def test_pd_invariants(rows, prefill_policy, decode_policy, cluster, link):
     reqs, recorder, replicas, pd = run_pd(to_specs(rows), prefill_policy=prefill_policy, decode_policy=decode_policy,
@@ -334,6 +335,7 @@ WOKEN_AT_RUN_START = dict(
     link=make_link("p2p", 1, "prefill", "round_robin", 0.25))
 
 
+@pytest.mark.slow
 @given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
 @example(**WOKEN_AT_RUN_START)
 def test_pd_fast_forward_changes_nothing(rows, prefill_policy, decode_policy, cluster, link):

@@ -294,6 +294,7 @@ CLUSTERS = st.fixed_dictionaries({
     "cost": st.sampled_from([{"type": "unit"}, {"type": "linear", "base": 0.01, "per_token": 0.001}]),
 })
 
+@pytest.mark.slow
 @settings(max_examples=60)
 @given(SPECS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
 def test_pd_prefix_invariants(specs, prefill_policy, decode_policy, cluster, link):
