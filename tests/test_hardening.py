@@ -373,3 +373,30 @@ def test_fuzz_one_field_of_quickstart(tmp_path_factory, path, kind):
         assert result.exit_code in (0, 2), (path, kind, result.output, result.exception)
         if result.exit_code == 2:
             assert_user_error(result, "mutant.yaml")
+
+
+# cbsim validate validates: what run rejects before simulating, validate rejects
+
+def test_validate_opens_traces_and_profiles_and_builds_the_replicas(tmp_path):
+    header = trace_experiment(tmp_path, "vidur", "v.csv", "a,b\n1,2\n")
+    assert_user_error(cli("validate", header), "v.csv", "workload.trace", "num_prefill_tokens")
+    missing = write(tmp_path, {**TINY, "workload": {"trace": {"format": "azure", "path": "nope.csv"}}}, "m.yaml")
+    assert_user_error(cli("validate", missing), "m.yaml", "workload.trace.path", "an existing trace file")
+    binary = tmp_path / "profile.json"
+    binary.write_bytes(b"\x86\xff\x00")
+    exp = write(tmp_path, {**TINY, "cost_model": {"type": "fitted", "profile": str(binary)}}, "p.yaml")
+    assert_user_error(cli("validate", exp), "profile.json", "cost_model.profile", "valid JSON")
+    noise = write(tmp_path, {**TINY, "sim": {"cost_noise": True}}, "n.yaml")
+    assert_user_error(cli("validate", noise), "n.yaml", "sim.cost_noise")
+
+
+# Newcomer: the fast subset and the notebooks extra
+
+def test_slow_marker_is_registered_and_the_notebooks_extra_exists():
+    import re
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert any(m.startswith("slow:") for m in conf["tool"]["pytest"]["ini_options"]["markers"])
+    extra = {re.split("[<>=]", d)[0] for d in conf["project"]["optional-dependencies"]["notebooks"]}
+    assert {"jupyter", "nbconvert"} <= extra
