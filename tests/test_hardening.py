@@ -400,3 +400,9 @@ def test_slow_marker_is_registered_and_the_notebooks_extra_exists():
     assert any(m.startswith("slow:") for m in conf["tool"]["pytest"]["ini_options"]["markers"])
     extra = {re.split("[<>=]", d)[0] for d in conf["project"]["optional-dependencies"]["notebooks"]}
     assert {"jupyter", "nbconvert"} <= extra
+
+
+def test_09_workload_describe_refuses_a_negative_seed(tmp_path):
+    exp = write(tmp_path, TINY)
+    assert_user_error(cli("workload", "describe", exp, "--seed", "-1"), "exp.yaml", "--seed", ">= 0")
+    assert_user_error(cli("workload", "describe", write(tmp_path, {**TINY, "seed": -2}, "s.yaml")), "s.yaml", "seed")

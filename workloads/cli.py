@@ -36,7 +36,10 @@ def register(app: typer.Typer) -> None:
         data = read_yaml(file)
         try:
             cfg = parse_workload(data.get("workload"), "workload")
-            rng = np.random.default_rng(seed if seed is not None else data.get("seed", 0))
+            value = seed if seed is not None else data.get("seed", 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError("--seed" if seed is not None else "seed", "an integer >= 0", value)
+            rng = np.random.default_rng(value)
             requests, dropped = build_workload(cfg, rng, base_dir=file.parent)
         except ConfigError as err:
             raise err.in_file(str(file))
