@@ -94,15 +94,26 @@ class Ceilings:
 
 
 def measure_ceilings(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Ceilings:
-    """Measured GEMM FLOP/s (square n^3 on random data) and copy bytes/s (read + write) on device."""
+    """Measured GEMM FLOP/s (square n^3 on random data) and copy bytes/s (read + write) on device.
+
+    On a CPU the FLOP ceiling is the faster of `dtype` and float32: CPUs without native bf16 units
+    run a bf16 matmul far slower (~1 GFLOP/s) than the fp32 paths that other kernels of the layer
+    take internally (the attention math accumulates in fp32), so a bf16-only ceiling would flag
+    honest points as impossible."""
     n, nbytes = (8192, 2**30) if device.type == "cuda" else (512, 2**25)
-    a = torch.randn((n, n), generator=gen, device=device).to(dtype)
-    b = torch.randn((n, n), generator=gen, device=device).to(dtype)
-    gemm = summarize(sample_calls([lambda: a @ b], 3, 10, device)).median
+    dtypes = (dtype,) if device.type == "cuda" or dtype == torch.float32 else (dtype, torch.float32)
+    gemm = min(_gemm_seconds(n, d, device, gen) for d in dtypes)
     src = torch.randn((nbytes // 4,), generator=gen, device=device)
     dst = torch.empty_like(src)
     copy = summarize(sample_calls([lambda: dst.copy_(src)], 3, 10, device)).median
     return Ceilings(2.0 * n**3 / gemm, 2.0 * nbytes / copy, n, nbytes)
+
+
+def _gemm_seconds(n: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> float:
+    """Median seconds of one n x n x n matmul at `dtype`."""
+    a = torch.randn((n, n), generator=gen, device=device).to(dtype)
+    b = torch.randn((n, n), generator=gen, device=device).to(dtype)
+    return summarize(sample_calls([lambda: a @ b], 3, 10, device)).median
 
 
 def beyond_ceilings(flops: float, nbytes: float, seconds: float, ceilings: Ceilings, slack: float = 1.1) -> bool:

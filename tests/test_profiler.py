@@ -325,7 +325,7 @@ def test_a_run_stopped_by_max_seconds_keeps_the_rows_it_flushed(tmp_path):
 
 def test_the_gpu_job_runs_its_cpu_equivalent(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
-    proc = subprocess.run(["bash", "profiler/gpu_job.sh", "--cpu", "--seconds", "3"], cwd=ROOT, env=env,
+    proc = subprocess.run(["bash", "profiler/gpu_job.sh", "--cpu", "--seconds", "10"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     header, rows = read_csv(tmp_path / "measurements.csv")
