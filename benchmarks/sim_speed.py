@@ -91,7 +91,9 @@ def main() -> None:
 
     model = model_spec("llama-2-70b")
     requests = make_requests(args.requests, args.seed, model.max_model_len)
-    cost = load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-70b", "tp": 2}, "llama-2-70b")
+    # engine none: Vidur simulates the kernels and no serving engine around them, so the setups match
+    cost = load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-70b", "tp": 2, "engine": "none"},
+                           "llama-2-70b")
     settings = ReplicaSettings(max_model_len=model.max_model_len, fast_forward=not args.no_fast_forward)
     # A100-80GB, TP2: ~ (2 x 80 GiB x 0.9 - 138 GB weights) for KV; use the same sizing as `num_blocks: auto`
     from cbsim.profiler.specs import gpu_spec, kv_cache_blocks

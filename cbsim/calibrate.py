@@ -51,17 +51,18 @@ class KernelRow:
 def kernel_rows(steps: list[MeasuredStep], model, cost_model: dict) -> list[KernelRow]:
     """Price every step's kernels with the base cost model at the step's TP (and model)."""
     from cbsim.profiler.costmodels import load_cost_model
+    from cbsim.profiler.costmodels.registry import takes_engine
     from cbsim.profiler.specs import model_spec
 
     base = {k: v for k, v in cost_model.items() if k not in ("engine", "cpu_overhead")}
-    if "engine" not in _config_fields(base):
+    if not takes_engine(base):
         raise ConfigError("cost_model.type", "a cost model with an engine (roofline, vidur, fitted)", base.get("type"))
     models: dict = {}
     rows = []
     for step in steps:
         key = (step.tp, step.model)
         if key not in models:
-            mapping = {**base, "engine": {}}
+            mapping = {**base, "engine": {}}  # an engine of zero terms: the kernels alone
             if step.tp is not None:
                 mapping["tp"] = step.tp
             spec = model_spec(step.model or model, "model")
@@ -71,13 +72,6 @@ def kernel_rows(steps: list[MeasuredStep], model, cost_model: dict) -> list[Kern
         tp = step.tp or cost.describe().get("tp") or 1
         rows.append(KernelRow(step, cost.step_time(step.shape), int(layers), int(tp)))
     return rows
-
-
-def _config_fields(mapping: dict) -> set[str]:
-    from cbsim.profiler.costmodels import COST_MODELS
-    from cbsim.profiler.costmodels import _builtin  # noqa: F401
-
-    return {f.name for f in dataclasses.fields(COST_MODELS.lookup(mapping, "cost_model").Config)}
 
 
 def predict(rows: list[KernelRow], terms: EngineTerms) -> np.ndarray:

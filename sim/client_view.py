@@ -37,19 +37,17 @@ def shift_arrivals(requests, terms) -> np.ndarray:
     return client
 
 
-def lag_shift(steps: pd.DataFrame, step_ids: np.ndarray, lag: int) -> np.ndarray:
+def lag_shift(local: LocalOrder, starts: np.ndarray, step_ids: np.ndarray, lag: int) -> np.ndarray:
     """Seconds from the end of each step in `step_ids` to the end of the step `lag` steps later on
-    its replica, following only steps that start when the previous one ends (0 for id -1)."""
+    its replica, following only steps that start when the previous one ends (0 for id -1).
+    `starts` is the step start times in slot order (local.take)."""
     out = np.zeros(len(step_ids))
     valid = np.flatnonzero(step_ids >= 0)
     if lag <= 0 or len(valid) == 0:
         return out
-    local = LocalOrder.of(steps)
     ids = step_ids[valid]
     start_slot = local.slots_of(ids)
-    block = np.searchsorted(local.replicas, local.step_replica[ids])
-    block_end = local.bounds[block + 1]
-    starts = local.take(steps["start"].to_numpy(dtype=np.float64))
+    block_end = local.bounds[np.searchsorted(local.replicas, local.step_replica[ids]) + 1]
     ends = local.take(local.step_end)
     slot = start_slot.copy()
     for _ in range(lag):
@@ -65,8 +63,12 @@ def client_view(frame: pd.DataFrame, steps: pd.DataFrame, requests, client_arriv
     """The per-request table (rows in `requests` order) as the client sees it."""
     first_step = np.fromiter((r.first_token_step for r in requests), np.int64, len(requests))
     last_step = np.fromiter((r.last_token_step for r in requests), np.int64, len(requests))
-    first_out = terms.stream_s + lag_shift(steps, first_step, terms.output_lag_steps)
-    last_out = terms.stream_s + lag_shift(steps, last_step, terms.output_lag_steps)
+    first_out = last_out = terms.stream_s
+    if terms.output_lag_steps > 0 and len(steps):
+        local = LocalOrder.of(steps)
+        starts = local.take(steps["start"].to_numpy(dtype=np.float64))
+        first_out = first_out + lag_shift(local, starts, first_step, terms.output_lag_steps)
+        last_out = last_out + lag_shift(local, starts, last_step, terms.output_lag_steps)
     frame["frontend_delay"] = frame["arrival"].to_numpy() - client_arrival
     frame["arrival"] = client_arrival
     out_len = frame["output_len"].to_numpy()

@@ -15,7 +15,7 @@ from cbsim.calibrate import calibrate_steps
 from cbsim.cli import app
 from cbsim.errors import ConfigError
 from cbsim.profiler.costmodels.engine import Engine, EngineTerms, load_engine, preset_names
-from cbsim.profiler.step_table import MeasuredStep, read_steps
+from cbsim.profiler.step_table import MeasuredStep
 from cbsim.sim.shape import StepShape
 
 ROOFLINE = {"type": "roofline", "gpu": "a100", "tp": 2}
@@ -128,6 +128,12 @@ def test_tokenisation_reorders_arrivals_and_lag_adds_a_step():
     gap = finished["ttft"] - (finished["first_token_time"] - finished["arrival"])
     assert np.allclose(gap, 0)
     assert (finished["e2e"] > 0).all() and len(steps)
+    # the same schedule without the lag: each first token shows at most one step later, most later
+    no_lag = run_experiment({**TINY, "cost_model": {**TINY["cost_model"], "engine": {**per_token, "output_lag_steps": 0}}})
+    delay = (req["ttft"] - no_lag.requests["ttft"]).to_numpy()
+    assert np.nanmin(delay) >= 0 and np.nanmax(delay) <= res.steps["duration"].max() + 1e-12
+    assert np.mean(delay[~np.isnan(delay)] > 0) > 0.5
+    assert np.allclose(res.requests["tpot"].dropna().mean(), no_lag.requests["tpot"].dropna().mean(), rtol=0.05)
 
 
 def recovered_steps(truth: EngineTerms) -> list[MeasuredStep]:
@@ -176,10 +182,10 @@ def test_calibrate_cli_round_trip_and_bad_input(tmp_path):
         assert bad.exit_code == 2 and str(table) in bad.output and where in bad.output, bad.output
         assert "Traceback" not in bad.output
     with pytest.raises(ConfigError, match="fit"):
-        calibrate_steps(read_steps_or_skip(), "llama-2-70b", {"type": "roofline"}, fit=("overlap",))
+        calibrate_steps(one_measured_step(), "llama-2-70b", {"type": "roofline"}, fit=("overlap",))
 
 
-def read_steps_or_skip():
+def one_measured_step():
     return [MeasuredStep(StepShape.from_batch(decode=[100]), 0.05, tp=2)]
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +87,7 @@ class EngineTerms:
             value = getattr(self, f.name)
             if f.name == "overlap":
                 continue
-            require(value == value and value >= 0 and value != float("inf"), f.name,
-                    "a finite number >= 0", value)
+            require(math.isfinite(value) and value >= 0, f.name, "a finite number >= 0", value)
         require(self.kernel_scale > 0, "kernel_scale", "a number > 0", self.kernel_scale)
 
 
@@ -150,24 +150,21 @@ class StepEngine:
         """The launch floor: a CUDA graph replay for small decode-only steps, else eager launches."""
         return self.graph_floor if prefills == 0 and seqs <= self.graph_max else self.eager_floor
 
-    def step(self, gpu: float, seqs: int, prefills: int, tokens: int) -> float:
-        """Step seconds of a step whose kernels take `gpu` seconds."""
+    def step_of(self, gpu: float, shape) -> float:
+        """Step seconds of a step of this StepShape whose kernels take `gpu` seconds (called once per
+        simulated step: `host` and `floor` are written out inline)."""
         if self.none:
             return gpu
+        seqs, prefills = len(shape.prefill) + len(shape.decode), len(shape.prefill)
         forward = gpu * self.scale
-        floor = self.floor(seqs, prefills)
+        floor = self.graph_floor if prefills == 0 and seqs <= self.graph_max else self.eager_floor
         if forward < floor:
             forward = floor
-        host = self.host(seqs, prefills, tokens)
+        host = (self.per_step + self.per_seq * seqs + self.per_prefill * prefills
+                + self.per_token * shape.num_tokens)
         if self.overlap:
             return forward if forward >= host else host
         return forward + host
-
-    def step_of(self, gpu: float, shape) -> float:
-        """`step` for a StepShape (cbsim.sim.shape)."""
-        if self.none:
-            return gpu
-        return self.step(gpu, shape.num_seqs, len(shape.prefill), shape.num_tokens)
 
     def step_many(self, gpu: np.ndarray, seqs: int) -> np.ndarray:
         """`step` over an array of decode-only steps of `seqs` sequences (one token each)."""
@@ -196,8 +193,6 @@ def load_engine(value, path: str = "engine") -> Engine:
     if isinstance(value, Engine):
         return value
     if isinstance(value, str):
-        if value == NONE:
-            return NO_ENGINE
         return _load_named(value, path)
     if not isinstance(value, dict):
         raise ConfigError(path, f"an engine preset name ({', '.join([NONE, *preset_names()])}), a calibration "
@@ -209,8 +204,9 @@ def load_engine(value, path: str = "engine") -> Engine:
         base = None
     start = dataclasses.asdict(base.terms) if base else {}
     terms = parse(EngineTerms, {**start, **mapping}, path)
-    name = (base.name + "+" if base else "") + ("custom" if mapping or not base else "")
-    return Engine(terms, name.rstrip("+") or "custom", base.source if base else "", base.provenance if base else None)
+    if base is None:
+        return Engine(terms, "custom")
+    return Engine(terms, f"{base.name}+custom" if mapping else base.name, base.source, base.provenance)
 
 
 def _load_named(name, path: str) -> Engine:

@@ -32,15 +32,21 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
         raise (err if err.path == path or err.path.startswith(path + ".") else err.under(path)) from None
 
 
-def engine_of(mapping: dict, path: str = "cost_model"):
-    """The serving engine a `cost_model:` mapping names (NO_ENGINE for models without one, such as
-    unit and linear), without building the cost model: its front end acts outside the steps."""
+def takes_engine(mapping: dict, path: str = "cost_model") -> bool:
+    """Whether the cost model a `cost_model:` mapping names wraps its kernels in an engine (roofline,
+    vidur, fitted do; unit and linear do not)."""
     from dataclasses import fields
 
     from . import _builtin  # noqa: F401
+
+    return "engine" in {f.name for f in fields(COST_MODELS.lookup(mapping, path).Config)}
+
+
+def engine_of(mapping: dict, path: str = "cost_model"):
+    """The serving engine a `cost_model:` mapping names (NO_ENGINE for models without one, such as
+    unit and linear), without building the cost model: its front end acts outside the steps."""
     from .engine import NO_ENGINE, load_engine
 
-    cls = COST_MODELS.lookup(mapping, path)
-    if "engine" not in {f.name for f in fields(cls.Config)} or mapping.get("cpu_overhead") is not None:
+    if not takes_engine(mapping, path) or mapping.get("cpu_overhead") is not None:
         return NO_ENGINE
     return load_engine(mapping.get("engine"), f"{path}.engine")
