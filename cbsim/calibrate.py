@@ -24,12 +24,14 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels.engine import NO_ENGINE, TERM_NAMES, Engine, EngineTerms, load_engine
+from cbsim.profiler.costmodels.engine import (FRONTEND_TERMS, NO_ENGINE, TERM_NAMES, Engine, EngineTerms,
+                                              load_engine)
 from cbsim.profiler.step_table import MeasuredStep
 
 DEFAULT_FIT = ("host_per_step_s", "host_per_seq_s", "host_per_token_s", "launch_per_layer_s",
                "collective_per_rank_s")
-FITTABLE = tuple(n for n in TERM_NAMES if n not in ("overlap", "cuda_graph_max_batch", "output_lag_steps"))
+# the numeric terms a step time shows (the front end acts outside the steps: fit it with --serving)
+FITTABLE = tuple(n for n in TERM_NAMES if n not in ("overlap", "cuda_graph_max_batch", *FRONTEND_TERMS))
 # each term's unit in the optimiser (conditioning) and the range random starts are drawn from
 UNITS = {"host_per_seq_s": 1e-6, "host_per_prefill_s": 1e-6, "host_per_token_s": 1e-6,
          "frontend_per_prompt_token_s": 1e-6, "kernel_scale": 1.0}

@@ -208,6 +208,20 @@ def test_calibrate_serving_recovers_host_terms(tmp_path):
 DATA = Path(os.environ.get("CBSIM_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
+def test_calibrate_serving_bad_input_is_one_line_naming_the_file(tmp_path):
+    measured = tmp_path / "measured.json"
+    measured.write_text('{"ttft_mean": 0.1}')
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\npolicy: {name: nope}\nworkload: {num_requests: 5, arrival: {type: poisson, rate: 1},"
+                   " prompt_len: {type: fixed, value: 10}, output_len: {type: fixed, value: 5}}\n")
+    for spec, where in ((f"{bad}={measured}", str(bad)), (f"{bad}={tmp_path / 'none.json'}", "none.json"),
+                        ("no-equals-sign", "--serving")):
+        result = CliRunner().invoke(app, ["calibrate", "--serving", spec, "--out", str(tmp_path / "e.json")])
+        assert result.exit_code == 2 and where in result.output and "Traceback" not in result.output, result.output
+    with pytest.raises(ConfigError, match="fit"):
+        calibrate_steps(one_measured_step(), "llama-2-70b", {"type": "roofline"}, fit=("frontend_s",))
+
+
 def test_splitwise_conversion_when_data_present():
     from cbsim.profiler.splitwise import read_splitwise
 
