@@ -25,11 +25,7 @@ def _per_request_runs(ids: np.ndarray, local: LocalOrder, runs: TokenRuns):
     tokens, last, itl_max = np.zeros(n, np.int64), np.full(n, np.nan), np.full(n, np.nan)
     if len(runs.tokens) == 0:
         return tokens, last, itl_max
-    sorter = np.argsort(ids, kind="stable")
-    pos = np.searchsorted(ids[sorter], runs.request_id).clip(0, max(n - 1, 0))
-    if n == 0 or np.any(ids[sorter][pos] != runs.request_id):
-        raise ValueError("a token run belongs to a request that is not in the request list")
-    row = sorter[pos]
+    row = _rows_of(ids, runs.request_id)
     starts = np.flatnonzero(np.r_[True, runs.request_id[1:] != runs.request_id[:-1]])
     gap = np.fmax(in_run_max(local, runs), runs.break_gap)
     tokens[row[starts]] = np.add.reduceat(runs.tokens, starts)
@@ -38,8 +34,36 @@ def _per_request_runs(ids: np.ndarray, local: LocalOrder, runs: TokenRuns):
     return tokens, last, itl_max
 
 
-def _dec_at_p(requests: list[Request], local: LocalOrder, steps: pd.DataFrame, long_mask: np.ndarray) -> np.ndarray:
-    """Decode tokens of the first-scheduled replica's steps between first_scheduled_step and first_token_step."""
+def _rows_of(ids: np.ndarray, request_id: np.ndarray) -> np.ndarray:
+    """Row of `ids` holding each of `request_id` (ValueError for an id not in `ids`)."""
+    n = len(ids)
+    sorter = np.argsort(ids, kind="stable")
+    pos = np.searchsorted(ids[sorter], request_id).clip(0, max(n - 1, 0))
+    if len(request_id) and (n == 0 or np.any(ids[sorter][pos] != request_id)):
+        raise ValueError("a token run belongs to a request that is not in the request list")
+    return sorter[pos]
+
+
+def _short_decodes(ids: np.ndarray, long_mask: np.ndarray, local: LocalOrder, runs: TokenRuns) -> np.ndarray:
+    """Per local slot: output tokens short requests produced there, each one's first token excepted
+    (it ends that request's own prefill; every later token is decoded by a running request)."""
+    n = len(local)
+    short = ~long_mask[_rows_of(ids, runs.request_id)]
+    opens = np.r_[True, runs.request_id[1:] != runs.request_id[:-1]]  # the run holding a first token
+    lo, hi = runs.first[short] + opens[short], runs.last[short] + 1
+    keep = lo < hi
+    edges = np.bincount(lo[keep], minlength=n + 1) - np.bincount(hi[keep], minlength=n + 1)
+    return np.cumsum(edges[:n])
+
+
+def _dec_at_p(requests: list[Request], local: LocalOrder, short_decodes: np.ndarray, long_mask: np.ndarray
+              ) -> np.ndarray:
+    """Per long request: short requests' decode tokens in its prefill window, the steps of its replica
+    from first_scheduled_step up to (not including) first_token_step, the step that ends its prefill.
+
+    Tokens produced by that last step appear when the prefill is already done, so a prompt computed
+    in one step (orca, static) has an empty window: dec@P = 0, the decodes stalled behind it.
+    """
     out = np.full(len(long_mask), np.nan)
     rows = np.flatnonzero(long_mask)
     a = np.fromiter((requests[i].first_scheduled_step for i in rows), dtype=np.int64, count=len(rows))
@@ -47,8 +71,7 @@ def _dec_at_p(requests: list[Request], local: LocalOrder, steps: pd.DataFrame, l
     ok = (a >= 0) & (b >= a)
     rows, a, b = rows[ok], a[ok], b[ok]
     if len(rows):
-        decode = local.take(steps["decode_tokens"].to_numpy())
-        out[rows] = _range_sums(decode, local.slots_of(a), local.slots_upto(a, b, side="right"))
+        out[rows] = _range_sums(short_decodes, local.slots_of(a), local.slots_upto(a, b, side="left"))
     return out
 
 
@@ -114,17 +137,18 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
     local = LocalOrder.of(steps)
     runs = token_runs(local, run_arrays(recorder, requests))
     tokens, last, itl_max = _per_request_runs(ids, local, runs)
+    prompt_len = _column(requests, "prompt_len", np.int64)
+    long_mask = prompt_len >= config.long_prompt_threshold
+    short_decodes = _short_decodes(ids, long_mask, local, runs)
     del runs
     code = _column(requests, "status", np.int8)
     status = np.array([Status(c).name.lower() for c in range(len(Status))], dtype=object)[code]
     finished, rejected = code == Status.FINISHED, code == Status.REJECTED
     del code
     arrival, out_len = _column(requests, "arrival", np.float64), _column(requests, "output_len", np.int64)
-    prompt_len = _column(requests, "prompt_len", np.int64)
     first_scheduled = _column(requests, "first_scheduled", np.float64)
     first_token = _column(requests, "first_token_time", np.float64)
     completion = np.where(finished, _column(requests, "completion_time", np.float64), np.nan)
-    long_mask = prompt_len >= config.long_prompt_threshold
     complete = (tokens == out_len) & (out_len >= 2)
     frame = pd.DataFrame({
         "request_id": ids, "arrival": arrival, "prompt_len": prompt_len, "output_len": out_len,
@@ -136,7 +160,7 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
         "e2e": completion - arrival, "queue_delay": first_scheduled - arrival,
         "normalized_latency": (completion - arrival) / np.maximum(out_len, 1),
         "itl_max": itl_max, "num_preemptions": _column(requests, "num_preemptions", np.int64), "is_long": long_mask,
-        "dec_at_p": _dec_at_p(requests, local, steps, long_mask),
+        "dec_at_p": _dec_at_p(requests, local, short_decodes, long_mask),
         "short_p": _short_p(arrival, completion, finished, long_mask, rejected),
         "reject_reason": [r.reject_reason for r in requests],
     }, copy=False)
