@@ -1,8 +1,14 @@
 """Small building blocks that policies compose: decodes, ongoing prefills, admissions, chunk sizes.
 
-Each helper walks a queue in order and stops at the first request that does not fit (no
-overtaking), so FCFS order holds unless a policy reorders the queue itself. Admissions count a
-request's work after its prefix-cache hit (BatchBuilder.need).
+Each helper walks a queue in order. A request that KV, max_num_seqs or the token budget stops
+ends the scan (no overtaking), so FCFS order holds unless a policy reorders the queue itself or
+asks to skip: with `skip_blocked=True` a request that only the partial-prefill limits
+(PrefillLimit) hold back is skipped and the scan goes on, as vLLM does (see PrefillLimit).
+Admissions count a request's work after its prefix-cache hit (BatchBuilder.need).
+
+`cap` is a per-request limit: the most prompt tokens one request advances in one step (vLLM V1's
+long_prefill_token_threshold, the chunk_size of seed 003's toy); the token budget still bounds
+the step as a whole.
 
 Dynamic chunking (SGLang's cost-aware chunks): the chunk c of a request with history h is chosen
 so that F(h + c) - F(h) ~ F(c0) - F(0) for the target c0, i.e. every chunk costs about what c0
@@ -29,7 +35,16 @@ def is_decode(req: Request) -> bool:
 class PrefillLimit:
     """At most `max_partial` prefill rows per step left unfinished by it (ongoing or new chunks; a
     prompt that completes in the step does not count), and at most `max_long` rows whose remaining
-    prompt exceeds `threshold` tokens."""
+    prompt exceeds `threshold` tokens.
+
+    The long/short rule is vLLM V0's PartialPrefillMetadata (vllm/core/scheduler.py, v0.8-v0.10:
+    `can_schedule` refuses a prompt with more than long_prefill_token_threshold tokens left once
+    max_long_partial_prefills long prefills are scheduled, and `_schedule_prefills` then moves it
+    to `leftover_waiting_sequences` and goes on to the next waiting request, while a prompt that
+    the KV cache cannot hold yet (AllocStatus.LATER) or the token budget cannot take ends the scan).
+    vLLM V1 rejects max_num_partial_prefills != 1 at startup (vllm/engine/arg_utils.py,
+    "Concurrent Partial Prefill"), so V1 has no such limit; cbsim keeps V0's.
+    """
 
     def __init__(self, max_partial: int | None = None, max_long: int | None = None, threshold: int | None = None):
         self.max_partial = max_partial
@@ -129,11 +144,13 @@ def fill_decodes(b: BatchBuilder, running: Iterable[Request]) -> list[Request]:
 
 def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: PrefillLimit | None = None,
                       max_chunk: int | None = None, chunk: Callable[[int], int] | None = None,
-                      spare: Callable[[Request], bool] | None = None) -> None:
+                      spare: Callable[[Request], bool] | None = None, skip_blocked: bool = False) -> None:
     """Next chunk of every running request still in prefill, in admission order.
 
-    `chunk(h)` caps the chunk of a request with history h (dynamic chunking); a request short of KV
-    preempts others, except those `spare` holds back, and finally itself."""
+    `max_chunk` caps every request's chunk (a per-request cap); `chunk(h)` caps the chunk of a request
+    with history h (dynamic chunking); a request short of KV preempts others, except those `spare`
+    holds back, and finally itself. A request the `limit` holds back ends the scan, or with
+    `skip_blocked` is passed over."""
     for req in running:
         outputs = req.num_output_tokens
         if outputs >= req.output_len or (outputs and req.prompt_len + outputs - req.num_computed_tokens == 1):
@@ -146,6 +163,8 @@ def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: Prefil
         if chunk is not None:
             n = min(n, chunk(req.num_computed_tokens))
         if limit and not limit.allows(req, n):
+            if skip_blocked:
+                continue
             return
         if b.schedule_running(req, n, spare=spare) and limit:
             limit.take(req, n)
@@ -154,23 +173,33 @@ def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: Prefil
 def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = True,
                    limit: PrefillLimit | None = None, min_chunk: int = 1,
                    reserve: Callable[[Request], int] | None = None,
-                   chunk_size: Callable[[int], int] | None = None) -> None:
-    """Admit waiting requests in queue order while the budgets allow, then stop.
+                   chunk_size: Callable[[int], int] | None = None,
+                   cap: int | None = None, skip_blocked: bool = False) -> None:
+    """Admit waiting requests in queue order while the budgets allow.
 
-    chunk=True: the last one admitted may get only part of its prompt (what the token budget
-    leaves, but not less than min_chunk unless that finishes it or the step is otherwise empty);
+    chunk=True: a request may get only part of its prompt (what the token budget and `cap` leave,
+    but not less than min_chunk unless that finishes it or the step is otherwise empty);
     chunk=False: whole prompts only.
     `reserve(req)` asks for KV blocks for that many tokens up front (e.g. prompt + max output).
-    `chunk_size(h)` caps the first chunk of a request whose history (prefix hit) is h.
+    `chunk_size(h)` caps the first chunk of a request whose history (prefix hit) is h; `cap` caps
+    every request's first chunk.
+    The scan ends at the first request that the token budget, min_chunk, max_num_seqs or KV stops;
+    one that only `limit` holds back ends it too, unless `skip_blocked`: then it is passed over.
     """
     for req in waiting:
         if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
         need = b.need(req)
         n = min(need, b.tokens_left) if chunk else need
+        if chunk and cap is not None:
+            n = min(n, cap)
         if chunk and chunk_size is not None:
             n = min(n, chunk_size(b.computed(req)))
-        if (n < min(min_chunk, need) and b.scheduled) or (limit and not limit.allows(req, n, need)):
+        if n < min(min_chunk, need) and b.scheduled:
+            return
+        if limit and not limit.allows(req, n, need):
+            if skip_blocked:
+                continue
             return
         if not b.admit(req, n, reserve(req) if reserve else 0):
             return

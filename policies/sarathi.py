@@ -1,4 +1,30 @@
-"""Sarathi-Serve stall-free batching (vLLM chunked prefill): decodes never wait for a prefill."""
+"""Sarathi-Serve stall-free batching (vLLM chunked prefill): decodes never wait for a prefill.
+
+Each step: every running decode (one token each), then the next chunk of the prompts in progress,
+then new prompts from the waiting queue, chunked to what the token budget leaves.
+
+Per-request cap: a prompt advances at most `long_prefill_token_threshold` tokens in one step, as in
+vLLM V1 (vllm/v1/core/sched/scheduler.py `schedule()`, commit 00024d31 in the stored index: for
+running and for waiting requests, `if 0 < long_prefill_token_threshold < num_new_tokens:
+num_new_tokens = long_prefill_token_threshold`, then `min(num_new_tokens, token_budget)`), and at
+most `chunk_size` tokens (the chunk_size of seed 003's toy); the token budget left over goes to the
+next prompts. The threshold also classifies a prompt as long (more than that many tokens left) for
+`max_long_partial_prefills` (vLLM V0's PartialPrefillMetadata, see helpers.PrefillLimit). With
+`max_num_partial_prefills > 1` and no threshold, the threshold is 4 % of max_model_len, as vLLM's
+SchedulerConfig sets it (vllm/config/scheduler.py `__post_init__`, commit 01230b40:
+`int(max_model_len * 0.04)`).
+
+Skipping a blocked head of line: a waiting prompt that the partial-prefill limits hold back is
+skipped and later prompts may start (vLLM V0 vllm/core/scheduler.py `_schedule_prefills`:
+`leftover_waiting_sequences.appendleft(seq_group); continue`); a prompt that KV, max_num_seqs or
+the token budget stops ends the scan (V0: `AllocStatus.LATER: break`; V1: `allocate_slots` is None:
+`break`). `strict_fcfs: true` ends the scan at a prompt the limits hold back as well.
+
+Default token budget 8192: the max_num_batched_tokens seed 001 cites for vLLM V1 ("默认 8192"), which
+is V1's `vllm serve` default on GPUs with >= 70 GiB other than A100 (H100, H200, MI300:
+vllm/engine/arg_utils.py `get_batch_defaults`, UsageContext.OPENAI_API_SERVER: 8192); on an A100 or
+a smaller GPU `vllm serve` uses 2048, and the offline LLM class 16384 or 8192.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,16 +37,27 @@ from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_li
                       fill_decodes, make_dynamic)
 from .registry import register
 
+LONG_PREFILL_FRACTION = 0.04  # vLLM SchedulerConfig: threshold = 4 % of max_model_len when unset
+
 
 @dataclass
 class SarathiConfig(Budgets):
-    token_budget: int | None = option(512, help="tokens per step: decodes first, prefill chunks fill the rest")
+    token_budget: int | None = option(8192, help="tokens per step (vLLM max_num_batched_tokens): decodes first, "
+                                      "prefill chunks fill the rest; 8192 = vLLM V1's `vllm serve` default on an "
+                                      "H100-class GPU (2048 on an A100)")
     max_num_partial_prefills: int = option(1, help="max prefill rows a step leaves unfinished (chunked prompts "
                                            "in flight); prompts that complete within the step are not limited")
     max_long_partial_prefills: int = option(1, help="of those, max rows whose remaining prompt exceeds "
                                             "long_prefill_token_threshold (lets short prompts overtake long ones)")
-    long_prefill_token_threshold: int | None = option(None, help="remaining prompt tokens above which a prefill "
-                                                      "counts as long; null = no distinction")
+    long_prefill_token_threshold: int | None = option(None, help="most prompt tokens one request advances per "
+                                                      "step (vLLM V1), and the remaining prompt above which a "
+                                                      "prefill counts as long; null = no cap and no distinction, "
+                                                      "or 4% of max_model_len if max_num_partial_prefills > 1")
+    chunk_size: int | None = option(None, help="most prompt tokens one request advances per step, without the "
+                                    "long/short distinction (seed 003's chunk_size); null = no cap")
+    strict_fcfs: bool = option(False, help="true: a waiting prompt the partial-prefill limits hold back stops "
+                               "admission (no overtaking); false: it is skipped and later prompts may start, "
+                               "as vLLM's _schedule_prefills does (leftover_waiting_sequences)")
     dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware chunk sizes {target_chunk: 512}: "
                                                       "chunks shrink as a prompt's history grows; null = off")
 
@@ -30,6 +67,10 @@ class SarathiConfig(Budgets):
                 self.max_num_partial_prefills)
         require(self.max_long_partial_prefills >= 1, "max_long_partial_prefills", "an integer >= 1",
                 self.max_long_partial_prefills)
+        require(self.long_prefill_token_threshold is None or self.long_prefill_token_threshold >= 1,
+                "long_prefill_token_threshold", "an integer >= 1 or null", self.long_prefill_token_threshold)
+        require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
+                self.chunk_size)
 
 
 @register("sarathi")
@@ -42,13 +83,23 @@ class Sarathi(Policy):
         super().__init__(config)
         self.dynamic = make_dynamic(config.dynamic_chunk)
 
+    def long_threshold(self, max_model_len: int) -> int | None:
+        """The long-prefill threshold in effect (also the per-request cap)."""
+        cfg = self.config
+        if cfg.long_prefill_token_threshold is None and cfg.max_num_partial_prefills > 1:
+            return max(1, int(max_model_len * LONG_PREFILL_FRACTION))
+        return cfg.long_prefill_token_threshold
+
     def schedule(self, state):
         cfg = self.config
         b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
         others = fill_decodes(b, state.running)
-        limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills,
-                             cfg.long_prefill_token_threshold)
+        threshold = self.long_threshold(state.max_model_len)
+        limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills, threshold)
+        caps = [c for c in (threshold, cfg.chunk_size) if c is not None]
+        cap = min(caps) if caps else None
         chunk = chunk_limit(self.dynamic, state)
-        continue_prefills(b, others, limit, chunk=chunk)
-        admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk)
+        skip = not cfg.strict_fcfs
+        continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
+        admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
         return b.build()
