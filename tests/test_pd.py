@@ -85,8 +85,9 @@ def test_prefill_hands_off_after_its_first_token_and_transfer_time_is_latency_pl
     reqs, recorder, replicas, cluster = run_pd([(0, 40, 3)])
     (req,) = reqs
     rec = cluster.records[req.id]
-    # prompt 40 at 32 tokens per step: two prefill steps on replica 0, first token at t=2
-    assert rec.prefilled == 2.0 and req.first_token_time == 2.0
+    # prompt 40 at 32 tokens per step: two prefill steps on replica 0 end at t=2; the first token is
+    # shown once the KV lands on the decode replica (first_token_on: decode, the default)
+    assert rec.prefilled == 2.0 and req.first_token_time == 6.5
     hop = rec.hops[0]
     assert (hop.start, hop.end) == (2.0, 2.0 + 0.5 + 40 / 10.0)  # latency + 40 tokens x 1 byte / 10 B/s
     assert rec.landed == 6.5 and rec.released_src == 6.5 and rec.decode_admitted == 6.5
@@ -98,9 +99,9 @@ def test_prefill_hands_off_after_its_first_token_and_transfer_time_is_latency_pl
 
 
 def test_first_token_on_decode_adds_the_transfer_to_ttft():
-    on_prefill, *_ = run_pd([(0, 40, 3)])
-    on_decode, *_ = run_pd([(0, 40, 3)], link=PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0,
-                                                         first_token_on="decode"))
+    on_prefill, *_ = run_pd([(0, 40, 3)], link=PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0,
+                                                          first_token_on="prefill"))
+    on_decode, *_ = run_pd([(0, 40, 3)])  # the default: seed 003, every token comes from the D node
     assert on_decode[0].first_token_time - on_prefill[0].first_token_time == 4.5
     assert on_decode[0].completion_time == on_prefill[0].completion_time
 
