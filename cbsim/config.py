@@ -110,10 +110,14 @@ class ClusterConfig:
                                         "`router`)")
     decode: PoolConfig | None = option(None, help="mode pd: the decode pool")
     link: LinkConfig = option(LinkConfig(), help="mode pd: the KV links between the pools")
-    first_token_on: Literal["prefill", "decode"] = option("prefill", help="mode pd: the first token is shown "
-                                                          "when the prefill replica samples it, or only once its "
-                                                          "KV has reached the decode replica (TTFT includes the "
-                                                          "transfer)")
+    first_token_on: Literal["prefill", "decode"] = option("decode", help="mode pd: the first token is shown "
+                                                          "only once its KV has reached the decode replica (TTFT "
+                                                          "includes the transfer; seed 003: every output token "
+                                                          "comes from the D node; vLLM's benchmarks/disagg_"
+                                                          "benchmarks/disagg_prefill_proxy_server.py sends the "
+                                                          "prefill with max_tokens=1 and streams every token from "
+                                                          "the decode instance), or when the prefill "
+                                                          "replica samples it")
     decode_router: Literal["round_robin", "least_loaded", "prefix_affinity"] = option(
         "least_loaded", help="mode pd: which decode replica with room a prefilled request goes to (prefix_affinity: "
                              "the one with most of its prompt cached, then least loaded)")

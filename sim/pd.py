@@ -97,7 +97,7 @@ class PDSettings:
     bandwidth: float = 25e9
     lanes: int = 1
     pool_bandwidth: float | None = None  # pool mode: the second hop's bandwidth (None: bandwidth)
-    first_token_on: str = "prefill"  # prefill | decode
+    first_token_on: str = "decode"  # decode | prefill (seed 003: all output tokens come from the D node)
     decode_router: str = "least_loaded"  # round_robin | least_loaded | prefix_affinity
     bytes_per_token: float = 0.0  # KV bytes one token occupies, whole model
 
