@@ -12,7 +12,9 @@ prompts are split into chunks, but a chunk never shares a step with decodes. Tur
 
 So a decode waits at most one prefill step between two tokens, and while anything decodes a prompt
 advances every other step. `max_num_seqs` bounds the running requests at admission, as in Sarathi,
-so one decode step covers every running decode.
+so one decode step covers every running decode. `chunk_size` is a budget for the whole prefill step,
+as Sarathi's, not a per-request cap; admission is FCFS and stops at the first prompt that does not fit
+(no skipping).
 
 Whose turn: the policy remembers whether its last plan that ran anything ran prefill. The state cannot
 tell (a partial chunk leaves the same state as the decode step after it would). The replica runs every

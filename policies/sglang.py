@@ -19,9 +19,15 @@ Each step:
    bounds the running requests (SGLang's max_running_requests), not only one step's rows. A
    prompt that does not fit whole is cut to the chunk budget left, aligned down to the KV block
    size, and becomes the chunked request, which closes the batch. The adder stops at the first
-   request that does not fit. In-batch dedupe (cache-aware orders): a request whose next uncached
-   block another request in flight or in this batch is about to compute is held (skipped) until
-   that KV exists, when it hits instead of computing it again.
+   request that does not fit, whatever stops it (KV, max_prefill_tokens, the chunk budget, the
+   running-request limit): SGLang does not skip a head of line that a budget blocks
+   (python/sglang/srt/managers/scheduler.py get_new_batch_prefill: `if res !=
+   AddReqResult.CONTINUE: ... break` after PrefillAdder.add_one_req, schedule_policy.py, returns
+   NO_TOKEN or OTHER; sgl-project/sglang d51c1c21 / 00550cd1 in the stored index).
+   chunked_prefill_size is that chunk budget, shared by the step's prefills, not a per-request
+   cap. In-batch dedupe (cache-aware orders) is the one skip: a request whose next uncached block
+   another request in flight or in this batch is about to compute is held (skipped) until that KV
+   exists, when it hits instead of computing it again.
 3. A non-empty prefill batch runs (with every running decode when enable_mixed_chunk: they take
    their tokens from both budgets first); otherwise one decode step of the running requests.
 

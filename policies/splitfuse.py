@@ -4,6 +4,11 @@ Every step aims at exactly `token_budget` tokens: decodes first, then pieces of 
 then new prompts, any number of them; long prompts are split across steps and short prompts and
 pieces are fused with the decodes until the budget is full. `min_chunk` avoids starting a prompt
 with a sliver: a new prompt's first piece is at least that long (unless the prompt is shorter).
+
+No per-request cap and no skipping, as in DeepSpeed-MII (mii/batching/ragged_batching.py
+`_schedule_prompts`, microsoft/DeepSpeed-MII 40dc4476 in the stored index): a prompt takes
+`min(len(input_tokens), max_ragged_batch_size - scheduled_length)` tokens, only the budget splits
+it, and the scan ends (`break`) once the batch is full or the KV cache cannot hold a prompt.
 """
 from __future__ import annotations
 
