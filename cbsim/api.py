@@ -217,7 +217,7 @@ def pd_settings(cfg: ExperimentConfig, model):
                       bytes_per_token=float(model.kv_bytes_per_token(1)))
 
 
-def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator):
+def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progress=None):
     """(recorder, replicas, pools, P/D cluster or None) of one run of `requests` under `cfg`."""
     from cbsim.policies import make_policy
     from cbsim.sim.pd import simulate_pd
@@ -235,13 +235,13 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator):
         raise err.in_file(cfg.source) if cfg.source else err
     if cfg.cluster.mode == "pd":
         recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
-                                                  max_time=cfg.sim.max_time)
+                                                  max_time=cfg.sim.max_time, progress=progress)
         pools = {"prefill": list(range(prefill.replicas)),
                  "decode": list(range(prefill.replicas, prefill.replicas + decode.replicas))}
         return recorder, replicas, pools, cluster
     recorder, replicas = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
                                   replicas=cfg.cluster.replicas, router=cfg.cluster.router,
-                                  max_time=cfg.sim.max_time, noise=noise)
+                                  max_time=cfg.sim.max_time, noise=noise, progress=progress)
     return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
 
 
@@ -261,11 +261,14 @@ def client_frontend(cfg: ExperimentConfig, requests):
     return engine, client, sorted(requests, key=lambda r: r.arrival)
 
 
-def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> Results:
+def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None,
+                   progress=None) -> Results:
     """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
 
     Writes the output folder only when `out_dir` is given (the CLI passes output.dir or results/<name>
     explicitly): running a shipped experiment from Python or a test never overwrites its results.
+    `progress`: a cbsim.sim.progress.Progress that reports a long run as it goes (the CLI passes one
+    writing to stderr); None, the default, is silent. It never changes the results.
     """
     from cbsim.sim import metrics
     from cbsim.sim.client_view import client_view
@@ -280,8 +283,10 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         raise err.in_file(cfg.source) if cfg.source else err
     frontend, client_arrival, in_order = client_frontend(cfg, requests)
     started = time.perf_counter()
-    recorder, pool, pools, cluster = _simulate(cfg, in_order, rng)
+    recorder, pool, pools, cluster = _simulate(cfg, in_order, rng, progress)
     wall = time.perf_counter() - started
+    if progress is not None:
+        progress.say(f"simulated {len(requests):,} requests in {wall:.1f} s; computing metrics")
     steps = metrics.step_frame(recorder)
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
     if client_arrival is not None:
@@ -308,5 +313,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})
     if out_dir is not None:
+        if progress is not None:
+            progress.say(f"writing {out_dir}")
         results.write(out_dir)
     return results

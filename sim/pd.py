@@ -360,15 +360,17 @@ def build_pd(env, recorder: Recorder, feed, prefill: PoolParts, decode: PoolPart
 
 
 def simulate_pd(requests: Sequence[Request], prefill: PoolParts, decode: PoolParts, settings: PDSettings,
-                router: str = "round_robin", max_time: float | None = None
+                router: str = "round_robin", max_time: float | None = None, progress=None
                 ) -> tuple[Recorder, list[Replica], PDCluster]:
     """Run the requests (sorted by arrival) through a P/D cluster; arrivals are routed over the
-    prefill pool. Returns the recorder, every replica (see build_pd) and the cluster."""
+    prefill pool. Returns the recorder, every replica (see build_pd) and the cluster. `progress`:
+    as simulation.simulate."""
     from .simulation import ArrivalFeed, run_cluster
 
     env = simpy.Environment()
     recorder = Recorder()
     feed = ArrivalFeed(env, requests)
     replicas, cluster = build_pd(env, recorder, feed, prefill, decode, settings)
-    run_cluster(env, feed, replicas, cluster.prefill, router, max_time, busy=lambda: not cluster.is_idle)
+    run_cluster(env, feed, replicas, cluster.prefill, router, max_time, busy=lambda: not cluster.is_idle,
+                progress=progress)
     return recorder, replicas, cluster

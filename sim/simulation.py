@@ -63,24 +63,25 @@ class ArrivalFeed:
 def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cost: CostModel,
              make_kv: Callable[[], KVCache], settings: ReplicaSettings, replicas: int = 1,
              router: str = "round_robin", max_time: float | None = None,
-             noise: Callable[[], float] | None = None) -> tuple[Recorder, list[Replica]]:
+             noise: Callable[[], float] | None = None, progress=None) -> tuple[Recorder, list[Replica]]:
     """Run the requests (sorted by arrival) through `replicas` colocated replicas; returns what was
-    recorded. (P/D clusters: sim/pd.py, simulate_pd.)"""
+    recorded. `progress`: a sim.progress.Progress that reports a long run (None: silent).
+    (P/D clusters: sim/pd.py, simulate_pd.)"""
     env = simpy.Environment()
     recorder = Recorder()
     feed = ArrivalFeed(env, requests)
     pool = [Replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
                     noise=noise, pull=feed.deliver_until) for i in range(replicas)]
-    run_cluster(env, feed, pool, pool, router, max_time)
+    run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 
 
 def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequence[Replica], router: str,
-                max_time: float | None, busy: Callable[[], bool] = lambda: False) -> None:
+                max_time: float | None, busy: Callable[[], bool] = lambda: False, progress=None) -> None:
     """Route arrivals over `entry` and run until every request is done (or `max_time`).
 
     Done: the feed is empty, every replica idle with nothing landed, and `busy()` false (P/D: no
-    request waiting for decode room or on a link)."""
+    request waiting for decode room or on a link). `progress` watches from a process of its own."""
     drained = env.event()
 
     def check_drained():
@@ -93,4 +94,6 @@ def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequ
     feed.router = ROUTERS[router](entry)
     feed.on_done = check_drained
     env.process(feed.run())
+    if progress is not None:
+        env.process(progress.watch(env, feed))
     env.run(until=drained if max_time is None else max_time)
