@@ -104,7 +104,7 @@ def simulated_metrics(results) -> dict[str, float]:
 
     TTFT and E2E over finished requests; TPOT over finished requests with more than one output token
     (vLLM and SGLang leave single-token requests out); ITL over every token gap of the run
-    (results.itl, weighted). Percentiles are inverted-CDF, like the run summary. Throughputs are the
+    (results.itl, weighted). Percentiles are numpy's linear method, like the run summary and the benchmarks. Throughputs are the
     summary's. Metrics without a value (no finished request, no gap) are left out.
     """
     from cbsim.sim.metrics import column_percentiles

@@ -9,8 +9,9 @@ Memory: the distribution itself is 16 bytes a gap (value, weight, step); buildin
 steps block by block and sorts with stable_sort_by_value, so the scratch memory is a block and a
 bucket plus O(runs), never a second copy of the distribution (sim/bucket_sort.py).
 
-Percentiles use the inverted-CDF definition (numpy method="inverted_cdf"): the smallest value v
-with P(X <= v) >= q.
+Percentiles are numpy's default ("linear", Hyndman & Fan type 7), the method of `vllm bench serve`
+and SGLang's bench_serving: with the N gaps sorted, percentile q sits at rank h = (N - 1) q / 100,
+interpolated between the gaps at ranks floor(h) and floor(h) + 1.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class ITLDistribution:
         return int(self.weights.sum())
 
     def percentile(self, q):
-        """Weighted inverted-CDF percentile(s), q in [0, 100]; NaN when there is no gap."""
+        """Percentile(s) of every gap, numpy's linear method, q in [0, 100]; NaN when there is no gap."""
         return weighted_percentile(self.values, self.weights, q)
 
 
@@ -107,9 +108,10 @@ def _sample(local: LocalOrder, break_values: np.ndarray, size: int) -> np.ndarra
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q):
-    """Inverted-CDF percentile: the smallest v with (weight of values <= v) >= q/100 x total weight.
+    """numpy.percentile(np.repeat(values, weights), q) (the linear method), without repeating.
 
-    Equals numpy.percentile(np.repeat(values, weights), q, method="inverted_cdf"). Sorted values
+    Rank h = (N - 1) q / 100 over the N = sum(weights) expanded values; the values at ranks floor(h)
+    and floor(h) + 1 are found on the cumulative weights and interpolated as numpy does. Sorted values
     with positive integer weights (an ITLDistribution) are read in place, block by block.
     """
     values = np.asarray(values, dtype=np.float64)
@@ -119,7 +121,7 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q):
     if np.any((q < 0) | (q > 100)):
         raise ValueError("percentiles must lie in [0, 100]")
     if len(values) and weights.dtype.kind in "iu" and weights.min() > 0 and is_non_decreasing(values):
-        out = _sorted_percentile(values, weights, q)
+        out = _interpolate(q, int(weights.sum()), lambda ranks: _sorted_at_ranks(values, weights, ranks))
     else:
         keep = weights > 0
         values, weights = values[keep], weights[keep]
@@ -128,21 +130,32 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q):
         else:
             sort = np.argsort(values, kind="stable")
             cum = np.cumsum(weights[sort])
-            index = np.searchsorted(cum, cum[-1] * (q / 100), side="left")
-            out = values[sort][np.minimum(index, len(cum) - 1)]
+            at = lambda ranks: values[sort][np.searchsorted(cum, ranks + 1, side="left").clip(0, len(cum) - 1)]
+            out = _interpolate(q, int(cum[-1]), at)
     return float(out[0]) if scalar else out
 
 
-def _sorted_percentile(values: np.ndarray, weights: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """weighted_percentile of sorted values with positive integer weights: the cumulative weight
-    is formed one block at a time (exact integers, compared with the targets as float64)."""
-    target = weights.sum() * (q / 100)
-    index = np.full(len(q), len(values) - 1)
-    pending = np.ones(len(q), dtype=bool)
+def _interpolate(q: np.ndarray, count: int, at) -> np.ndarray:
+    """numpy's linear percentile of `count` sorted values, `at(ranks)` giving the value at each 0-based rank."""
+    h = (q / 100) * (count - 1)
+    below = np.floor(h)
+    gamma = h - below
+    below = below.astype(np.int64)
+    a, b = at(below), at(np.minimum(below + 1, count - 1))
+    diff = b - a
+    return np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)  # numpy's _lerp
+
+
+def _sorted_at_ranks(values: np.ndarray, weights: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The value at each 0-based rank of the expansion of sorted `values` with positive integer
+    `weights`: the cumulative weight is formed one block at a time (exact integers)."""
+    target = ranks + 1
+    index = np.full(len(ranks), len(values) - 1)
+    pending = np.ones(len(ranks), dtype=bool)
     running = 0
     block = step_order.BLOCK
     for b0 in range(0, len(values), block):
-        cum = np.cumsum(weights[b0:b0 + block]) + running
+        cum = np.cumsum(weights[b0:b0 + block], dtype=np.int64) + running
         hit = pending & (cum[-1] >= target)
         index[hit] = b0 + np.searchsorted(cum, target[hit], side="left")
         pending &= ~hit

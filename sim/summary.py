@@ -1,7 +1,7 @@
 """The run summary: a flat, JSON-ready dict of percentiles, rates and interference figures.
 
 Values are plain int/float, None where a metric is undefined (no finished request, no long
-request, ...). Request-column percentiles use the inverted-CDF definition, like the ITL.
+request, ...). Request-column percentiles use numpy's linear method, like the ITL (sim/itl.py).
 """
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ def json_number(value):
 
 
 def column_percentiles(column: pd.Series, qs=(50, 90, 99)) -> list:
-    """Inverted-CDF percentiles of a column's non-NaN values, JSON-ready (None each when all are NaN)."""
+    """Percentiles (numpy's linear method, as sim/itl.py) of a column's non-NaN values, JSON-ready
+    (None each when all are NaN)."""
     values = column.to_numpy(dtype=np.float64)
     values = values[~np.isnan(values)]
     if len(values) == 0:
         return [None] * len(qs)
-    return [json_number(v) for v in np.percentile(values, qs, method="inverted_cdf")]
+    return [json_number(v) for v in np.percentile(values, qs)]
 
 
 def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recorder,

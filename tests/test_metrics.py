@@ -205,7 +205,7 @@ def test_two_requests_exact():
     assert (a.e2e, b.queue_delay, b.normalized_latency) == (2.25, 0.5, pytest.approx(1.75 / 3))
     assert list(df["status"]) == ["finished", "finished"]
     assert np.repeat(dist.values, dist.weights).tolist() == [0.25, 0.25, 0.5, 0.5, 0.5]
-    assert dist.count == 5 and dist.percentile(50) == 0.5  # inverted CDF: the 3rd of 5
+    assert dist.count == 5 and dist.percentile(50) == 0.5  # linear: rank (5 - 1) / 2 = 2, the 3rd of 5
     assert dist.total_tokens == 7
     assert list(steps.columns[:3]) == ["step", "replica", "start"]
     assert steps["duration"].tolist() == [1.0, 0.5, 0.25, 0.5]
@@ -413,13 +413,13 @@ def test_weighted_percentile_equals_numpy_on_expanded_data():
         weights = rng.integers(0, 20, size=size)
         weights[0] = max(weights[0], 1)
         expanded = np.repeat(values, weights)
-        want = np.percentile(expanded, qs, method="inverted_cdf")
+        want = np.percentile(expanded, qs, method="linear")
         np.testing.assert_array_equal(weighted_percentile(values, weights, qs), want)
     ties = np.arange(1.0, 101.0)  # unit weights: q x n lands exactly on (or a rounding hair off) a count
     for q in (25, 29, 50, 57, 90, 99):
-        assert weighted_percentile(ties, np.ones(100, int), q) == np.percentile(ties, q, method="inverted_cdf")
-    assert weighted_percentile([1.0, 2.0, 3.0, 4.0], [1, 1, 1, 1], 50) == 2.0  # lower median
-    assert weighted_percentile([2.0, 1.0], [2, 2], 50) == 1.0
+        assert weighted_percentile(ties, np.ones(100, int), q) == np.percentile(ties, q, method="linear")
+    assert weighted_percentile([1.0, 2.0, 3.0, 4.0], [1, 1, 1, 1], 50) == 2.5  # the two middle values, interpolated
+    assert weighted_percentile([2.0, 1.0], [2, 2], 50) == 1.5  # 1, 1, 2, 2: between ranks 1 and 2
     assert math.isnan(weighted_percentile(np.zeros(0), np.zeros(0, int), 50))
     with pytest.raises(ValueError):
         weighted_percentile([1.0], [1], 101)
@@ -430,8 +430,8 @@ def test_itl_percentiles_and_stalls_match_brute_force():
     _, _, dist = check_against_brute_force(s)
     gaps = all_gaps(s)
     for q in (50, 90, 99):
-        assert dist.percentile(q) == np.percentile(gaps, q, method="inverted_cdf")
-    threshold = 5.0 * np.percentile(gaps, 50, method="inverted_cdf")
+        assert dist.percentile(q) == np.percentile(gaps, q, method="linear")
+    threshold = 5.0 * np.percentile(gaps, 50, method="linear")
     stalls = stall_events(dist, 5.0)
     assert stalls["count"].sum() == (gaps > threshold).sum() > 0
     assert (stalls["length"] * stalls["count"]).sum() == pytest.approx(gaps[gaps > threshold].sum())
@@ -496,7 +496,7 @@ def test_summary_keys_values_and_json():
     assert summary["num_long_requests"] == 3 and summary["num_steps"] == 15 and summary["num_requests"] == 8
     assert summary["makespan"] == 10.5
     assert summary["throughput_tokens_per_s"] == pytest.approx(25 / 10.5)
-    assert summary["ttft_p50"] == np.percentile(df["ttft"], 50, method="inverted_cdf")
+    assert summary["ttft_p50"] == np.percentile(df["ttft"], 50, method="linear")
     gaps = all_gaps(s)
     assert summary["itl_max"] == gaps.max() and summary["num_stalls"] == (gaps > 5 * np.median(gaps)).sum()
     assert summary["stall_max"] == pytest.approx(0.88)
