@@ -12,7 +12,9 @@ Nothing here is recorded during the run: queue levels are rebuilt from each requ
 (arrival, first step, completion; P/D: prefill done, landing, first decode step) as level
 series, per-step values are binned into NUM_BINS time bins, and optional columns (evictable
 blocks, prefix hits) are looked up by name so that the dashboard works with or without them.
-`write_dashboards` writes dashboard.png for the whole run and, for P/D, one per pool.
+`write_dashboards` writes dashboard.png for the whole run and, for P/D, one per pool; it also
+redraws step_timeline.png and kv_usage.png from the whole Results (plots.write_results_plots: pools,
+KV capacity, hand-offs), which plot_run alone is not given.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .metrics import level_series, weighted_percentile  # noqa: E402
+from .plots import write_results_plots  # noqa: E402
 
 NUM_BINS = 200
 WINDOW_BINS = 10  # the sliding percentile window spans this many bins
@@ -53,12 +56,13 @@ class PoolView:
 
 
 def write_dashboards(results, out_dir) -> list[Path]:
-    """dashboard.png for the whole run, plus dashboard_<pool>.png per pool of a P/D run."""
+    """dashboard.png for the whole run, plus dashboard_<pool>.png per pool of a P/D run (and
+    step_timeline.png, kv_usage.png with the pools, capacity and hand-offs)."""
     out = Path(out_dir)
     views = [("dashboard.png", whole_view(results))]
     if results.handoffs is not None:
         views += [(f"dashboard_{pool}.png", pool_view(results, pool)) for pool in ("prefill", "decode")]
-    paths = []
+    paths = write_results_plots(results, out)
     for name, view in views:
         fig = plot_dashboard(view)
         fig.savefig(out / name, dpi=100, bbox_inches="tight")
@@ -311,16 +315,26 @@ def _prefix_panel(ax, view, edges, x):
     ax.set_ylabel("tokens")
 
 
+def time_unit(seconds) -> tuple[float, str]:
+    """(scale, unit) to show latencies given in seconds: ms below 1 s, else s."""
+    finite = np.asarray(seconds, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return (1.0, "s") if len(finite) and finite.max() >= 1.0 else (1e3, "ms")
+
+
 def _percentile_panel(ax, edges, x, series, title):
+    """p50 and p99 over a trailing window; `series` values are in seconds, shown in ms or s."""
     times, values, *weights = series
+    unit = "ms"
     if len(times) == 0:
         ax.text(0.5, 0.5, "none on these replicas", ha="center", va="center", transform=ax.transAxes)
     else:
         p50, p99 = _sliding(edges, times, values, weights[0] if weights else None)
-        ax.step(x, p50 * 1e3, where="post", color=COLORS["p50"], label="p50")
-        ax.step(x, p99 * 1e3, where="post", color=COLORS["p99"], label="p99")
+        scale, unit = time_unit(p99)
+        ax.step(x, p50 * scale, where="post", color=COLORS["p50"], label="p50")
+        ax.step(x, p99 * scale, where="post", color=COLORS["p99"], label="p99")
     ax.set_title(f"{title} (trailing window of {WINDOW_BINS * (edges[1] - edges[0]):.3g} s)")
-    ax.set_ylabel("ms")
+    ax.set_ylabel(unit)
 
 
 def plot_dashboard(view: PoolView):

@@ -4,6 +4,12 @@ Plots read the tables metrics.py builds and compute nothing beyond binning for d
 at most `max_raw_steps` steps on at most MAX_RAW_REPLICAS replicas are drawn step by step (each
 step spans its [start, end), one panel per replica); larger runs are aggregated into NUM_BINS
 time bins (tokens per second, mean/max step duration, max KV per bin) and the title says so.
+
+With the run's `pools` (P/D: prefill and decode), every replica is named with its pool and a
+binned timeline has one panel per pool; with its `transfers` and `handoffs`, a last panel draws
+each KV hand-off from its prefill replica to its decode replica (pd_plots.py). With `kv_blocks`
+(replica -> blocks of its cache), kv_usage.png draws each cache's capacity and a % axis.
+`write_results_plots` draws both from a Results object.
 """
 from __future__ import annotations
 
@@ -17,29 +23,55 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .metrics import cdf_points, weighted_percentile  # noqa: E402
+from .metrics import cdf_points, stall_events, weighted_percentile  # noqa: E402
+from .pd_plots import draw_transfers, pool_of, replica_name  # noqa: E402
 
 NUM_BINS = 500
 MAX_RAW_REPLICAS = 4
 MAX_LEGEND_REPLICAS = 8
 PREFILL, DECODE, STALL = "tab:blue", "tab:orange", "tab:red"
+MAX_RAW_STEPS = 20_000
+ON_TOP = 10  # zorder of markers that must stay visible above filled areas and lines
 
 
 def plot_run(requests_df: pd.DataFrame, steps_df: pd.DataFrame, itl_values: np.ndarray,
              itl_weights: np.ndarray, out_dir, *, stalls: pd.DataFrame | None = None,
-             cdf_max_points: int = 2000, max_raw_steps: int = 20_000) -> list[Path]:
+             cdf_max_points: int = 2000, max_raw_steps: int = MAX_RAW_STEPS, pools: dict | None = None,
+             kv_blocks: dict | None = None, transfers: pd.DataFrame | None = None,
+             handoffs: pd.DataFrame | None = None) -> list[Path]:
     """Write latency_cdf.png, step_timeline.png and kv_usage.png into `out_dir`; return their paths.
 
-    `stalls` (a metrics.stall_events frame) marks stalls on the timeline when given.
+    `stalls` (a metrics.stall_events frame) marks stalls on the timeline when given; `pools`,
+    `kv_blocks`, `transfers` and `handoffs` (the Results fields of those names) are optional.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    raw = len(steps_df) <= max_raw_steps and steps_df["replica"].nunique() <= MAX_RAW_REPLICAS
+    raw = _is_raw(steps_df, max_raw_steps)
     figures = {
         "latency_cdf.png": plot_latency_cdf(requests_df, itl_values, itl_weights, cdf_max_points),
-        "step_timeline.png": plot_step_timeline(steps_df, stalls, raw),
-        "kv_usage.png": plot_kv_usage(steps_df, raw),
+        "step_timeline.png": plot_step_timeline(steps_df, stalls, raw, pools, transfers, handoffs),
+        "kv_usage.png": plot_kv_usage(steps_df, raw, kv_blocks, pools),
     }
+    return _save(figures, out_dir)
+
+
+def write_results_plots(results, out_dir, max_raw_steps: int = MAX_RAW_STEPS) -> list[Path]:
+    """step_timeline.png and kv_usage.png of a Results, with its pools, KV capacity and transfers."""
+    raw = _is_raw(results.steps, max_raw_steps)
+    stalls = stall_events(results.itl, results.config.metrics.stall_factor)
+    figures = {
+        "step_timeline.png": plot_step_timeline(results.steps, stalls, raw, results.pools, results.transfers,
+                                                results.handoffs),
+        "kv_usage.png": plot_kv_usage(results.steps, raw, results.kv_blocks, results.pools),
+    }
+    return _save(figures, out_dir)
+
+
+def _is_raw(steps_df, max_raw_steps) -> bool:
+    return len(steps_df) <= max_raw_steps and steps_df["replica"].nunique() <= MAX_RAW_REPLICAS
+
+
+def _save(figures: dict, out_dir) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
@@ -109,20 +141,22 @@ def _bins(steps_df):
     return edges, which
 
 
-def _mark_stalls(ax, stalls, replica=None) -> None:
-    """Red ticks along the bottom of the panel at the end of each stall gap."""
+def _mark_stalls(ax, stalls, replicas=None) -> None:
+    """Red triangles along the bottom of the panel at the end of each stall gap (of `replicas`, or all).
+    `ax` should be the topmost axes of the panel (the twin): its artists are drawn above the areas."""
     if stalls is None or len(stalls) == 0:
         return
-    mine = stalls if replica is None else stalls[stalls["replica"] == replica]
+    mine = stalls if replicas is None else stalls[stalls["replica"].isin(list(replicas))]
     if len(mine):
-        ax.plot(mine["time"], np.full(len(mine), 0.04), "^", color=STALL, markersize=6,
-                transform=ax.get_xaxis_transform(), clip_on=False,
+        ax.plot(mine["time"], np.full(len(mine), 0.04), "^", color=STALL, markersize=7, markeredgecolor="white",
+                markeredgewidth=0.6, transform=ax.get_xaxis_transform(), clip_on=False, zorder=ON_TOP,
                 label=f"stall ({int(mine['count'].sum())} gaps, longest {_fmt_s(mine['length'].max())})")
 
 
-def _tokens_panel(ax, x, prefill, decode, stalls, unit: str, title: str, replica=None) -> None:
+def _tokens_panel(ax, x, prefill, decode, stalls, unit: str, title: str, replicas=None) -> None:
     """Prefill tokens filled on the left axis, decode tokens as a line on a right axis of their own
-    (prefill chunks are often 10-100x the decode count, so one axis would flatten the decodes)."""
+    (prefill chunks are often 10-100x the decode count, so one axis would flatten the decodes).
+    Stalls are marked on the right axis, which is drawn above the prefill area and the decode line."""
     right = ax.twinx()
     ax.fill_between(x, 0, prefill, step="post", color=PREFILL, alpha=0.7, linewidth=0, label=f"prefill {unit}")
     right.step(x, decode, where="post", color=DECODE, linewidth=1.2, label=f"decode {unit} (right axis)")
@@ -131,43 +165,52 @@ def _tokens_panel(ax, x, prefill, decode, stalls, unit: str, title: str, replica
     ax.set_ylabel(f"prefill {unit}", color=PREFILL)
     right.set_ylabel(f"decode {unit}", color=DECODE)
     ax.set_title(title)
-    _mark_stalls(ax, stalls, replica)
+    _mark_stalls(right, stalls, replicas)
     handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="upper left", ncol=3, fontsize=8)
+    right.legend(handles, [h.get_label() for h in handles], loc="upper left", ncol=3, fontsize=8)
 
 
-def plot_step_timeline(steps_df: pd.DataFrame, stalls=None, raw: bool = True):
-    """Prefill vs decode tokens over time (stalls marked) and step duration on a second panel."""
-    replicas = sorted(steps_df["replica"].unique()) if raw else [None]
-    fig, axes = plt.subplots(len(replicas) + 1, 1, figsize=(11, 2.6 * (len(replicas) + 1)), sharex=True,
-                             squeeze=False)
-    axes, dur = axes[:-1, 0], axes[-1, 0]
+def _groups(steps_df, raw: bool, pools: dict | None) -> list[tuple[str, list]]:
+    """(name, replicas) of each token panel: a replica each when raw, else a pool each (P/D) or all."""
     if raw:
-        for ax, r in zip(axes, replicas):
-            s = steps_df[steps_df["replica"] == r]
+        return [(replica_name(r, pools).capitalize(), [r]) for r in sorted(steps_df["replica"].unique())]
+    if pools and len(pools) > 1:
+        return [(f"{name.capitalize()} pool ({len(members)} replicas)", list(members)) for name, members in pools.items()]
+    return [("All replicas", sorted(steps_df["replica"].unique()))]
+
+
+def plot_step_timeline(steps_df: pd.DataFrame, stalls=None, raw: bool = True, pools: dict | None = None,
+                       transfers: pd.DataFrame | None = None, handoffs: pd.DataFrame | None = None):
+    """Prefill vs decode tokens over time (stalls marked), a panel per replica (raw) or per pool,
+    the KV hand-offs of a P/D run (when `handoffs` is given), and step duration on a last panel."""
+    groups = _groups(steps_df, raw, pools)
+    pd_run = handoffs is not None and pools is not None and len(pools) > 1
+    rows = len(groups) + 1 + pd_run
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 2.6 * rows), sharex=True, squeeze=False)
+    axes, dur = axes[:, 0], axes[-1, 0]
+    edges, which = (None, None) if raw or not len(steps_df) else _bins(steps_df)
+    for ax, (name, members) in zip(axes, groups):
+        s = steps_df[steps_df["replica"].isin(members)]
+        if raw:
             start, end = s["start"].to_numpy(), s["end"].to_numpy()
             x, p = _bars(start, end, s["prefill_tokens"].to_numpy())
             _, d = _bars(start, end, s["decode_tokens"].to_numpy())
-            _tokens_panel(ax, x, p, d, stalls, "tokens per step",
-                          f"Replica {r}: tokens in each step ({len(s)} steps)", r)
-            dur.plot(start, s["duration"] * 1e3, ".", markersize=3, label=f"replica {r}")
+            _tokens_panel(ax, x, p, d, stalls, "tokens per step", f"{name}: tokens in each step ({len(s)} steps)",
+                          members)
+            dur.plot(start, s["duration"] * 1e3, ".", markersize=3, label=name.lower())
+        elif len(s):
+            mine = which[steps_df["replica"].isin(members).to_numpy()]
+            width, x = edges[1] - edges[0], edges[:-1]
+            p = np.bincount(mine, s["prefill_tokens"].to_numpy(), NUM_BINS) / width
+            d = np.bincount(mine, s["decode_tokens"].to_numpy(), NUM_BINS) / width
+            _tokens_panel(ax, x, p, d, stalls, "tokens/s",
+                          f"{name}: tokens per second ({len(s)} steps in {NUM_BINS} time bins)", members)
+    if pd_run:
+        draw_transfers(axes[len(groups)], steps_df, pools, transfers, handoffs, raw)
+    if raw:
         dur.set_title("Step duration (one dot per step, at its start)")
     elif len(steps_df):
-        edges, which = _bins(steps_df)
-        width, x = edges[1] - edges[0], edges[:-1]
-        p = np.bincount(which, steps_df["prefill_tokens"].to_numpy(), NUM_BINS) / width
-        d = np.bincount(which, steps_df["decode_tokens"].to_numpy(), NUM_BINS) / width
-        _tokens_panel(axes[0], x, p, d, stalls, "tokens/s",
-                      f"Tokens per second, all replicas ({len(steps_df)} steps in {NUM_BINS} time bins)")
-        ms = steps_df["duration"].to_numpy() * 1e3
-        count = np.bincount(which, minlength=NUM_BINS)
-        mean = np.bincount(which, ms, NUM_BINS) / np.maximum(count, 1)
-        top = np.full(NUM_BINS, np.nan)
-        np.fmax.at(top, which, ms)
-        used = count > 0
-        dur.plot(x[used], top[used], "-", color="tab:gray", linewidth=0.8, label="max per bin")
-        dur.plot(x[used], mean[used], "-", color="tab:green", linewidth=1.2, label="mean per bin")
-        dur.set_title("Step duration (per time bin)")
+        _binned_duration(dur, steps_df, edges, which)
     dur.set_ylabel("duration (ms)")
     dur.set_xlabel("simulated time (s)")
     dur.grid(True, alpha=0.3)
@@ -176,33 +219,72 @@ def plot_step_timeline(steps_df: pd.DataFrame, stalls=None, raw: bool = True):
     return fig
 
 
-def plot_kv_usage(steps_df: pd.DataFrame, raw: bool = True):
-    """KV blocks in use over time, one line per replica (max per time bin for large runs)."""
+def _binned_duration(ax, steps_df, edges, which) -> None:
+    x = edges[:-1]
+    ms = steps_df["duration"].to_numpy() * 1e3
+    count = np.bincount(which, minlength=NUM_BINS)
+    mean = np.bincount(which, ms, NUM_BINS) / np.maximum(count, 1)
+    top = np.full(NUM_BINS, np.nan)
+    np.fmax.at(top, which, ms)
+    used = count > 0
+    ax.plot(x[used], top[used], "-", color="tab:gray", linewidth=0.8, label="max per bin")
+    ax.plot(x[used], mean[used], "-", color="tab:green", linewidth=1.2, label="mean per bin")
+    ax.set_title("Step duration (per time bin)")
+
+
+def plot_kv_usage(steps_df: pd.DataFrame, raw: bool = True, kv_blocks: dict | None = None, pools: dict | None = None):
+    """KV blocks in use over time, one line per replica (max per time bin for large runs).
+
+    With `kv_blocks` (replica -> blocks of its cache): a dashed capacity line and a right axis in %
+    of capacity when every cache has the same size; otherwise each replica in % of its own cache."""
     fig, ax = plt.subplots(figsize=(11, 3.5))
     replicas = sorted(steps_df["replica"].unique())
+    sizes = {int(r): kv_blocks[r] for r in replicas if kv_blocks and kv_blocks.get(r)}
+    same = len(set(sizes.values())) == 1 and len(sizes) == len(replicas)
+    percent = bool(sizes) and not same  # unequal caches: each in % of its own
     edges, which = (None, None) if raw else _bins(steps_df)
     for r in replicas:
         mask = (steps_df["replica"] == r).to_numpy()
         s = steps_df[mask]
-        label = f"replica {r}" if len(replicas) <= MAX_LEGEND_REPLICAS else None
+        value = s["kv_blocks_used"].to_numpy(dtype=np.float64) * (100.0 / sizes[r] if percent else 1.0)
+        label = replica_name(r, pools) if len(replicas) <= MAX_LEGEND_REPLICAS else None
         if raw:  # a step's value over [start, end); the line breaks where the replica idles
             start, end = s["start"].to_numpy(), s["end"].to_numpy()
             idle = np.r_[False, start[1:] > end[:-1]]
             nan = np.where(idle, np.nan, start)
             x = np.column_stack([nan, start, end]).ravel()
-            value = s["kv_blocks_used"].to_numpy(dtype=np.float64)
             y = np.column_stack([np.where(idle, np.nan, value), value, value]).ravel()
             ax.plot(x, y, linewidth=1, label=label)
         else:
             top = np.full(NUM_BINS, np.nan)
-            np.fmax.at(top, which[mask], s["kv_blocks_used"].to_numpy(dtype=np.float64))
+            np.fmax.at(top, which[mask], value)
             used = ~np.isnan(top)
             ax.step(edges[:-1][used], top[used], where="post", linewidth=1, label=label)
+    _kv_capacity(ax, sizes, same, percent, steps_df)
     ax.set_title("KV cache blocks in use" + (" (gaps: replica idle)" if raw else f" (max per time bin, {NUM_BINS} bins)"))
     ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("blocks used")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     if len(replicas) <= MAX_LEGEND_REPLICAS and len(steps_df):
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="center right", fontsize=8)
     return fig
+
+
+def _kv_capacity(ax, sizes: dict, same: bool, percent: bool, steps_df) -> None:
+    """The capacity line, the y label(s) and the % axis of kv_usage."""
+    if not sizes:
+        ax.set_ylabel("blocks used")
+        ax.set_ylim(bottom=0)
+        return
+    capacity = 100.0 if percent else float(next(iter(sizes.values())))
+    text = "capacity (100 % of each cache)" if percent else f"capacity ({int(capacity):,} blocks per replica)"
+    ax.axhline(capacity, color="black", linestyle="--", linewidth=1.2, label=text, gid="kv_capacity")
+    ax.set_ylim(0, capacity * 1.08)
+    if percent:
+        ax.set_ylabel("% of the replica's KV blocks used")
+        return
+    ax.set_ylabel("blocks used")
+    pct = ax.secondary_yaxis("right", functions=(lambda b: b * 100.0 / capacity, lambda q: q * capacity / 100.0))
+    pct.set_ylabel("% of capacity")
+    if len(steps_df):
+        peak = steps_df["kv_blocks_used"].max() * 100.0 / capacity
+        ax.set_title(f"peak {peak:.3g} % of capacity", loc="right", fontsize=9)
