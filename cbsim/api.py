@@ -37,6 +37,7 @@ class Results:
     transfers: pd.DataFrame | None = None  # every booked transfer: host swaps, P/D hops (metrics.transfer_frame)
     handoffs: pd.DataFrame | None = None  # P/D: one row per hand-off (metrics.handoff_frame)
     kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
+    files: dict | None = None  # what write() wrote: file name -> bytes
 
     def token_times(self, request_id: int) -> np.ndarray:
         """Every output-token time of one request (expanded from the compact token runs)."""
@@ -45,7 +46,8 @@ class Results:
         return token_times(self.recorder, request_id)
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write config, tables, summary, plots, dashboards and trace into `out_dir`."""
+        """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
+        `files` then maps each file written to its size in bytes."""
         from cbsim.sim.dashboard import write_dashboards
         from cbsim.sim.metrics import stall_events
         from cbsim.sim.plots import plot_run
@@ -54,29 +56,37 @@ class Results:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         cfg = self.config
-        (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        for name, frame in (("requests", self.requests), ("steps", self.steps)):
-            if "csv" in cfg.output.formats:
-                frame.to_csv(out / f"{name}.csv", index=False)
+        written: list[Path] = []
+
+        def path(name: str) -> Path:  # a file this call writes
+            written.append(out / name)
+            return written[-1]
+
+        path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
+                  ("transfers", self.transfers))
+        for name, frame in tables:
+            if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
+                continue
             if "parquet" in cfg.output.formats:
-                frame.to_parquet(out / f"{name}.parquet", index=False)
-        for name, frame in (("preemptions", self.preemptions), ("transfers", self.transfers)):
-            if frame is not None and len(frame) and "csv" in cfg.output.formats:
-                frame.to_csv(out / f"{name}.csv", index=False)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+                frame.to_parquet(path(f"{name}.parquet"), index=False, compression="zstd")
+            if "csv" in cfg.output.formats:
+                frame.to_csv(path(f"{name}.csv"), index=False)
+        path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         if cfg.output.plots:
-            plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
-                     stalls=stall_events(self.itl, cfg.metrics.stall_factor),
-                     cdf_max_points=cfg.metrics.cdf_max_points)
-            write_dashboards(self, out)
+            written += plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
+                                stalls=stall_events(self.itl, cfg.metrics.stall_factor),
+                                cdf_max_points=cfg.metrics.cdf_max_points)
+            written += write_dashboards(self, out)
         if cfg.output.trace:
-            write_chrome_trace(self.steps, out / "trace.json", cfg.metrics.trace_max_steps)
+            write_chrome_trace(self.steps, path("trace.json"), cfg.metrics.trace_max_steps)
         if self.shapes:
-            with open(out / "shapes.jsonl", "w") as handle:
+            with open(path("shapes.jsonl"), "w") as handle:
                 for shape in self.shapes:
                     handle.write(json.dumps({"prefill": [list(p) for p in shape.prefill],
                                              "decode": list(shape.decode)}) + "\n")
         self.out_dir = out
+        self.files = {file.name: file.stat().st_size for file in written}
         return out
 
 

@@ -30,7 +30,8 @@ class MetricsConfig:
     slo: SLOConfig = option(default_factory=SLOConfig, help="objectives for goodput and SLO attainment")
     stall_factor: float = option(5.0, help="an ITL gap above stall_factor x the run's median ITL is a stall")
     cdf_max_points: int = option(2000, help="at most this many points per CDF curve in plots")
-    trace_max_steps: int = option(200_000, help="the Perfetto trace holds at most this many steps (the first ones)")
+    trace_max_steps: int = option(50_000, help="the Perfetto trace (output.trace) holds at most this many steps, "
+                                  "the first ones (~18 MB; 0 = none)")
 
     def validate(self) -> None:
         require(self.long_prompt_threshold >= 1, "long_prompt_threshold", "an integer >= 1", self.long_prompt_threshold)

@@ -35,9 +35,10 @@ def test_run_writes_every_output(tmp_path):
     out = tmp_path / "out"
     result = runner.invoke(app, ["run", str(exp), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    for name in ("config.yaml", "requests.csv", "requests.parquet", "steps.csv", "steps.parquet", "summary.json",
+    for name in ("config.yaml", "requests.parquet", "steps.parquet", "summary.json",
                  "latency_cdf.png", "step_timeline.png", "kv_usage.png", "trace.json"):
         assert (out / name).is_file(), name
+    assert not list(out.glob("*.csv"))  # CSV only on request (output.formats)
     summary = json.loads((out / "summary.json").read_text())
     for key in ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "itl_p50", "itl_p90",
                 "itl_p99", "itl_max", "e2e_p50", "e2e_p99", "throughput_tokens_per_s", "throughput_requests_per_s",

@@ -27,7 +27,7 @@ def test_results_write_a_dashboard(tmp_path):
 def test_pd_runs_get_one_dashboard_per_pool(tmp_path):
     res = run_experiment({**PD_EXPERIMENT, "output": {"plots": True, "trace": False}})
     res.write(tmp_path)
-    for name in ("dashboard.png", "dashboard_prefill.png", "dashboard_decode.png", "transfers.csv"):
+    for name in ("dashboard.png", "dashboard_prefill.png", "dashboard_decode.png", "transfers.parquet"):
         assert (tmp_path / name).exists(), name
     assert all(is_png(tmp_path / f"dashboard{suffix}.png") for suffix in ("", "_prefill", "_decode"))
 

@@ -10,7 +10,7 @@ CONFIG = {
     "workload": {"num_requests": 120, "arrival": {"type": "gamma", "rate": 30.0, "cv": 2.0},
                  "prompt_len": {"type": "lognormal", "median": 300, "sigma": 1.0, "max": 3000},
                  "output_len": {"type": "uniform", "min": 1, "max": 120}},
-    "output": {"plots": False, "trace": True},
+    "output": {"plots": False, "trace": True, "formats": ["csv", "parquet"]},
 }
 
 

@@ -1,0 +1,128 @@
+"""What a run writes (parquet by default, CSV and the trace on request, the bytes reported) and the
+progress lines of a long run (stderr only, never in an output file, silenced by --quiet)."""
+import functools
+import io
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import cbsim.sim.progress as progress_module
+from cbsim.api import run_experiment
+from cbsim.cli import app
+from cbsim.sim.progress import Progress
+
+runner = CliRunner()
+
+TINY = {
+    "name": "tiny", "seed": 5, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
+    "cluster": {"replicas": 2, "kv_cache": {"num_blocks": 120}},
+    "policy": {"name": "sarathi", "token_budget": 128},
+    "workload": {"num_requests": 60, "arrival": {"type": "poisson", "rate": 20.0},
+                 "prompt_len": {"type": "uniform", "min": 10, "max": 400},
+                 "output_len": {"type": "uniform", "min": 1, "max": 60}},
+    "output": {"plots": False},
+}
+PD = {**TINY, "cluster": {"mode": "pd", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                          "kv_cache": {"num_blocks": 400}}}
+
+
+def chatty() -> Progress:
+    """A progress reporter for which every run is 'long': it speaks at every wake-up."""
+    return Progress(io.StringIO(), every=0, after=0)
+
+
+def outputs(folder) -> dict[str, bytes]:
+    """Every file of a results folder, summary.json without its wall-clock entry."""
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    summary = json.loads(files.pop("summary.json"))
+    summary.pop("sim_wall_seconds")
+    files["summary.json"] = json.dumps(summary).encode()
+    return files
+
+
+def write(tmp_path, data, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_default_run_writes_parquet_and_no_csv_or_trace(tmp_path):
+    res = run_experiment(TINY, out_dir=tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"config.yaml", "requests.parquet", "steps.parquet", "summary.json"} <= names
+    assert not any(name.endswith(".csv") for name in names) and "trace.json" not in names
+    assert res.files == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "requests.parquet"), res.requests)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), res.steps)
+
+
+def test_csv_on_request_matches_parquet(tmp_path):
+    run_experiment({**TINY, "output": {"plots": False, "formats": ["csv"]}}, out_dir=tmp_path)
+    assert (tmp_path / "steps.csv").is_file() and not list(tmp_path.glob("*.parquet"))
+    both = run_experiment({**TINY, "output": {"plots": False, "formats": ["csv", "parquet"]}}, out_dir=tmp_path / "b")
+    steps = pd.read_csv(tmp_path / "b" / "steps.csv")
+    assert len(steps) == len(both.steps) and (tmp_path / "b" / "steps.parquet").is_file()
+
+
+def test_pd_tables_follow_the_formats(tmp_path):
+    run_experiment(PD, out_dir=tmp_path / "p")
+    assert (tmp_path / "p" / "transfers.parquet").is_file() and not (tmp_path / "p" / "transfers.csv").exists()
+    run_experiment({**PD, "output": {"plots": False, "formats": ["csv"]}}, out_dir=tmp_path / "c")
+    assert (tmp_path / "c" / "transfers.csv").is_file() and not (tmp_path / "c" / "transfers.parquet").exists()
+
+
+def test_trace_is_opt_in_and_sized(tmp_path):
+    res = run_experiment({**TINY, "output": {"plots": False, "trace": True}, "metrics": {"trace_max_steps": 10}},
+                         out_dir=tmp_path)
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert trace["otherData"]["steps_written"] == 10 and trace["otherData"]["steps_total"] == len(res.steps)
+    assert res.files["trace.json"] == (tmp_path / "trace.json").stat().st_size
+
+
+@pytest.mark.parametrize("config", [TINY, PD], ids=["colocated", "pd"])
+def test_progress_speaks_on_its_stream_and_changes_no_output(tmp_path, config):
+    progress = chatty()
+    run_experiment({**config, "output": {"plots": False, "trace": True, "formats": ["csv", "parquet"]}},
+                   out_dir=tmp_path / "with", progress=progress)
+    run_experiment({**config, "output": {"plots": False, "trace": True, "formats": ["csv", "parquet"]}},
+                   out_dir=tmp_path / "without")
+    lines = progress.stream.getvalue().splitlines()
+    assert any("requests done" in line for line in lines) and any("writing" in line for line in lines)
+    assert outputs(tmp_path / "with") == outputs(tmp_path / "without")
+
+
+def test_short_runs_are_silent():
+    progress = Progress(io.StringIO())  # the CLI's: nothing before 2 s of wall time
+    run_experiment(TINY, progress=progress)
+    assert progress.stream.getvalue() == ""
+
+
+def test_the_watcher_never_keeps_a_run_alive():
+    """Alone in the event queue, the watcher stops: a run that would end (or fail) for lack of events
+    still does; with max_time the run ends there as before."""
+    import simpy
+
+    from cbsim.sim.simulation import ArrivalFeed
+
+    env = simpy.Environment()
+    env.process(chatty().watch(env, ArrivalFeed(env, [])))
+    env.run()  # returns: nothing else was scheduled
+    progress = chatty()
+    res = run_experiment({**TINY, "sim": {"max_time": 1.0}}, progress=progress)
+    assert res.summary["num_requests"] == 60 and "requests done" in progress.stream.getvalue()
+
+
+def test_cli_reports_progress_on_stderr_bytes_on_stdout_and_quiet_silences(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress_module, "Progress", functools.partial(Progress, every=0, after=0))
+    exp = write(tmp_path, TINY)
+    loud = runner.invoke(app, ["run", str(exp), "--out", str(tmp_path / "loud")])
+    assert loud.exit_code == 0, loud.output
+    assert "requests done" in loud.stderr and "requests done" not in loud.stdout
+    assert "results: " in loud.stdout and "steps.parquet" in loud.stdout and " kB" in loud.stdout
+    quiet = runner.invoke(app, ["run", str(exp), "--quiet", "--out", str(tmp_path / "quiet")])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr == ""
+    assert outputs(tmp_path / "loud") == outputs(tmp_path / "quiet")
