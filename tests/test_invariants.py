@@ -1,10 +1,16 @@
 """Property-based invariants over random workloads, for every policy, both preemption modes.
 
 Checked at every step (through a traced policy and the step table): token budget, max_num_seqs,
-KV blocks; over the run: every request finishes exactly once with exactly output_len tokens or is
-rejected with a reason, token times strictly increase and follow the arrival, time never runs
-backwards, tokens are conserved, and fast-forward changes nothing.
+KV blocks; sarathi's per-request cap (long_prefill_token_threshold, or 4 % of max_model_len with
+partial prefills, and chunk_size) and its partial-prefill limits (unfinished rows, long rows);
+FCFS admission (the admitted requests are the head of the waiting queue) for every policy except
+sarathi without strict_fcfs, which may skip a prompt the limits hold back; over the run: every
+request finishes exactly once with exactly output_len tokens or is rejected with a reason, token
+times strictly increase and follow the arrival, time never runs backwards, tokens are conserved,
+and fast-forward changes nothing.
 """
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -12,7 +18,8 @@ from hypothesis import strategies as st
 
 from cbsim.sim.request import Status
 
-from factories import make_requests, run_policy
+import factories
+from factories import TracedPolicy, make_requests, run_policy
 
 STATIC = st.builds(lambda k: {"name": "static", "max_num_seqs": k}, st.integers(1, 6))
 ORCA = st.builds(lambda k, r: {"name": "orca", "max_num_seqs": k, "kv_reservation": r},
@@ -21,11 +28,13 @@ PREFILL_FIRST = st.builds(lambda c, k: {"name": "prefill_first", "chunk_size": c
                           st.one_of(st.none(), st.integers(1, 64)), st.integers(1, 8))
 SPLITFUSE = st.builds(lambda b, k, m: {"name": "splitfuse", "token_budget": b, "max_num_seqs": k, "min_chunk": m},
                       st.integers(1, 96), st.integers(1, 8), st.integers(1, 16))
-SARATHI = st.builds(lambda b, k, p, lp, t: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
-                                            "max_num_partial_prefills": p, "max_long_partial_prefills": lp,
-                                            "long_prefill_token_threshold": t},
+SARATHI = st.builds(lambda b, k, p, lp, t, c, strict: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
+                                                      "max_num_partial_prefills": p, "max_long_partial_prefills": lp,
+                                                      "long_prefill_token_threshold": t, "chunk_size": c,
+                                                      "strict_fcfs": strict},
                     st.integers(1, 96), st.integers(1, 8), st.integers(1, 3), st.integers(1, 2),
-                    st.one_of(st.none(), st.integers(1, 64)))
+                    st.one_of(st.none(), st.integers(1, 64)), st.one_of(st.none(), st.integers(1, 64)),
+                    st.booleans())
 
 CHUNKED_ONLY = st.builds(lambda c, b, k: {"name": "chunked_only", "chunk_size": c, "token_budget": b,
                                          "max_num_seqs": k},
@@ -50,6 +59,54 @@ ENGINE_FIELDS = {  # the engine knobs drawn per example (the prefix suite adds i
     "reserve_full_prompt": st.booleans(),
 }
 ENGINE = st.fixed_dictionaries(ENGINE_FIELDS)
+
+
+class QueueTracedPolicy(TracedPolicy):
+    """Also keeps, per plan, what each request had left to compute and the waiting queue's order."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.needs, self.queues = [], []
+
+    def schedule(self, state):
+        self.needs.append({r.id: r.need for r in list(state.running) + list(state.waiting)})
+        self.queues.append([r.id for r in state.waiting])
+        return super().schedule(state)
+
+
+@contextmanager
+def tracing_queues():
+    """run_policy(trace=True) wraps policies in QueueTracedPolicy inside this block."""
+    factories.TracedPolicy, old = QueueTracedPolicy, factories.TracedPolicy
+    try:
+        yield
+    finally:
+        factories.TracedPolicy = old
+
+
+def sarathi_limits(policy) -> tuple[int | None, int | None]:
+    """(long threshold, per-request cap) of a sarathi config, as the policy applies them."""
+    threshold = policy.get("long_prefill_token_threshold")
+    if threshold is None and policy.get("max_num_partial_prefills", 1) > 1:
+        threshold = max(1, int(MAX_MODEL_LEN * 0.04))
+    caps = [c for c in (threshold, policy.get("chunk_size")) if c is not None]
+    return threshold, min(caps) if caps else None
+
+
+def check_queue_rules(traced, policy):
+    """Sarathi's cap and partial-prefill limits per plan; FCFS admission where the policy keeps it."""
+    sarathi = policy["name"] == "sarathi"
+    threshold, cap = sarathi_limits(policy) if sarathi else (None, None)
+    for (_, plan, _), needs, queue in zip(traced.plans, traced.needs, traced.queues):
+        if sarathi:
+            rows = [(n, needs[rid]) for rid, n in plan.scheduled.items()]
+            if cap is not None:
+                assert all(n <= cap for n, _ in rows)
+            assert sum(n < need for n, need in rows) <= policy["max_num_partial_prefills"]
+            if threshold is not None:
+                assert sum(need > threshold for _, need in rows) <= policy["max_long_partial_prefills"]
+        if not sarathi or policy["strict_fcfs"]:
+            assert list(plan.admitted) == queue[:len(plan.admitted)]
 
 
 def to_requests(specs):
@@ -78,7 +135,7 @@ def token_times(run, req):
 
 def check_run(run, policy, engine):
     budget = policy.get("token_budget") or MAX_MODEL_LEN
-    chunk = policy.get("chunk_size")
+    chunk = policy.get("chunk_size") if policy["name"] != "sarathi" else None  # sarathi's is per request
     for _, plan, decoding in run.policies[0].plans:
         assert sum(plan.scheduled.values()) <= budget
         if chunk and not set(plan.scheduled) & decoding:  # a prefill step of prefill_first
@@ -115,8 +172,10 @@ def check_run(run, policy, engine):
 @pytest.mark.slow
 @given(POLICIES, WORKLOADS, ENGINE)
 def test_invariants_hold_for_every_policy(policy, specs, engine):
-    run = run_policy(policy, to_requests(specs), trace=True, max_model_len=MAX_MODEL_LEN, **engine)
+    with tracing_queues():
+        run = run_policy(policy, to_requests(specs), trace=True, max_model_len=MAX_MODEL_LEN, **engine)
     check_run(run, policy, engine)
+    check_queue_rules(run.policies[0], policy)
 
 
 

@@ -7,17 +7,22 @@
 - vLLM V1's per-request cap (long_prefill_token_threshold) on running and waiting prefills, and
   its 4 % default; a request that KV stops ends the scan even when limits would be skipped.
 """
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cbsim.policies import make_policy
 from cbsim.policies.batch import BatchBuilder
 from cbsim.policies.helpers import PrefillLimit, admit_prefills
 from cbsim.sim.kv_cache import KVCache
-from cbsim.sim.request import Request
+from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
 
 from factories import make_requests, run_policy
 from test_golden import expected, membership_lines
+from test_invariants import tracing_queues
 
 TOY = [(0, 1024, 6), (0, 128, 9)]  # (arrival, prompt_len, output_len): see golden/chunked_toy_sarathi.txt
 
@@ -122,3 +127,30 @@ def test_sarathi_options_are_validated():
         with pytest.raises(ConfigError):
             make_policy({"name": "sarathi", **bad})
     assert make_policy({"name": "sarathi"}).config.token_budget == 8192
+
+
+QUEUE_POLICY = st.builds(lambda b, p, lp, t, c: {"name": "sarathi", "token_budget": b, "max_num_partial_prefills": p,
+                                                "max_long_partial_prefills": lp, "long_prefill_token_threshold": t,
+                                                "chunk_size": c},
+                         st.integers(32, 512), st.integers(1, 3), st.integers(1, 2),
+                         st.one_of(st.none(), st.integers(16, 256)), st.one_of(st.none(), st.integers(16, 256)))
+QUEUE = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 400), st.integers(1, 8)), min_size=2, max_size=10)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(QUEUE_POLICY, QUEUE)
+def test_strict_fcfs_admits_the_queue_head_and_skipping_keeps_equal_prompts_in_order(policy, specs):
+    """Strict: every plan admits a prefix of the waiting queue. Skipping (ample KV, so only the
+    limits hold prompts back): a prompt is passed over only for what it is, so prompts of the same
+    length never overtake each other."""
+    strict_reqs, skip_reqs = make_requests(specs), make_requests(specs)
+    with tracing_queues():
+        strict = run_policy({**policy, "strict_fcfs": True}, strict_reqs, trace=True, fast_forward=False)
+    traced = strict.policies[0]
+    for (_, plan, _), queue in zip(traced.plans, traced.queues):
+        assert list(plan.admitted) == queue[:len(plan.admitted)]
+    run_policy({**policy, "strict_fcfs": False}, skip_reqs)
+    assert all(r.status == Status.FINISHED for r in strict_reqs + skip_reqs)
+    for a, b in itertools.combinations(skip_reqs, 2):
+        if a.prompt_len == b.prompt_len and a.arrival <= b.arrival:
+            assert a.first_scheduled_step <= b.first_scheduled_step
