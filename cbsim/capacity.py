@@ -95,14 +95,15 @@ def finished_fraction(summary: dict) -> float:
 def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arrival.rate",
                   lo: float | None = None, hi: float | None = None, rel_tol: float = 0.05,
                   seeds=(0,), overrides: list[str] | None = None, max_expansions: int = 10,
-                  min_finished: float = 0.99, min_attainment: float | None = None) -> CapacityResult:
+                  min_finished: float = 0.99, min_attainment: float | None = None, progress=None) -> CapacityResult:
     """The highest rate (the value at `rate_key`) at which the experiment meets every SLO.
 
     `lo` defaults to the config's own rate. If `lo` fails, it is halved until a rate passes; if it
     passes, the search tries `hi` (default: doubling from `lo` until a rate fails, at most
     `max_expansions` times) and then bisects. `overrides` are `--set` strings applied first;
     `min_finished` is the fraction of requests every run must finish (not reject) to count;
-    `min_attainment` the fraction that must meet metrics.slo (then `slo` may be empty).
+    `min_attainment` the fraction that must meet metrics.slo (then `slo` may be empty); `progress`
+    (sim/progress.py) reports each probe run that is long.
     """
     base = load_config(config, overrides)
     if min_attainment is None or slo:
@@ -119,7 +120,7 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
     rows: list[dict] = []
 
     def passes(rate: float) -> bool:
-        return _probe(base, rate_key, rate, seeds, slo, min_finished, rows, min_attainment)
+        return _probe(base, rate_key, rate, seeds, slo, min_finished, rows, min_attainment, progress)
 
     good, bad = _bracket(passes, start, hi, max_expansions)
     if good is not None and bad is not None:
@@ -177,15 +178,18 @@ def _bracket(passes, start: float, hi: float | None, max_expansions: int) -> tup
 
 
 def _probe(base: ExperimentConfig, rate_key: str, rate: float, seeds, slo: dict, min_finished: float,
-           rows: list, min_attainment: float | None = None) -> bool:
-    """Run the experiment at `rate` for every seed, record one row per seed, return whether all met."""
+           rows: list, min_attainment: float | None = None, progress=None) -> bool:
+    """Run the experiment at `rate` for every seed, record one row per seed, return whether all met;
+    `progress` (sim/progress.py) reports each run that is long, labelled with its rate and seed."""
     from .api import run_experiment
 
     ok = True
     probe = len({row["rate"] for row in rows})
     for seed in seeds:
         cfg = load_config(base, [f"{rate_key}={rate!r}", f"seed={int(seed)}", "output.dir=null"])
-        summary = run_experiment(cfg).summary
+        if progress is not None:
+            progress.restart(f"rate {rate:.4g}, seed {int(seed)}")
+        summary = run_experiment(cfg, progress=progress).summary
         unknown = sorted(set(slo) - set(summary))
         if unknown:
             raise ConfigError(f"slo.{unknown[0]}", "a summary metric: " + ", ".join(sorted(summary)), has_got=False)

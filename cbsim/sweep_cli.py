@@ -71,9 +71,13 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
                                                 "finish (not reject) to count as meeting the SLOs"),
              rate_key: str = typer.Option("workload.arrival.rate", "--rate-key", help="the key searched over"),
              set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: workload.num_requests=500"),
-             out: Optional[Path] = typer.Option(None, "--out", help="write every probe to this CSV")):
+             out: Optional[Path] = typer.Option(None, "--out", help="write every probe to this CSV"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a probe run "
+                                        "longer than 2 s reports every 5 s)")):
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
     import pandas as pd
+
+    from cbsim.sim.progress import Progress
 
     from cbsim.capacity import find_capacities, find_capacity
     from cbsim.config import load_config
@@ -89,7 +93,8 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
             limits[name.strip()] = float(value)
         except ValueError:
             raise ConfigError("--slo", "metric=limit with a number, e.g. itl_p99=0.1", item) from None
-    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished)
+    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
+                   progress=None if quiet else Progress())
     if policy:
         results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_, **options)
     else:

@@ -126,3 +126,20 @@ def test_cli_reports_progress_on_stderr_bytes_on_stdout_and_quiet_silences(tmp_p
     assert quiet.exit_code == 0, quiet.output
     assert quiet.stderr == ""
     assert outputs(tmp_path / "loud") == outputs(tmp_path / "quiet")
+
+
+def test_capacity_reports_each_probe_run_under_its_rate():
+    from cbsim.capacity import find_capacity
+
+    progress = chatty()
+    find_capacity(TINY, {"ttft_p99": 100.0}, hi=40.0, rel_tol=1.0, progress=progress)
+    text = progress.stream.getvalue()
+    assert "rate 20, seed 0: simulated" in text and "rate 40, seed 0: simulated" in text
+
+
+def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress_module, "Progress", functools.partial(Progress, every=0, after=0))
+    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100", "--hi", "40", "--tol", "1"]
+    loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
+    assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
+    assert "rate 40, seed 0: simulated" in loud.stderr and quiet.stderr == "" and loud.stdout == quiet.stdout
