@@ -8,8 +8,10 @@ a replica of one KV head. Specs are frozen records; presets are read-only mappin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from types import MappingProxyType
+from typing import Literal
 
 from cbsim.errors import ConfigError
 from cbsim.schema import option, parse, require
@@ -18,29 +20,124 @@ TP_DEGREES = (1, 2, 4, 8)
 GiB = 1 << 30
 
 
+WEIGHT_BITS = MappingProxyType({"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int4": 4})
+KV_BYTES = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1})
+WeightDtype = Literal["bf16", "fp16", "fp32", "fp8", "int4"]
+KVDtype = Literal["bf16", "fp16", "fp32", "fp8"]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A dense decoder-only transformer (Llama family: GQA attention, gated MLP, untied LM head)."""
+    """A decoder-only transformer: GQA or MLA attention, a gated MLP or a mixture of gated experts.
+
+    The first ten fields describe a dense Llama-family model (as the presets always did); the rest
+    default to that family (untied head, no biases, no window, dense, no MLA, dtype_bytes wide).
+    """
 
     name: str = option(help="model name, free text")
     hidden: int = option(help="hidden size")
     num_layers: int = option(help="decoder layers")
     num_heads: int = option(help="query heads")
     num_kv_heads: int = option(help="key/value heads (GQA); equal to num_heads for MHA")
-    head_dim: int = option(help="size of one attention head")
-    intermediate: int = option(help="MLP intermediate size (gate and up projections each)")
+    head_dim: int = option(help="size of one attention head (MLA: qk_nope_head_dim + qk_rope_head_dim)")
+    intermediate: int = option(help="MLP intermediate size (gate and up projections each) of the dense layers")
     vocab: int = option(help="vocabulary size")
     max_model_len: int = option(help="longest context the model accepts, in tokens")
-    dtype_bytes: int = option(2, help="bytes per weight and KV element (2 for bf16/fp16)")
+    dtype_bytes: int = option(2, help="bytes per weight and KV element (2 for bf16/fp16) unless weight_dtype/kv_dtype say")
+    weight_dtype: WeightDtype | None = option(
+        None, help="weight precision: bf16, fp16, fp32, fp8, int4 (weight-only, bf16 compute); default: dtype_bytes wide")
+    kv_dtype: KVDtype | None = option(None, help="KV-cache precision: bf16, fp16, fp32, fp8; default: dtype_bytes wide")
+    compute_dtype: Literal["auto", "bf16", "fp8"] = option(
+        "auto", help="GEMM precision: fp8 runs at the GPU's FP8 peak (needs fp8 weights); auto: fp8 when the "
+        "weights are fp8 and the GPU has FP8 tensor cores, else bf16")
+    tie_word_embeddings: bool = option(False, help="the LM head shares the embedding matrix")
+    qkv_bias: bool = option(False, help="the Q, K and V projections carry a bias (Qwen2)")
+    norms_per_layer: int = option(2, help="RMSNorms per decoder layer (Gemma-2: 4)")
+    sliding_window: int = option(0, help="attention window in tokens of the windowed layers (0: none)")
+    sliding_layers: int = option(0, help="how many layers use the window (Mistral-7B-v0.1: all, Gemma-2: every other)")
+    num_experts: int = option(0, help="routed experts per MoE layer (0: dense model)")
+    experts_per_token: int = option(0, help="routed experts each token is sent to (top-k)")
+    moe_intermediate: int = option(0, help="intermediate size of one routed expert (gate and up each)")
+    num_shared_experts: int = option(0, help="experts every token goes through in an MoE layer (DeepSeek)")
+    shared_intermediate: int = option(0, help="intermediate size of one shared expert (default moe_intermediate)")
+    first_k_dense: int = option(0, help="the first k layers keep a dense MLP (DeepSeek first_k_dense_replace)")
+    moe_every: int = option(1, help="layer i (from 0) past first_k_dense is MoE when (i + 1) % moe_every == 0")
+    kv_lora_rank: int = option(0, help="MLA: rank of the compressed KV latent (0: no MLA)")
+    q_lora_rank: int = option(0, help="MLA: rank of the compressed query (0: a plain q projection)")
+    qk_nope_head_dim: int = option(0, help="MLA: per-head query/key size without RoPE")
+    qk_rope_head_dim: int = option(0, help="MLA: per-head query/key size with RoPE (the key part is shared)")
+    v_head_dim: int = option(0, help="MLA: per-head value size")
 
     def validate(self) -> None:
         """Raise ConfigError (relative key path) unless the geometry is consistent."""
         for key in ("hidden", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate",
-                    "vocab", "max_model_len"):
+                    "vocab", "max_model_len", "norms_per_layer", "moe_every"):
             require(getattr(self, key) > 0, key, "a positive integer", getattr(self, key))
+        for key in ("sliding_window", "sliding_layers", "num_experts", "experts_per_token", "moe_intermediate",
+                    "num_shared_experts", "shared_intermediate", "first_k_dense", "kv_lora_rank", "q_lora_rank",
+                    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            require(getattr(self, key) >= 0, key, "a non-negative integer", getattr(self, key))
         require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                 f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
         require(self.dtype_bytes in (1, 2, 4), "dtype_bytes", "1, 2 or 4", self.dtype_bytes)
+        require(self.sliding_layers <= self.num_layers, "sliding_layers",
+                f"at most num_layers ({self.num_layers})", self.sliding_layers)
+        require((self.sliding_window > 0) == (self.sliding_layers > 0), "sliding_layers",
+                "positive exactly when sliding_window is", self.sliding_layers)
+        if self.num_experts:
+            require(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
+                    f"between 1 and num_experts ({self.num_experts})", self.experts_per_token)
+            require(self.moe_intermediate > 0, "moe_intermediate", "a positive integer for an MoE model",
+                    self.moe_intermediate)
+            require(self.first_k_dense < self.num_layers, "first_k_dense",
+                    f"fewer than num_layers ({self.num_layers})", self.first_k_dense)
+        else:
+            require(self.experts_per_token == 0 and self.num_shared_experts == 0, "num_experts",
+                    "a positive count when experts_per_token or num_shared_experts is set", self.num_experts)
+        if self.kv_lora_rank:
+            for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                require(getattr(self, key) > 0, key, "a positive integer for an MLA model", getattr(self, key))
+            require(self.head_dim == self.qk_nope_head_dim + self.qk_rope_head_dim, "head_dim",
+                    f"qk_nope_head_dim + qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})",
+                    self.head_dim)
+        if self.compute_dtype == "fp8":
+            require(self.weight_dtype == "fp8", "compute_dtype", "bf16 or auto unless weight_dtype is fp8 "
+                    "(fp8 GEMMs read fp8 weights)", self.compute_dtype)
+
+    # ------------------------------------------------------------ architecture and precision
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def weight_bits(self) -> int:
+        """Bits per stored weight (int4: 4, scales and zero points not counted)."""
+        return 8 * self.dtype_bytes if self.weight_dtype is None else WEIGHT_BITS[self.weight_dtype]
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        """Bytes per cached K, V (or MLA latent) element."""
+        return self.dtype_bytes if self.kv_dtype is None else KV_BYTES[self.kv_dtype]
+
+    @property
+    def precision(self) -> str:
+        """weights/KV precision in words, e.g. 'bf16' or 'fp8 weights, fp8 KV'."""
+        w = self.weight_dtype or {1: "fp8", 2: "bf16", 4: "fp32"}[self.dtype_bytes]
+        kv = self.kv_dtype or {1: "fp8", 2: "bf16", 4: "fp32"}[self.dtype_bytes]
+        return w if w == kv or {w, kv} <= {"bf16", "fp16"} else f"{w} weights, {kv} KV"
+
+    def moe_layer(self, i: int) -> bool:
+        """Whether decoder layer i (from 0) has routed experts instead of a dense MLP."""
+        return self.is_moe and i >= self.first_k_dense and (i + 1) % self.moe_every == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer(i) for i in range(self.num_layers))
 
     def check_tp(self, tp: int, path: str = "tp") -> None:
         """Raise ConfigError at `path` unless this model can be sharded `tp` ways."""
@@ -50,6 +147,9 @@ class ModelSpec:
                 f" of {self.name}", tp)
         require(self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0, path,
                 f"a divisor or multiple of num_kv_heads ({self.num_kv_heads}) of {self.name}", tp)
+        for key in ("moe_intermediate", "shared_intermediate"):
+            require(getattr(self, key) % tp == 0, path, f"a degree dividing {key} ({getattr(self, key)}) of "
+                    f"{self.name}", tp)
 
     def heads_per_gpu(self, tp: int = 1) -> int:
         return self.num_heads // tp
@@ -61,26 +161,100 @@ class ModelSpec:
     def vocab_per_gpu(self, tp: int = 1) -> int:
         return math.ceil(self.vocab / tp)
 
+    # ------------------------------------------------------------ GEMM shapes, per GPU
+
+    def attention_shapes(self, tp: int = 1) -> tuple[tuple[int, int], ...]:
+        """(in, out) features per GPU of one layer's attention GEMMs, in execution order.
+
+        GQA: fused QKV, O. MLA (DeepSeek-V2/V3, as vLLM runs it): q_a (replicated) and q_b, or one q
+        projection; kv_a (replicated: latent + shared rope key); kv_b (latent -> per-head nope key and
+        value; the absorbed form applies the same weights per query token); O."""
+        heads = self.heads_per_gpu(tp)
+        if not self.is_mla:
+            q = heads * self.head_dim
+            kv = self.kv_heads_per_gpu(tp) * self.head_dim
+            return ((self.hidden, q + 2 * kv), (q, self.hidden))
+        q_out = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        q = ((self.hidden, self.q_lora_rank), (self.q_lora_rank, q_out)) if self.q_lora_rank else ((self.hidden, q_out),)
+        return (*q, (self.hidden, self.kv_lora_rank + self.qk_rope_head_dim),
+                (self.kv_lora_rank, heads * (self.qk_nope_head_dim + self.v_head_dim)),
+                (heads * self.v_head_dim, self.hidden))
+
+    def mlp_shapes(self, intermediate: int, tp: int = 1) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(in, out) per GPU of a gated MLP's gate+up and down GEMMs."""
+        mlp = intermediate // tp
+        return ((self.hidden, 2 * mlp), (mlp, self.hidden))
+
     def gemm_shapes(self, tp: int = 1) -> tuple[tuple[int, int], ...]:
-        """(in, out) features per GPU of one layer's GEMMs: QKV, O, gate+up, down."""
-        q = self.heads_per_gpu(tp) * self.head_dim
-        kv = self.kv_heads_per_gpu(tp) * self.head_dim
-        mlp = self.intermediate // tp
-        return ((self.hidden, q + 2 * kv), (q, self.hidden), (self.hidden, 2 * mlp), (mlp, self.hidden))
+        """(in, out) features per GPU of one dense layer's GEMMs: QKV, O, gate+up, down."""
+        return (*self.attention_shapes(tp), *self.mlp_shapes(self.intermediate, tp))
+
+    # ------------------------------------------------------------ parameters and bytes
 
     def layer_params(self, tp: int = 1) -> int:
-        """Linear-layer parameters of one layer per GPU (QKV + O + gated MLP gate/up/down)."""
+        """Linear-layer parameters of one dense layer per GPU (attention + gated MLP gate/up/down)."""
         return sum(k * n for k, n in self.gemm_shapes(tp))
 
+    def _attention_params(self, tp: int) -> int:
+        params = sum(k * n for k, n in self.attention_shapes(tp))
+        if self.qkv_bias:
+            params += self.attention_shapes(tp)[0][1]
+        if self.is_mla:  # the latent norms (replicated)
+            params += self.kv_lora_rank + self.q_lora_rank
+        return params
+
+    def expert_params(self, tp: int = 1) -> int:
+        """One routed expert's parameters per GPU (experts are split tp ways, as vLLM does without EP)."""
+        return sum(k * n for k, n in self.mlp_shapes(self.moe_intermediate, tp))
+
+    def _shared_params(self, tp: int) -> int:
+        inter = self.shared_intermediate or self.moe_intermediate
+        return self.num_shared_experts * sum(k * n for k, n in self.mlp_shapes(inter, tp))
+
+    def _param_parts(self, tp: int, active: bool = False) -> tuple[int, int]:
+        """(decoder linear-layer parameters, the rest: norms, routers, embedding, LM head) per GPU."""
+        if not self.is_moe and not self.is_mla and not self.qkv_bias:
+            linear, routers = self.num_layers * self.layer_params(tp), 0  # the dense presets' formula
+        else:
+            moe = self.num_moe_layers
+            routed = self.experts_per_token if active else self.num_experts
+            dense_mlp = sum(k * n for k, n in self.mlp_shapes(self.intermediate, tp))
+            moe_mlp = routed * self.expert_params(tp) + self._shared_params(tp)
+            linear = self.num_layers * self._attention_params(tp) + (self.num_layers - moe) * dense_mlp + moe * moe_mlp
+            routers = moe * self.hidden * self.num_experts
+        norms = (self.norms_per_layer * self.num_layers + 1) * self.hidden  # replicated, tiny
+        embed_and_head = (1 if self.tie_word_embeddings else 2) * self.vocab_per_gpu(tp) * self.hidden
+        return linear, routers + norms + embed_and_head
+
+    def params(self, tp: int = 1, active: bool = False) -> int:
+        """Parameters one GPU holds (all experts), or with `active` those one token uses (top-k experts)."""
+        linear, rest = self._param_parts(tp, active)
+        return linear + rest
+
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the routed experts it is not sent to (the
+        embedding table counts whole, as Mistral counts Mixtral's 12.9 B; DeepSeek's 37 B leaves it out)."""
+        return self.params(1, active=True)
+
     def weight_bytes(self, tp: int = 1) -> int:
-        """Weight bytes one GPU holds: all layers, RMSNorms, embedding and LM head, sharded tp ways."""
-        norms = (2 * self.num_layers + 1) * self.hidden  # replicated, tiny
-        embed_and_head = 2 * self.vocab_per_gpu(tp) * self.hidden
-        return (self.num_layers * self.layer_params(tp) + norms + embed_and_head) * self.dtype_bytes
+        """Weight bytes one GPU holds: all layers, norms, embedding and LM head, sharded tp ways.
+
+        fp8 and int4 quantise the decoder's linear layers only: the embedding, LM head, norms and
+        routers stay 16-bit (as vLLM's fp8, AWQ and GPTQ loaders keep them; int4 scales not counted)."""
+        if self.weight_dtype not in ("fp8", "int4"):
+            return self.params(tp) * self.weight_bits // 8
+        linear, rest = self._param_parts(tp)
+        return (linear * self.weight_bits + rest * 16) // 8
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """KV-cache bytes one token occupies on one GPU, over all layers (K and V)."""
-        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.dtype_bytes
+        """KV-cache bytes one token occupies on one GPU, over all layers.
+
+        GQA: K and V of this GPU's KV heads. MLA: the compressed latent plus the shared RoPE key,
+        one vector per layer whatever the head count, held whole by every GPU of the TP group (as
+        vLLM does). Windowed layers count in full (vLLM allocates them like the others)."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_elem_bytes
+        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_elem_bytes
 
 
 def _llama(name, hidden, layers, heads, kv_heads, intermediate, vocab, ctx) -> ModelSpec:
@@ -101,44 +275,92 @@ def _model_key(name: str) -> str:
     """Normalise a Hugging Face id or spelling: 'meta-llama/Meta-Llama-3-8B-Instruct' -> 'llama-3-8b'."""
     key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
     key = key.replace("meta-llama-", "llama-")
-    for suffix in ("-hf", "-instruct", "-chat"):
+    for suffix in ("-hf", "-instruct", "-chat", "-it"):
         key = key.removesuffix(suffix)
     return key
 
 
 def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
-    """A preset by name (Hugging Face ids accepted), or a mapping of every ModelSpec field.
+    """A model by name, a config.json path, or a mapping.
 
-    In a mapping, head_dim may be left out: it defaults to hidden // num_heads.
+    A name is a preset (llama-2-7b, llama-3-8b, ...; Hugging Face ids accepted) or a catalog file
+    (profiler/models/<name>.json: `cbsim models` lists them); a path is a Hugging Face config.json
+    or a folder holding one. A mapping gives every ModelSpec field (head_dim may be left out: it
+    defaults to hidden // num_heads), or `config:` (any of the above) with fields laid over it:
+    {config: llama-3.1-8b, weight_dtype: fp8, kv_dtype: fp8}.
     """
+    from .hf_config import catalog_key, catalog_names, catalog_spec, read_hf_config
+
     if isinstance(name_or_mapping, ModelSpec):
         return name_or_mapping
     if isinstance(name_or_mapping, str):
-        spec = MODEL_PRESETS.get(_model_key(name_or_mapping))
-        if spec is None:
-            raise ConfigError(path, "a model preset (" + ", ".join(MODEL_PRESETS) + ") or a mapping of its fields",
-                              name_or_mapping)
-        return spec
+        key = _model_key(name_or_mapping)
+        if key in MODEL_PRESETS:
+            return MODEL_PRESETS[key]
+        if catalog_key(key):
+            return catalog_spec(catalog_key(key))
+        if Path(name_or_mapping).exists():
+            return read_hf_config(name_or_mapping)
+        raise ConfigError(path, "a model preset (" + ", ".join(MODEL_PRESETS) + "), a catalog model ("
+                          + ", ".join(catalog_names()) + "), a path to a config.json, or a mapping of its fields",
+                          name_or_mapping)
     if not isinstance(name_or_mapping, dict):
         raise ConfigError(path, "a model preset name or a mapping of its fields", name_or_mapping)
     mapping = dict(name_or_mapping)
+    if "config" in mapping:
+        base = mapping.pop("config")
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}.config", "a model name or a path to a config.json", base)
+        base_spec = model_spec(base, f"{path}.config")
+        return parse(ModelSpec, {**{f.name: getattr(base_spec, f.name) for f in fields(ModelSpec)}, **mapping}, path)
     hidden, heads = mapping.get("hidden"), mapping.get("num_heads")
     if "head_dim" not in mapping and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         mapping["head_dim"] = hidden // heads
     return parse(ModelSpec, mapping, path)
 
 
+def check_measured_precision(model: ModelSpec, measured: str = "bf16", path: str = "model") -> None:
+    """For cost models built from measurements (vidur, fitted): raise ConfigError unless the
+    experiment's model runs at the precision they were measured at (bf16/fp16 weights, KV and GEMMs)."""
+    half = ("bf16", "fp16")
+    ok = (model.weight_bits == 16 and model.kv_elem_bytes == 2 and model.compute_dtype != "fp8"
+          and (model.weight_dtype in (None, *half)) and (model.kv_dtype in (None, *half)))
+    if not ok:
+        raise ConfigError(path, f"a model at the precision this cost model was measured at ({measured} weights, "
+                          f"KV and GEMMs); use the roofline cost model for other precisions", model.precision)
+
+
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator: memory, dense bf16 peak, HBM bandwidth, and its NVLink port."""
+    """One accelerator: memory, dense peaks, memory bandwidth, and how it talks to its neighbours."""
 
-    name: str
-    memory_bytes: int
-    bf16_flops: float  # dense tensor-core peak, FLOP/s (no sparsity)
-    hbm_bandwidth: float  # bytes/s
-    link_bandwidth: float  # NVLink per GPU, one direction, bytes/s
-    link_latency: float  # fixed cost of one small all-reduce, s
-    topology: str = "nvswitch"  # how the TP group's GPUs connect: nvswitch, nvlink_pairwise, pcie
+    name: str = option(help="GPU name, free text")
+    memory_bytes: int = option(help="device memory in bytes (HBM or GDDR)")
+    bf16_flops: float = option(help="dense BF16/FP16 tensor-core peak, FLOP/s (datasheets' sparse figures halved)")
+    hbm_bandwidth: float = option(help="device memory bandwidth, bytes/s")
+    link_bandwidth: float = option(help="intra-node GPU-GPU link per GPU, one direction, bytes/s "
+                                        "(NVLink, xGMI; a PCIe card: its PCIe link)")
+    link_latency: float = option(10e-6, help="fixed cost of one small all-reduce, s (not used by the NCCL-like model)")
+    topology: Literal["nvswitch", "nvlink_pairwise", "pcie", "xgmi_mesh"] = option(
+        "nvswitch", help="how a node's GPUs connect: nvswitch, nvlink_pairwise (bridged pairs), pcie, xgmi_mesh "
+        "(AMD: a direct link to every other GPU)")
+    fp8_flops: float = option(0.0, help="dense FP8 tensor-core peak, FLOP/s (0: no FP8 tensor cores)")
+    pcie_bandwidth: float = option(0.0, help="PCIe x16 link, one direction, bytes/s (0: not given)")
+    inter_node_bandwidth: float = option(0.0, help="typical network bandwidth per GPU between nodes, one direction, "
+                                                  "bytes/s (0: no standard platform)")
+    family: Literal["a100", "h100", ""] = option(
+        "", help="the GPU whose fitted GEMM and all-reduce constants it uses: a100, h100, or '' (none fitted: "
+        "H100's efficiencies scaled to this GPU's peaks, an assumption)")
+
+    def validate(self) -> None:
+        for key in ("memory_bytes", "bf16_flops", "hbm_bandwidth", "link_bandwidth"):
+            require(getattr(self, key) > 0, key, "a positive number", getattr(self, key))
+        for key in ("link_latency", "fp8_flops", "pcie_bandwidth", "inter_node_bandwidth"):
+            require(getattr(self, key) >= 0, key, "a non-negative number", getattr(self, key))
+
+    def peak_flops(self, fp8: bool = False) -> float:
+        """Dense tensor-core peak for bf16 GEMMs, or for fp8 ones where the GPU has FP8 units."""
+        return self.fp8_flops if fp8 and self.fp8_flops > 0 else self.bf16_flops
 
 
 # Vendor datasheets (NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB; H100 Tensor Core GPU
@@ -153,27 +375,40 @@ class GPUSpec:
 # topology: the SXM4/SXM5 parts ship on HGX/DGX baseboards where all 8 GPUs meet at NVSwitches
 # (NVIDIA DGX A100 and DGX H100/H200 user guides: 6 second-gen / 4 third-gen NVSwitches), so the
 # presets are `nvswitch`; the roofline's `topology:` chooses a pairwise-NVLink or PCIe node instead.
+# fp8: H100/H200 SXM 3,958 TFLOP/s with sparsity, 1,979 dense (same datasheets); A100 has no FP8.
+# PCIe: Gen4 x16 (A100) 64 GB/s and Gen5 x16 (H100, H200) 128 GB/s bidirectional, as the datasheets
+# list them: 32 and 64 GB/s each way. Between nodes: DGX A100 has one 200 Gb/s HDR InfiniBand port
+# per GPU (25 GB/s), DGX H100/H200 one 400 Gb/s NDR port per GPU (50 GB/s) (DGX user guides).
+# The other GPUs, with their sources, are in gpus.py (`cbsim gpus`).
 GPU_PRESETS = MappingProxyType({
-    "a100": GPUSpec("a100", 80 * GiB, 312e12, 2.039e12, 300e9, 10e-6, "nvswitch"),
-    "h100": GPUSpec("h100", 80 * GiB, 989e12, 3.35e12, 450e9, 10e-6, "nvswitch"),
-    "h200": GPUSpec("h200", 141 * GiB, 989e12, 4.8e12, 450e9, 10e-6, "nvswitch"),
+    "a100": GPUSpec("a100", 80 * GiB, 312e12, 2.039e12, 300e9, 10e-6, "nvswitch", 0.0, 32e9, 25e9, "a100"),
+    "h100": GPUSpec("h100", 80 * GiB, 989e12, 3.35e12, 450e9, 10e-6, "nvswitch", 1979e12, 64e9, 50e9, "h100"),
+    "h200": GPUSpec("h200", 141 * GiB, 989e12, 4.8e12, 450e9, 10e-6, "nvswitch", 1979e12, 64e9, 50e9, "h100"),
 })
 GPU_ALIASES = MappingProxyType({
-    "a100-80gb": "a100", "a100-sxm4-80gb": "a100", "a100-sxm": "a100",
+    "a100-80gb": "a100", "a100-sxm4-80gb": "a100", "a100-sxm": "a100", "a100-80gb-sxm": "a100",
     "h100-sxm": "h100", "h100-80gb": "h100", "h100-sxm5-80gb": "h100",
     "h200-sxm": "h200", "h200-141gb": "h200",
 })
 
 
 def gpu_spec(name, path: str = "gpu") -> GPUSpec:
-    """A GPU preset by name (case-insensitive; aliases such as 'a100-80gb' and 'h100-sxm')."""
+    """A GPU by name (case-insensitive: a preset, an alias such as 'a100-80gb', or a catalog GPU:
+    `cbsim gpus`), or a mapping of GPUSpec fields."""
+    from .gpus import GPU_CATALOG
+
     if isinstance(name, GPUSpec):
         return name
+    if isinstance(name, dict):
+        return parse(GPUSpec, name, path)
     key = name.strip().lower() if isinstance(name, str) else None
     key = GPU_ALIASES.get(key, key)
-    if key not in GPU_PRESETS:
-        raise ConfigError(path, "a GPU preset (" + ", ".join([*GPU_PRESETS, *GPU_ALIASES]) + ")", name)
-    return GPU_PRESETS[key]
+    if key in GPU_PRESETS:
+        return GPU_PRESETS[key]
+    if key in GPU_CATALOG:
+        return GPU_CATALOG[key]
+    raise ConfigError(path, "a GPU (" + ", ".join([*GPU_PRESETS, *GPU_ALIASES, *GPU_CATALOG])
+                      + ") or a mapping of its fields", name)
 
 
 def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int, gpu_memory_utilization: float,

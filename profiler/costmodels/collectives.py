@@ -13,6 +13,13 @@ Tree wins only on small messages among many GPUs; ring carries the bandwidth. To
   nvlink_pairwise   GPUs paired by NVLink bridges; a 2-GPU group stays on its bridge, a larger
                     ring crosses PCIe (Azure NC A100 v4 / NC H100 v5 style nodes)
   pcie              every hop over PCIe
+  xgmi_mesh         AMD Infinity Fabric: one direct link from each GPU to each of the other 7; a group
+                    of n GPUs can use n - 1 of each GPU's 7 links, so the bus bandwidth is (n - 1) / 7
+                    of the GPU's aggregate link bandwidth (a model, not fitted on any measurement)
+GPUs without a fitted table (GPUSpec.family '', e.g. B200, L40S, MI300X) take H100's fitted launch
+and hop times and the fraction of datasheet bandwidth H100 reached on the same kind of link (NVSwitch
+0.79, NVLink bridge 0.66, PCIe 0.75; xGMI: the NVSwitch fraction); their error is not known.
+
 NVLS (in-switch reduction on H100 NVSwitch) is not modelled apart: the H100 DGX table is fitted
 by the ring with one bus bandwidth within 2-10 % at >= 16 MiB for 2, 4 and 8 GPUs.
 
@@ -50,8 +57,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-Topology = Literal["nvswitch", "nvlink_pairwise", "pcie"]
-TOPOLOGIES = ("nvswitch", "nvlink_pairwise", "pcie")
+Topology = Literal["nvswitch", "nvlink_pairwise", "pcie", "xgmi_mesh"]
+TOPOLOGIES = ("nvswitch", "nvlink_pairwise", "pcie", "xgmi_mesh")
+MESH_PEERS = 7  # an 8-GPU Infinity Fabric platform: each GPU links to 7 others
 Algorithm = Literal["auto", "ring", "tree"]
 
 
@@ -76,15 +84,40 @@ CALIBRATION = MappingProxyType({
 })
 
 
-def link_model(gpu_name: str, topology: str) -> LinkModel:
-    """Constants for a GPU (H200: H100's, same NVLink 4 and NVSwitch) on a topology."""
+# Datasheet bandwidth (one direction) the fitted H100 bandwidths correspond to, for scaling to unfitted GPUs:
+# NVLink 4 450 GB/s per GPU, NVLink bridge 300 GB/s, PCIe Gen5 x16 64 GB/s.
+H100_DATASHEET = MappingProxyType({"nvswitch": 450e9, "nvlink_pairwise": 300e9, "pcie": 64e9})
+
+
+def link_model(gpu, topology: str) -> LinkModel:
+    """Constants for a GPU (a name, or a GPUSpec) on a topology. A100 and H100 parts (H200: H100's,
+    same NVLink 4 and NVSwitch) use the fits; a GPUSpec of no fitted family scales H100's fits to its
+    own datasheet link and PCIe bandwidths (see the module docstring)."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
-    fam = "a100" if gpu_name.startswith("a100") else "h100"
+    name = gpu if isinstance(gpu, str) else gpu.name
+    fam = getattr(gpu, "family", None) if not isinstance(gpu, str) else None
+    if fam == "" or (topology == "xgmi_mesh"):
+        return _scaled(gpu, topology)
+    fam = fam or ("a100" if name.startswith("a100") else "h100")
     if topology == "pcie":
         pair = CALIBRATION[(fam, "nvlink_pairwise")]
         return LinkModel(pair.base, pair.hop, pair.pcie_bandwidth, pair.pcie_bandwidth)
     return CALIBRATION[(fam, topology)]
+
+
+def _scaled(gpu, topology: str) -> LinkModel:
+    """H100's fitted constants carried to an unfitted GPU by the ratio of datasheet bandwidths."""
+    if isinstance(gpu, str):
+        raise ValueError(f"no fitted all-reduce constants for {gpu!r} on {topology}; pass its GPUSpec")
+    fitted = "nvswitch" if topology == "xgmi_mesh" else topology
+    source = CALIBRATION[("h100", "nvlink_pairwise" if fitted == "pcie" else fitted)]
+    pcie_fraction = CALIBRATION[("h100", "nvlink_pairwise")].pcie_bandwidth / H100_DATASHEET["pcie"]
+    pcie = (gpu.pcie_bandwidth or gpu.link_bandwidth) * pcie_fraction
+    if fitted == "pcie":
+        return LinkModel(source.base, source.hop, pcie, pcie)
+    link = gpu.link_bandwidth * source.bandwidth / H100_DATASHEET[fitted]
+    return LinkModel(source.base, source.hop, link, pcie)
 
 
 def allreduce_seconds(size: float, n: int, link: LinkModel, topology: str,
@@ -94,6 +127,8 @@ def allreduce_seconds(size: float, n: int, link: LinkModel, topology: str,
         return 0.0
     direct = topology == "nvswitch" or (topology == "nvlink_pairwise" and n == 2)
     bw = link.bandwidth if direct else link.pcie_bandwidth
+    if topology == "xgmi_mesh":
+        bw = link.bandwidth * (n - 1) / MESH_PEERS
     ring = link.base + 2 * (n - 1) * link.hop + 2.0 * (n - 1) / n * size / bw
     tree = link.base + 2 * math.ceil(math.log2(n)) * link.hop + 2.0 * size / bw
     if algorithm == "ring":

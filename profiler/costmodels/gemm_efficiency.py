@@ -30,7 +30,15 @@ GEMMs; H100: 6 models (no Llama-3), 21,924 GEMMs. Relative error of predicted GE
     H100   7.6 % / 20.3 %               14.0 % / 43.8 %
 
 H100's kernel choice is noisier (its tables jump at 64-token steps too). H200 has no published
-table: it takes H100's compute form (same SXM5 die) with its own HBM bandwidth.
+table: it takes H100's compute form (same SXM5 die) with its own HBM bandwidth. GPUs of no fitted
+family (B200, L40S, L4, A10, MI300X, MI325X: GPUSpec.family '') take H100's constants on their own
+peaks, an extrapolation whose error is unknown.
+
+Precision: an fp8 GEMM (fp8 weights and compute) runs on the fp8 peak with the same fraction c, and
+streams its weights at their own width (`weight_bytes`: 1 for fp8, 0.5 for int4 weight-only, whose
+GEMM computes at the bf16 peak); activations stay 16-bit. No fp8 or int4 table was fitted: the same
+c and e_mem on fp8 are an assumption (FP8 GEMMs in published H100 benchmarks reach a similar or
+lower fraction of their doubled peak).
 """
 from __future__ import annotations
 
@@ -51,7 +59,7 @@ FIT_ERROR = MappingProxyType({  # median / p90 absolute relative error of GEMM t
 
 
 def family(gpu_name: str) -> str:
-    """The fitted GPU whose constants a GPU uses (H200: H100's)."""
+    """The fitted GPU whose constants a GPU uses (H200 and unfitted GPUs: H100's)."""
     return "a100" if gpu_name.startswith("a100") else "h100"
 
 
@@ -65,13 +73,31 @@ class GemmCurve:
         self.peak, self.hbm, self.t0 = float(peak_flops), float(hbm_bandwidth), t0
         self.compute_rate, self.memory_rate = self.peak * c, self.hbm * e_mem
 
-    def seconds(self, m: float, n: float, k: float, dtype_bytes: float = 2.0) -> float:
-        """Time of one (M x K) @ (K x N) GEMM; 0 when there are no rows."""
+    def seconds(self, m: float, n: float, k: float, dtype_bytes: float = 2.0, weight_bytes: float | None = None) -> float:
+        """Time of one (M x K) @ (K x N) GEMM; 0 when there are no rows. `weight_bytes` per weight
+        when it differs from the activations' `dtype_bytes` (fp8, int4)."""
         if m <= 0:
             return 0.0
         padded = TILE * math.ceil(m / TILE)
         compute = 2.0 * padded * n * k / self.compute_rate
-        memory = (k * n + m * (k + n)) * dtype_bytes / self.memory_rate
+        if weight_bytes is None or weight_bytes == dtype_bytes:
+            memory = (k * n + m * (k + n)) * dtype_bytes / self.memory_rate
+        else:
+            memory = (k * n * weight_bytes + m * (k + n) * dtype_bytes) / self.memory_rate
+        return self.t0 + (compute if compute >= memory else memory)
+
+    def grouped_seconds(self, groups: float, rows: float, n: float, k: float, dtype_bytes: float = 2.0,
+                        weight_bytes: float | None = None, busiest: float | None = None) -> float:
+        """One grouped GEMM (a fused MoE kernel): `groups` weight matrices of (K x N), `rows` rows in
+        all; compute is charged as if every group had `busiest` rows (default the mean) padded to
+        whole tiles; one fixed cost. 0 when there are no rows."""
+        if rows <= 0 or groups <= 0:
+            return 0.0
+        wb = dtype_bytes if weight_bytes is None else weight_bytes
+        per_group = rows / groups if busiest is None else busiest
+        padded = groups * TILE * math.ceil(per_group / TILE)
+        compute = 2.0 * padded * n * k / self.compute_rate
+        memory = (groups * k * n * wb + rows * (k + n) * dtype_bytes) / self.memory_rate
         return self.t0 + (compute if compute >= memory else memory)
 
     def efficiency(self, m: float, n: float, k: float, dtype_bytes: float = 2.0) -> float:
@@ -80,6 +106,8 @@ class GemmCurve:
         return bound / self.seconds(m, n, k, dtype_bytes)
 
 
-def gemm_curve(gpu) -> GemmCurve:
-    """The curve of a GPUSpec."""
-    return GemmCurve(gpu.bf16_flops, gpu.hbm_bandwidth, gpu.name)
+def gemm_curve(gpu, fp8: bool = False) -> GemmCurve:
+    """The curve of a GPUSpec, at its fp8 peak when `fp8` (and it has one)."""
+    name = getattr(gpu, "family", "") or gpu.name
+    peak = gpu.peak_flops(fp8) if hasattr(gpu, "peak_flops") else gpu.bf16_flops
+    return GemmCurve(peak, gpu.hbm_bandwidth, name)

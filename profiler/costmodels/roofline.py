@@ -14,6 +14,24 @@ tables; `topology:` defaults to the GPU's); then the serving engine around the k
 `step_overhead` of 300 µs for the engine's CPU work, as before that component existed). KV swap bytes are not charged:
 the replica adds host-link time itself.
 
+Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.py):
+- Precision. Linear-layer weights stream at their own width (fp8: 1 byte, int4: 0.5); with fp8
+  weights on a GPU with FP8 tensor cores (compute_dtype auto or fp8) their GEMMs run at the FP8 peak
+  (same fitted fraction c: an assumption); int4 is weight-only (bf16 peak). The LM head, router,
+  attention and activations stay 16-bit; KV bytes follow kv_dtype.
+- MoE. An MoE layer adds the router and the shared experts (one MLP) and replaces the dense MLP by
+  two grouped GEMMs over the experts a step touches: D = E (1 - (1 - k/E)^T) of E experts in
+  expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
+  busiest expert gets `moe_imbalance` times the mean). Dense first layers (first_k_dense) keep
+  their MLP. Experts are split tp ways like the MLP (no expert parallelism yet).
+- MLA (DeepSeek-V2/V3) in the absorbed form vLLM decodes with: the GEMMs are q (or q_a, q_b),
+  kv_a, kv_b (applied per query token) and O; attention reads kv_lora_rank + qk_rope_head_dim
+  elements per cached token and layer, whole on every GPU, and costs 2 * heads * (2 kv_lora_rank +
+  qk_rope_head_dim) FLOPs per query-key pair. Prefill's naive form (decompressing K and V) is not
+  priced apart.
+- Sliding window: on the windowed layers (sliding_layers of num_layers) each query sees at most
+  `sliding_window` keys, capping the pairs and the KV read (Mistral-7B-v0.1, Gemma-2).
+
 Invariant: `step_time` and `decode_run_times` call the same `_seconds` on the same aggregate
 features, using only + - * / and `_max` on the array-valued ones (pairs, kv_read), so they return
 bit-identical values. The GEMM and all-reduce terms depend only on the scalar token and row
@@ -33,6 +51,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from cbsim.errors import ConfigError
 from cbsim.schema import option, require
 from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
@@ -59,24 +78,29 @@ class RooflineCost(CostModel):
 
     @dataclass
     class Config:
-        gpu: str = option("h100", help="GPU preset: a100, h100, h200 (aliases a100-80gb, h100-sxm)")
+        gpu: str | dict = option("h100", help="GPU: a preset (a100, h100, h200), a catalog name (`cbsim gpus`: b200, "
+                                 "l40s, mi300x, ...), or a mapping of GPUSpec fields")
         tp: int = option(1, help="tensor-parallel degree: 1, 2, 4 or 8")
         gemm_efficiency: Literal["auto"] | float = option(
             "auto", help="auto: shape-dependent GEMM curve fitted on Vidur's tables (gemm_efficiency.py); "
             "a number: one fraction of dense bf16 peak for every GEMM (0.72 before the curve)")
         topology: Topology | None = option(
-            None, help="how the TP group connects, for the all-reduce: nvswitch, nvlink_pairwise, pcie "
-            "(default: the GPU's; nvswitch for the SXM presets)")
+            None, help="how the TP group connects, for the all-reduce: nvswitch, nvlink_pairwise, pcie, xgmi_mesh "
+            "(default: the GPU's; nvswitch for the SXM presets, xgmi_mesh for MI300X/MI325X)")
         attention_efficiency: float = option(0.4, help="fraction of dense bf16 peak prefill attention reaches")
         memory_efficiency: float = option(0.8, help="fraction of peak HBM bandwidth streaming kernels reach")
         layer_overhead: float = option(15e-6, help="fixed seconds per layer for small kernels (norms, RoPE, adds)")
         step_overhead: float | None = option(
             None, help="fixed seconds per step for the engine's CPU work when engine is none (default 300e-6); "
             "with an engine its host terms cover this (default 0)")
+        moe_imbalance: float = option(
+            1.0, help="MoE: tokens of the busiest expert over the mean (>= 1); the expert GEMMs are charged as if "
+            "every expert a step touches received that many")
         engine: Any = engine_option()
 
         def validate(self) -> None:
             gpu_spec(self.gpu, "gpu")
+            require(self.moe_imbalance >= 1.0, "moe_imbalance", "a number >= 1", self.moe_imbalance)
             require(self.tp in (1, 2, 4, 8), "tp", "one of 1, 2, 4, 8", self.tp)
             for key in ("gemm_efficiency", "attention_efficiency", "memory_efficiency"):
                 value = getattr(self, key)
@@ -90,7 +114,7 @@ class RooflineCost(CostModel):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, gemm_efficiency: float | str = "auto",
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
-                 topology: str | None = None):
+                 topology: str | None = None, moe_imbalance: float = 1.0):
         model.check_tp(tp, "cost_model.tp")
         self.model, self.gpu, self.tp = model, gpu, tp
         self.topology = topology or gpu.topology
@@ -101,45 +125,73 @@ class RooflineCost(CostModel):
         self.factors = {"gemm_efficiency": gemm_efficiency, "attention_efficiency": attention_efficiency,
                         "memory_efficiency": memory_efficiency, "layer_overhead": layer_overhead,
                         "step_overhead": step_overhead, "topology": self.topology}
+        if model.is_moe:
+            self.factors["moe_imbalance"] = moe_imbalance
+        self._fp8 = _fp8_compute(model, gpu)
+        self._moe_imbalance = float(moe_imbalance)
         self._precompute(gemm_efficiency, attention_efficiency, memory_efficiency, layer_overhead, step_overhead)
 
     @classmethod
     def from_config(cls, config: "RooflineCost.Config", model: ModelSpec) -> "RooflineCost":
         return cls(model, gpu_spec(config.gpu, "cost_model.gpu"), config.tp, config.gemm_efficiency,
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
-                   config.step_overhead, load_engine(config.engine, "engine"), config.topology)
+                   config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance)
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
-        """Fold the model, the GPU and the factors into per-feature constants (all Python floats)."""
+        """Fold the model, the GPU and the factors into per-feature constants (all Python floats).
+
+        b: activation bytes (the dtype_bytes of old); wb: bytes per linear-layer weight (fp8: 1,
+        int4: 0.5); kvb: bytes per cached element. For a 16-bit model all three are 2.0 and every
+        expression below is the one the dense presets always used."""
         m, g, tp, b = self.model, self.gpu, self.tp, float(self.model.dtype_bytes)
-        self._curve = gemm_curve(g) if gemm_eff == "auto" else None
-        self._gemm_rate = g.bf16_flops * (0.72 if gemm_eff == "auto" else gemm_eff)
+        self._wb = wb = m.weight_bits / 8.0
+        self._curve = gemm_curve(g, self._fp8) if gemm_eff == "auto" else None
+        self._lm_curve = gemm_curve(g) if gemm_eff == "auto" else None  # the LM head stays bf16
+        self._gemm_rate = g.peak_flops(self._fp8) * (0.72 if gemm_eff == "auto" else gemm_eff)
+        self._lm_rate = g.bf16_flops * (0.72 if gemm_eff == "auto" else gemm_eff)
         self._attn_rate = g.bf16_flops * attn_eff
         self._bw = g.hbm_bandwidth * mem_eff
         self._shapes = tuple((float(k), float(n)) for k, n in m.gemm_shapes(tp))  # (in, out) per GPU
         # per GEMM: (FLOPs per token, weight bytes, activation bytes per token)
-        self._gemms = tuple((2.0 * k * n, k * n * b, (k + n) * b) for k, n in m.gemm_shapes(tp))
-        self._attn_flops_per_pair = 4.0 * m.heads_per_gpu(tp) * m.head_dim
-        self._kv_bytes_per_token = 2.0 * m.kv_heads_per_gpu(tp) * m.head_dim * b  # one layer
-        q, kv, mlp = m.heads_per_gpu(tp) * m.head_dim, m.kv_heads_per_gpu(tp) * m.head_dim, m.intermediate // tp
+        self._gemms = tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in m.gemm_shapes(tp))
+        kvb = float(m.kv_elem_bytes)
+        if m.is_mla:  # absorbed MLA: each head scores the latent + rope key, and sums latent values
+            latent = m.kv_lora_rank + m.qk_rope_head_dim
+            self._attn_flops_per_pair = 2.0 * m.heads_per_gpu(tp) * (latent + m.kv_lora_rank)
+            self._kv_bytes_per_token = latent * kvb  # one layer
+            q, kv = m.heads_per_gpu(tp) * m.head_dim, float(latent)
+        else:
+            self._attn_flops_per_pair = 4.0 * m.heads_per_gpu(tp) * m.head_dim
+            self._kv_bytes_per_token = 2.0 * m.kv_heads_per_gpu(tp) * m.head_dim * kvb  # one layer
+            q, kv = m.heads_per_gpu(tp) * m.head_dim, m.kv_heads_per_gpu(tp) * m.head_dim
+        mlp = m.intermediate // tp if not m.is_moe else _moe_mlp_width(m, tp)
         # 2 RMSNorms (read + write), RoPE on q and k (read + write), SiLU*up (read 2, write 1), 2 residual adds
         self._elementwise_bytes = (4.0 * m.hidden + 2.0 * (q + kv) + 3.0 * mlp + 6.0 * m.hidden) * b
         self._layers = float(m.num_layers)
+        self._window = float(m.sliding_window)
+        self._window_share = m.sliding_layers / m.num_layers  # fraction of layers whose attention is windowed
         self._layer_overhead = float(layer_overhead)
         vocab = m.vocab_per_gpu(tp)
         self._lm = (2.0 * m.hidden * vocab, m.hidden * vocab * b, (m.hidden + vocab) * b)
         self._lm_shape = (float(m.hidden), float(vocab))
         self._embed_bytes = 2.0 * m.hidden * b  # gather one row, write it
         self._num_allreduce = 2.0 * m.num_layers + 1.0 if tp > 1 else 0.0
-        self._link = link_model(g.name, self.topology)
+        self._link = link_model(g, self.topology)
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
+        if m.is_moe:
+            self._moe = _MoEGemms(m, tp, self._moe_imbalance)
 
-    def _seconds(self, tokens: float, rows: float, pairs, kv_read):
-        """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays."""
+    def _seconds(self, tokens: float, rows: float, pairs, kv_read, window=None):
+        """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays;
+        window: (pairs, kv_read) capped at the sliding window, for a model that has one."""
         gemm = self._gemm_seconds(tokens)
         attention = _max(self._attn_flops_per_pair * pairs / self._attn_rate,
                          self._kv_bytes_per_token * kv_read / self._bw)
+        if window is not None:
+            windowed = _max(self._attn_flops_per_pair * window[0] / self._attn_rate,
+                            self._kv_bytes_per_token * window[1] / self._bw)
+            attention = attention * (1.0 - self._window_share) + windowed * self._window_share
         layer = gemm + attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
         lm_head = self._lm_seconds(rows) if rows > 0 else 0.0
         embed = self._embed_bytes * tokens / self._bw
@@ -148,25 +200,49 @@ class RooflineCost(CostModel):
         return layer * self._layers + lm_head + embed + allreduce + self._step_overhead
 
     def _gemm_seconds(self, tokens: float) -> float:
-        """One layer's four GEMMs at `tokens` rows (a Python float, never an array)."""
+        """One layer's GEMMs at `tokens` rows (a Python float, never an array); for an MoE model the
+        mean over its dense and MoE layers."""
+        if self.model.is_moe:
+            return self._moe.layer_mean(self, tokens)
+        return self._dense_gemm_seconds(tokens, self._shapes, self._gemms)
+
+    def _dense_gemm_seconds(self, tokens: float, shapes, gemms) -> float:
         if self._curve is not None:
             curve, b = self._curve, float(self.model.dtype_bytes)
+            wb = None if self._wb == b else self._wb
             gemm = 0.0
-            for k, n in self._shapes:
-                gemm = gemm + curve.seconds(tokens, n, k, b)
+            for k, n in shapes:
+                gemm = gemm + curve.seconds(tokens, n, k, b, wb)
             return gemm
         gemm = 0.0
-        for flops, weights, acts in self._gemms:
+        for flops, weights, acts in gemms:
             gemm = gemm + _max(flops * tokens / self._gemm_rate, (weights + acts * tokens) / self._bw)
         return gemm
 
-    def _lm_seconds(self, rows: float) -> float:
-        """The LM head GEMM over the sampled rows."""
+    def _grouped_seconds(self, groups: float, rows: float, busiest: float, k: float, n: float) -> float:
+        """A fused-MoE grouped GEMM: `groups` experts, `rows` token-expert rows, `busiest` per expert."""
+        b = float(self.model.dtype_bytes)
         if self._curve is not None:
+            return self._curve.grouped_seconds(groups, rows, n, k, b, self._wb, busiest)
+        if rows <= 0:
+            return 0.0
+        return _max(2.0 * groups * busiest * n * k / self._gemm_rate,
+                    (groups * k * n * self._wb + rows * (k + n) * b) / self._bw)
+
+    def _bf16_gemm_seconds(self, rows: float, k: float, n: float) -> float:
+        """A small 16-bit GEMM outside the quantised layers (the MoE router)."""
+        b = float(self.model.dtype_bytes)
+        if self._lm_curve is not None:
+            return self._lm_curve.seconds(rows, n, k, b)
+        return _max(2.0 * k * n * rows / self._lm_rate, (k * n + (k + n) * rows) * b / self._bw)
+
+    def _lm_seconds(self, rows: float) -> float:
+        """The LM head GEMM over the sampled rows (16-bit weights and compute at every precision)."""
+        if self._lm_curve is not None:
             k, n = self._lm_shape
-            return self._curve.seconds(rows, n, k, float(self.model.dtype_bytes))
+            return self._lm_curve.seconds(rows, n, k, float(self.model.dtype_bytes))
         flops, weights, acts = self._lm
-        return _max(flops * rows / self._gemm_rate, (weights + acts * rows) / self._bw)
+        return _max(flops * rows / self._lm_rate, (weights + acts * rows) / self._bw)
 
     def step_time(self, shape: StepShape) -> float:
         if shape.is_empty:
@@ -179,18 +255,107 @@ class RooflineCost(CostModel):
             pairs += c * (h + (c + 1) / 2)
             kv_read += c + h
         decode_read = sum(shape.decode)
+        window = self._window_features(shape) if self._window else None
         gpu = self._seconds(float(tokens), float(shape.tokens_sampled), pairs + float(decode_read),
-                            float(kv_read + decode_read))
+                            float(kv_read + decode_read), window)
         return self._engine.step_of(gpu, shape)
+
+    def _window_features(self, shape: StepShape) -> tuple[float, float]:
+        """(pairs, kv_read) of a step when every query sees at most `window` keys (itself included)."""
+        w = int(self._window)
+        pairs, kv_read = 0, 0
+        for c, h in shape.prefill:
+            first, last = h + 1, h + c  # keys the chunk's first and last query see, uncapped
+            if last <= w:
+                pairs += (first + last) * c // 2
+            elif first > w:
+                pairs += c * w
+            else:
+                pairs += (first + w) * (w - first + 1) // 2 + (last - w) * w
+            kv_read += min(c + h, w + c - 1)
+        decode = sum(min(d, w) for d in shape.decode)
+        return float(pairs + decode), float(kv_read + decode)
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         n, read = decode_run_reads(contexts, steps)
         if n == 0:
             return np.zeros(steps, dtype=np.float64)
-        gpu = np.asarray(self._seconds(float(n), float(n), 0.0 + read, read), dtype=np.float64)
+        window = None
+        if self._window:
+            capped = _capped_decode_reads(contexts, steps, int(self._window))
+            window = (0.0 + capped, capped)
+        gpu = np.asarray(self._seconds(float(n), float(n), 0.0 + read, read, window), dtype=np.float64)
         return self._engine.step_many(gpu, n)
 
     def describe(self) -> dict:
         return {"type": self.name, "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, **self.factors,
                 "engine": self.engine.describe()}
 
+
+def _fp8_compute(model: ModelSpec, gpu: GPUSpec) -> bool:
+    """Whether the linear layers' GEMMs run at the FP8 peak: fp8 weights on a GPU with FP8 tensor
+    cores (compute_dtype auto or fp8); an explicit fp8 on a GPU without them is an error."""
+    if model.compute_dtype == "fp8" and gpu.fp8_flops <= 0:
+        raise ConfigError("model.compute_dtype", f"bf16 or auto on {gpu.name} (it has no FP8 tensor cores)", "fp8")
+    return model.compute_dtype != "bf16" and model.weight_dtype == "fp8" and gpu.fp8_flops > 0
+
+
+def _moe_mlp_width(m: ModelSpec, tp: int) -> float:
+    """Intermediate activations per token of one layer, averaged over dense and MoE layers."""
+    moe = m.num_moe_layers
+    routed = m.experts_per_token * m.moe_intermediate + m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
+    return ((m.num_layers - moe) * m.intermediate + moe * routed) / m.num_layers / tp
+
+
+def _capped_decode_reads(contexts: np.ndarray, steps: int, window: int) -> np.ndarray:
+    """sum(min(context_i + j, window)) for each decode step j (float64, exact integers)."""
+    c = np.sort(np.asarray(contexts, dtype=np.int64))
+    prefix = np.concatenate(([0], np.cumsum(c)))
+    j = np.arange(steps, dtype=np.int64)
+    below = np.searchsorted(c, window - j, side="left")  # sequences still inside the window at step j
+    return (prefix[below] + j * below + window * (len(c) - below)).astype(np.float64)
+
+
+class _MoEGemms:
+    """Per-step GEMM time of an MoE model's layers, as the mean over its dense and MoE layers.
+
+    An MoE layer runs the attention GEMMs, the router (hidden -> experts, 16-bit), the shared
+    experts as one MLP, and two grouped GEMMs (gate+up, down) over the routed experts. With T tokens
+    and top-k routing over E experts, a step touches D = E (1 - (1 - k/E)^T) distinct experts in
+    expectation (uniform routing): their weights are read once each, and the T k token-expert rows
+    are split over them, the busiest receiving `moe_imbalance` times the mean (at most T)."""
+
+    def __init__(self, m: ModelSpec, tp: int, imbalance: float):
+        self.attention = tuple((float(k), float(n)) for k, n in m.attention_shapes(tp))
+        self.dense = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.intermediate, tp))
+        shared = m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
+        self.shared = tuple((float(k), float(n)) for k, n in m.mlp_shapes(shared, tp)) if shared else ()
+        self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, tp))
+        self.router = (float(m.hidden), float(m.num_experts))
+        self.num_experts, self.top_k = float(m.num_experts), float(m.experts_per_token)
+        self.moe_layers = float(m.num_moe_layers)
+        self.dense_layers = float(m.num_layers - m.num_moe_layers)
+        self.imbalance = imbalance
+
+    def touched(self, tokens: float) -> float:
+        """Expected distinct experts a step of `tokens` tokens routes to."""
+        e, k = self.num_experts, self.top_k
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
+        def gemms(shapes):
+            return cost._dense_gemm_seconds(tokens, shapes, tuple(
+                (2.0 * k * n, k * n * cost._wb, (k + n) * float(cost.model.dtype_bytes)) for k, n in shapes))
+
+        if tokens <= 0:
+            return 0.0
+        attention = gemms(self.attention)
+        dense = gemms(self.dense)
+        groups = self.touched(tokens)
+        rows = tokens * self.top_k
+        busiest = min(tokens, self.imbalance * rows / groups)
+        routed = sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
+        router = cost._bf16_gemm_seconds(tokens, *self.router)
+        moe = gemms(self.shared) + routed + router
+        total = self.dense_layers * (attention + dense) + self.moe_layers * (attention + moe)
+        return total / (self.dense_layers + self.moe_layers)
