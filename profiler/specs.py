@@ -131,6 +131,14 @@ class ModelSpec:
         kv = self.kv_dtype or {1: "fp8", 2: "bf16", 4: "fp32"}[self.dtype_bytes]
         return w if w == kv or {w, kv} <= {"bf16", "fp16"} else f"{w} weights, {kv} KV"
 
+    def check_measured_precision(self, cost_model: str) -> None:
+        """For cost models built from 16-bit measurements (vidur, fitted): raise ConfigError (at the
+        cost model's `type`) if this model asks for fp8/int4 weights, an fp8 KV cache or fp8 GEMMs."""
+        if self.weight_dtype in ("fp8", "int4") or self.kv_dtype == "fp8" or self.compute_dtype == "fp8":
+            raise ConfigError("type", f"a cost model measured at the model's precision ({self.name}: "
+                              f"{self.precision}); {cost_model}'s profiles were measured at bf16/fp16 weights, KV "
+                              "and GEMMs (use roofline for fp8 or int4)", cost_model)
+
     def moe_layer(self, i: int) -> bool:
         """Whether decoder layer i (from 0) has routed experts instead of a dense MLP."""
         return self.is_moe and i >= self.first_k_dense and (i + 1) % self.moe_every == 0
@@ -317,17 +325,6 @@ def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
     if "head_dim" not in mapping and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         mapping["head_dim"] = hidden // heads
     return parse(ModelSpec, mapping, path)
-
-
-def check_measured_precision(model: ModelSpec, measured: str = "bf16", path: str = "model") -> None:
-    """For cost models built from measurements (vidur, fitted): raise ConfigError unless the
-    experiment's model runs at the precision they were measured at (bf16/fp16 weights, KV and GEMMs)."""
-    half = ("bf16", "fp16")
-    ok = (model.weight_bits == 16 and model.kv_elem_bytes == 2 and model.compute_dtype != "fp8"
-          and (model.weight_dtype in (None, *half)) and (model.kv_dtype in (None, *half)))
-    if not ok:
-        raise ConfigError(path, f"a model at the precision this cost model was measured at ({measured} weights, "
-                          f"KV and GEMMs); use the roofline cost model for other precisions", model.precision)
 
 
 @dataclass(frozen=True)

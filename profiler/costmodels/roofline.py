@@ -296,7 +296,8 @@ def _fp8_compute(model: ModelSpec, gpu: GPUSpec) -> bool:
     """Whether the linear layers' GEMMs run at the FP8 peak: fp8 weights on a GPU with FP8 tensor
     cores (compute_dtype auto or fp8); an explicit fp8 on a GPU without them is an error."""
     if model.compute_dtype == "fp8" and gpu.fp8_flops <= 0:
-        raise ConfigError("model.compute_dtype", f"bf16 or auto on {gpu.name} (it has no FP8 tensor cores)", "fp8")
+        raise ConfigError("gpu", f"a GPU with FP8 tensor cores for the model's compute_dtype fp8 ({gpu.name} has none; "
+                          "use compute_dtype auto or bf16)", gpu.name)
     return model.compute_dtype != "bf16" and model.weight_dtype == "fp8" and gpu.fp8_flops > 0
 
 
