@@ -90,6 +90,8 @@ class FittedCostModel(CostModel):
 
     @classmethod
     def from_config(cls, config: "FittedCostModel.Config", model=None) -> "FittedCostModel":
+        if hasattr(model, "check_measured_precision"):  # 16-bit profiles: refuse fp8/int4 (specs.py)
+            model.check_measured_precision("fitted")
         return cls.from_file(resolve_profile(config.profile), num_layers=config.num_layers,
                              step_overhead=config.step_overhead,
                              engine=resolve_engine(config.engine, config.cpu_overhead))

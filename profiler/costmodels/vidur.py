@@ -83,6 +83,8 @@ class VidurCostModel(CostModel):
 
     @classmethod
     def from_config(cls, config: "VidurCostModel.Config", model=None) -> "VidurCostModel":
+        if hasattr(model, "check_measured_precision"):  # 16-bit profiles: refuse fp8/int4 (specs.py)
+            model.check_measured_precision("vidur")
         if config.profile is not None:
             path = Path(config.profile)
             if not path.exists() and (PROFILE_DIR / path).exists():
