@@ -87,10 +87,13 @@ def validate(file: Path = typer.Argument(..., help="experiment YAML"),
 
     from .config import load_config
     from .preflight import preflight
+    from .server import server_lines
 
     cfg = load_config(file, set_)
     for line in drop_warnings(preflight(cfg)):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
+    for line in server_lines(file, set_):
+        typer.echo(line)
     typer.echo(f"{file}: ok ({cfg.policy['name']} on {cfg.cost_model['type']} cost model)")
 
 

@@ -310,6 +310,8 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 
 def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
     """Parse and validate an experiment from a YAML path, a mapping or an ExperimentConfig."""
+    from cbsim.server import apply_server
+
     if isinstance(source, ExperimentConfig):
         if not overrides:
             return source
@@ -321,6 +323,7 @@ def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
         file = None
     try:
         data = apply_overrides(source, overrides)
+        data, _ = apply_server(data)  # an engine's flags (server:) become the sections they set
         config = parse(ExperimentConfig, {k: v for k, v in data.items() if k != "source"})
         config.source = file
         validate_sections(config)

@@ -1,0 +1,155 @@
+"""`server:`: an engine's own command-line flags as the experiment's configuration.
+
+    server: {engine: vllm, version: "0.11", args: "--max-num-batched-tokens 2048 --max-num-seqs 128"}
+
+resolves, before the experiment is parsed, into the policy, KV-cache, parallelism and engine-overhead
+settings that engine uses, its defaults included (vllm.py, sglang.py cite the source of each). The
+resolved keys are merged into the experiment: a key the experiment sets itself refines an engine
+default, but a key that a flag also sets must agree with it (else an error naming both), and the
+engine's scheduler (policy.name) cannot be changed. The `server:` block itself is dropped: the
+written config.yaml holds the resolved settings, which `cbsim validate` prints.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from cbsim.errors import ConfigError
+
+from . import sglang, vllm
+from .flags import read_flags
+
+ENGINES = {"vllm": vllm, "sglang": sglang}
+KEYS = ("engine", "version", "args")
+MIN_VLLM = (0, 8)  # V1 became vLLM's default engine in 0.8.0; cbsim maps V1's flags and defaults
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an engine's defaults depend on: the GPU (None when the cost model does not name one)
+    and the model's context length."""
+
+    gpu: object | None
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class Resolution:
+    engine: str
+    version: str | None
+    settings: dict  # dotted cbsim key -> value
+    explicit: frozenset  # the keys a flag set
+    ignored: tuple  # flags given that do not change a simulation
+
+
+def apply_server(data: dict) -> tuple[dict, Resolution | None]:
+    """The experiment mapping with its `server:` block resolved and merged (unchanged without one)."""
+    server = data.get("server")
+    if server is None:
+        return data, None
+    engine, version, args = _check(server)
+    module = ENGINES[engine]
+    flags, ignored, positional = read_flags(args, module.FLAGS, module.IGNORED, module.ALIASES, "server.args")
+    model_flag = "model" if engine == "vllm" else "model-path"
+    if positional:
+        if engine != "vllm" or len(positional) > 1 or model_flag in flags:
+            raise ConfigError("server.args", "flags only (vllm: at most one model name before them)", positional)
+        flags[model_flag] = positional[0]
+    merged = {k: v for k, v in copy.deepcopy(data).items() if k != "server"}
+    merged.setdefault("cost_model", _default_cost_model())  # its GPU sets defaults; the engine goes into it
+    settings, explicit = module.resolve(flags, _context(merged, flags.get(model_flag)), "server.args")
+    for key, value in settings.items():
+        _merge(merged, key, value, key in explicit)
+    return merged, Resolution(engine, version, settings, frozenset(explicit), tuple(ignored))
+
+
+def _check(server) -> tuple[str, str | None, object]:
+    if not isinstance(server, dict):
+        raise ConfigError("server", "a mapping {engine: vllm|sglang, version, args}", server)
+    for key in server:
+        if key not in KEYS:
+            raise ConfigError(f"server.{key}", "one of the keys " + ", ".join(KEYS), has_got=False)
+    engine = server.get("engine")
+    if engine not in ENGINES:
+        raise ConfigError("server.engine", "one of " + ", ".join(ENGINES), engine)
+    version = server.get("version")
+    if version is not None:
+        version = str(version)
+        if engine == "vllm" and _version(version) < MIN_VLLM:
+            raise ConfigError("server.version", "a vLLM version of 0.8 or later (cbsim maps the V1 engine's "
+                              "flags and defaults; V0's differ)", version)
+    return engine, version, server.get("args", "")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.lstrip("v").split(".")[:2])
+    except ValueError:
+        raise ConfigError("server.version", "a version such as 0.11 or 0.11.2", text) from None
+
+
+def _context(data: dict, model) -> Context:
+    from cbsim.profiler.specs import gpu_spec, model_spec
+
+    spec = model_spec(model if model is not None else data.get("model", "llama-3-8b"), "model")
+    cluster = data.get("cluster") or {}
+    max_len = cluster.get("max_model_len") if isinstance(cluster, dict) else None
+    gpu_name = (data.get("cost_model") or {}).get("gpu") if isinstance(data.get("cost_model"), dict) else None
+    gpu = gpu_spec(gpu_name, "cost_model.gpu") if gpu_name is not None else None
+    return Context(gpu, max_len if isinstance(max_len, int) else spec.max_model_len)
+
+
+def _default_cost_model() -> dict:
+    from cbsim.config import ExperimentConfig
+
+    return copy.deepcopy(ExperimentConfig().cost_model)
+
+
+def _merge(data: dict, key: str, value, from_flag: bool) -> None:
+    """Set dotted `key` unless the experiment sets it; a flag's value and the experiment's must agree."""
+    *parents, leaf = key.split(".")
+    node = data
+    for i, part in enumerate(parents):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(parents[:i + 1]), "a mapping (server: sets keys below it)", child)
+        node = child
+    if leaf not in node:
+        node[leaf] = value
+    elif not _same(key, node[leaf], value) and (from_flag or key == "policy.name"):
+        raise ConfigError(key, f"{value!r}, the value server.args sets (or remove one of the two)", node[leaf])
+
+
+def _same(key: str, ours, theirs) -> bool:
+    """Equal values; for `model`, names of the same model ('llama-3-8b', 'meta-llama/Meta-Llama-3-8B')."""
+    if ours == theirs:
+        return True
+    if key != "model":
+        return False
+    from cbsim.profiler.specs import model_spec
+
+    try:
+        return model_spec(ours, "model") == model_spec(theirs, "model")
+    except ConfigError:
+        return False
+
+
+def describe(resolution: Resolution) -> list[str]:
+    """Lines for `cbsim validate`: every resolved key (marking those a flag set) and the ignored flags."""
+    title = f"server: {resolution.engine}" + (f" {resolution.version}" if resolution.version else "")
+    lines = [title + " resolves to (* = set by a flag, else the engine's default):"]
+    for key, value in resolution.settings.items():
+        lines.append(f"  {'*' if key in resolution.explicit else ' '} {key} = {value!r}")
+    if resolution.ignored:
+        lines.append("  ignored (no effect on a simulation): " + " ".join(f"--{n}" for n in resolution.ignored))
+    return lines
+
+
+def server_lines(source, overrides=None) -> list[str]:
+    """describe() of an experiment file's `server:` block (no lines without one)."""
+    from cbsim.config import apply_overrides, read_yaml
+
+    _, resolution = apply_server(apply_overrides(read_yaml(source), overrides))
+    return describe(resolution) if resolution else []
