@@ -30,6 +30,9 @@ class MetricsConfig:
     slo: SLOConfig = option(default_factory=SLOConfig, help="objectives for goodput and SLO attainment")
     stall_factor: float = option(5.0, help="an ITL gap above stall_factor x the run's median ITL is a stall")
     cdf_max_points: int = option(2000, help="at most this many points per CDF curve in plots")
+    percentiles: list[float] = option([50, 90, 99], help="percentiles of bench.json (p<q>_ttft_ms, ...), as "
+                                      "vllm bench serve --metric-percentiles; numpy's linear method, like every "
+                                      "percentile in cbsim")
     trace_max_steps: int = option(50_000, help="the Perfetto trace (output.trace) holds at most this many steps, "
                                   "the first ones (~18 MB; 0 = none)")
 
@@ -37,4 +40,6 @@ class MetricsConfig:
         require(self.long_prompt_threshold >= 1, "long_prompt_threshold", "an integer >= 1", self.long_prompt_threshold)
         require(self.stall_factor > 0, "stall_factor", "a positive number", self.stall_factor)
         require(self.cdf_max_points >= 2, "cdf_max_points", "an integer >= 2", self.cdf_max_points)
+        require(bool(self.percentiles) and all(0 <= q <= 100 for q in self.percentiles), "percentiles",
+                "a non-empty list of numbers in [0, 100]", self.percentiles)
         require(self.trace_max_steps >= 0, "trace_max_steps", "an integer >= 0", self.trace_max_steps)
