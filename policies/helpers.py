@@ -37,7 +37,7 @@ class PrefillLimit:
     prompt that completes in the step does not count), and at most `max_long` rows whose remaining
     prompt exceeds `threshold` tokens.
 
-    The long/short rule is vLLM V0's PartialPrefillMetadata (vllm/core/scheduler.py, v0.8-v0.10:
+    The long/short rule is vLLM V0's PartialPrefillMetadata (the V0 engine's vllm/core/scheduler.py:
     `can_schedule` refuses a prompt with more than long_prefill_token_threshold tokens left once
     max_long_partial_prefills long prefills are scheduled, and `_schedule_prefills` then moves it
     to `leftover_waiting_sequences` and goes on to the next waiting request, while a prompt that
