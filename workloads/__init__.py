@@ -1,15 +1,18 @@
 """Workloads: the requests a simulation replays.
 
 Sources: an explicit list, a real trace (Azure LLM 2023, Mooncake, ShareGPT / arXiv lengths,
-Vidur processed traces), or synthetic arrival processes and length distributions, optionally with
-shared system prompts or multi-turn conversations that fill `Request.prefix_hashes`.
+Vidur processed traces) or a user's dataset (raw ShareGPT JSON, BurstGPT, generic CSV/JSONL, vLLM
+bench results), or synthetic arrival processes (load stages among them) and length distributions,
+optionally with shared system prompts or multi-turn conversations that fill `Request.prefix_hashes`.
+Clients may be closed-loop (max_concurrency, think time, sessions) and give up (timeout).
 
     cfg = parse_workload(experiment["workload"])          # ConfigError names the bad key
     requests = build_requests(cfg, np.random.default_rng(seed), base_dir=experiment_dir)
     print(format_description(describe_requests(requests)))
 """
 from .arrivals import ARRIVALS, sample_arrivals
-from .build import build_requests, build_workload, make_requests
+from .build import Workload, build_requests, build_run, build_workload, make_requests
+from .clients import ClientPlan
 from .config import ExplicitRequest, WorkloadConfig, check_workload, parse_tagged, parse_workload
 from .describe import describe_requests, format_description, plot_workload
 from .lengths import LENGTHS, sample_lengths
@@ -18,7 +21,7 @@ from .trace_source import TraceConfig, drop_warnings, load_trace, resolve_path
 from .traces import TraceData, read_trace
 
 __all__ = [
-    "ARRIVALS", "LENGTHS", "ExplicitRequest", "SharedPrefixConfig", "TraceConfig", "TraceData", "WorkloadConfig",
+    "ARRIVALS", "LENGTHS", "ClientPlan", "ExplicitRequest", "Workload", "build_run", "SharedPrefixConfig", "TraceConfig", "TraceData", "WorkloadConfig",
     "block_hash", "build_requests", "build_workload", "check_workload", "content_id", "describe_requests",
     "drop_warnings", "format_description", "hash_chain", "load_trace", "make_requests", "parse_tagged",
     "parse_workload", "plot_workload", "read_trace", "resolve_path", "sample_arrivals", "sample_lengths",

@@ -7,11 +7,18 @@ that is the same as starting the clock at the first arrival).
 
 Time-varying rates (bursts, diurnal) use time rescaling: a unit-rate Poisson process pushed
 through the inverse of the cumulative intensity Lambda(t) is a Poisson process of rate lambda(t).
+
+Load stages (`stages`, like inference-perf's load stages) are one run whose rate changes at fixed
+times: stage k holds rate_k for duration_k seconds from the end of stage k-1, the first stage
+starting at 0 with an arrival (a quiet first stage, rate 0, delays it to the first busy stage). Their count is what the stages hold (at most n); nothing after the
+last stage. One simulation runs them all, so the KV cache, the prefix cache and the backlog of one
+stage are there when the next begins.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -85,6 +92,43 @@ class DiurnalArrival:
         require(self.period > 0, "period", "a period > 0", self.period)
 
 
+@dataclass
+class Stage:
+    """One load stage: a rate held for a duration."""
+
+    rate: float = option(help="arrivals per second during the stage (>= 0; 0 is a quiet stage)")
+    duration: float = option(help="length of the stage in seconds (> 0)")
+
+    def validate(self):
+        require(self.rate >= 0 and math.isfinite(self.rate), "rate", "a finite rate >= 0", self.rate)
+        require(self.duration > 0 and math.isfinite(self.duration), "duration", "a finite duration > 0",
+                self.duration)
+
+
+@dataclass
+class StagesArrival:
+    """Load stages: a list of {rate, duration}, run back to back (inference-perf's `load.stages`)."""
+
+    stages: list[Stage] = option(help="the stages in order, each {rate, duration}; the first starts at 0")
+    process: Literal["poisson", "constant"] = option(
+        "poisson", help="within a stage: poisson (exponential gaps) or constant (evenly spaced at the rate)")
+
+    def validate(self):
+        require(len(self.stages) > 0, "stages", "a non-empty list of {rate, duration}", self.stages)
+        require(any(s.rate > 0 for s in self.stages), "stages", "at least one stage with a rate > 0",
+                [s.rate for s in self.stages])
+
+    @property
+    def boundaries(self) -> np.ndarray:
+        """Start of each stage and end of the last (seconds)."""
+        return np.concatenate(([0.0], np.cumsum([s.duration for s in self.stages])))
+
+    @property
+    def expected(self) -> float:
+        """Mean number of arrivals over all stages (the exact count for constant stages, +1 at 0)."""
+        return sum(s.rate * s.duration for s in self.stages)
+
+
 ARRIVALS: dict[str, type] = {
     "poisson": PoissonArrival,
     "gamma": GammaArrival,
@@ -92,15 +136,20 @@ ARRIVALS: dict[str, type] = {
     "all_at_once": AllAtOnceArrival,
     "bursts": BurstsArrival,
     "diurnal": DiurnalArrival,
+    "stages": StagesArrival,
 }
 
-ArrivalConfig = PoissonArrival | GammaArrival | ConstantArrival | AllAtOnceArrival | BurstsArrival | DiurnalArrival
+ArrivalConfig = (PoissonArrival | GammaArrival | ConstantArrival | AllAtOnceArrival | BurstsArrival | DiurnalArrival
+                 | StagesArrival)
 
 
 def sample_arrivals(cfg: ArrivalConfig, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n arrival times in seconds, non-decreasing, the first at 0."""
+    """n arrival times in seconds, non-decreasing, the first at 0 (stages: at most n, see the module
+    docstring)."""
     if n <= 0:
         return np.zeros(0)
+    if isinstance(cfg, StagesArrival):
+        return _stage_times(cfg, n, rng)
     times = _event_times(cfg, n, rng)
     return times - times[0]
 
@@ -120,6 +169,33 @@ def _event_times(cfg: ArrivalConfig, n: int, rng: np.random.Generator) -> np.nda
     if isinstance(cfg, DiurnalArrival):
         return _diurnal_inverse(cfg, np.cumsum(rng.exponential(1.0, n)))
     raise TypeError(f"not an arrival config: {cfg!r}")
+
+
+def _stage_times(cfg: StagesArrival, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Arrivals of the stages: an arrival at 0, then the events of the process at cumulative intensity
+    masses (unit exponential gaps for poisson, 1, 2, ... for constant) mapped through Lambda^-1."""
+    total = cfg.expected
+    if cfg.process == "constant":
+        mass = np.arange(0.0, min(total, n - 1) + 1)  # masses 0, 1, ..., within the stages
+        mass = mass[mass < total]
+    else:
+        chunk = int(total + 10 * math.sqrt(total) + 10)
+        mass = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0, chunk))))
+        while mass[-1] < total and len(mass) <= n:
+            mass = np.concatenate((mass, mass[-1] + np.cumsum(rng.exponential(1.0, chunk))))
+        mass = mass[mass < total]
+    return _stages_inverse(cfg, mass[:n])
+
+
+def _stages_inverse(cfg: StagesArrival, mass: np.ndarray) -> np.ndarray:
+    """Invert the piecewise-linear cumulative intensity of the stages (quiet stages take no mass)."""
+    rates = np.array([s.rate for s in cfg.stages])
+    starts = cfg.boundaries[:-1]
+    cum = np.concatenate(([0.0], np.cumsum(rates * np.diff(cfg.boundaries))))
+    k = np.searchsorted(cum[1:], mass, side="right")  # stage holding each mass: first with cum end > mass
+    k = np.minimum(k, len(rates) - 1)
+    rate = np.where(rates[k] > 0, rates[k], np.inf)
+    return starts[k] + (mass - cum[k]) / rate
 
 
 def _bursts_inverse(cfg: BurstsArrival, mass: np.ndarray) -> np.ndarray:

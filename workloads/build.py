@@ -4,10 +4,16 @@ Invariant: `build_requests` returns Requests sorted by arrival (a stable sort, s
 generation order) with ids 0..n-1 in that order, integer lengths >= 1, and arrivals starting at 0
 for synthetic sources (explicit lists keep their times; traces keep their window's offsets). The
 result depends only on the config, the files it names and the state of `rng`.
+
+`build_run` adds what the run needs beyond the requests: the trace rows its rules dropped, notes
+for the summary (how a text dataset's lengths were counted) and the clients' plan (timeouts,
+closed loop: sessions and think times, drawn last so open-loop workloads draw exactly as before).
+Closed-loop requests carry their *planned* send times until the run decides the real ones.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +21,9 @@ import numpy as np
 from cbsim.errors import ConfigError
 from cbsim.sim.request import Request
 
-from .arrivals import sample_arrivals
-from .config import WorkloadConfig
+from .arrivals import StagesArrival, sample_arrivals
+from .clients import ClientPlan
+from .config import MAX_REQUESTS, WorkloadConfig
 from .lengths import sample_lengths
 from .prefixes import multi_turn, system_prompts
 from .trace_source import load_trace
@@ -32,15 +39,54 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
                    path: str = "workload") -> tuple[list[Request], dict[str, int] | None]:
     """The requests, and for a trace the rows its rules dropped ({rule: rows}, see trace_source.py);
     None for other sources."""
+    run = build_run(cfg, rng, base_dir, path)
+    return run.requests, run.dropped
+
+
+@dataclass
+class Workload:
+    """Everything a run takes from its workload section."""
+
+    requests: list[Request]
+    dropped: dict[str, int] | None = None  # trace rows dropped, by rule (None: not a trace)
+    notes: dict[str, object] = field(default_factory=dict)  # summary entries (token_lengths, ...)
+    clients: ClientPlan | None = None  # None: open loop without timeouts
+
+
+def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None,
+              path: str = "workload") -> Workload:
+    """The requests and what the run needs with them (see the module docstring)."""
+    notes, sessions, dropped = {}, None, None
     if cfg.source == "requests":
         rows = cfg.requests
-        return make_requests(np.array([r.arrival for r in rows], dtype=np.float64),
-                             np.array([r.prompt_len for r in rows]), np.array([r.output_len for r in rows]),
-                             priority=np.array([r.priority for r in rows])), None
-    if cfg.source == "trace":
-        *columns, dropped = _from_trace(cfg, rng, base_dir, path)
-        return make_requests(*columns), dropped
-    return make_requests(*_synthetic(cfg, rng, base_dir, path)), None
+        requests = make_requests(np.array([r.arrival for r in rows], dtype=np.float64),
+                                 np.array([r.prompt_len for r in rows]), np.array([r.output_len for r in rows]),
+                                 priority=np.array([r.priority for r in rows]))
+    elif cfg.source == "trace":
+        *columns, groups, dropped, lengths = _from_trace(cfg, rng, base_dir, path)
+        requests, sessions = make_requests(*columns), _renumber(groups, columns[0])
+        if lengths != "file":
+            notes["token_lengths"] = lengths
+    else:
+        *columns, groups = _synthetic(cfg, rng, base_dir, path)
+        requests, sessions = make_requests(*columns), _renumber(groups, columns[0])
+    return Workload(requests, dropped, notes, _clients(cfg, requests, sessions, rng))
+
+
+def _clients(cfg: WorkloadConfig, requests: list[Request], sessions, rng: np.random.Generator) -> ClientPlan | None:
+    if not cfg.closed_loop:
+        return None if cfg.timeout is None else ClientPlan(timeout=cfg.timeout)
+    think = rng.exponential(cfg.think_time, len(requests)) if cfg.think_time > 0 else None
+    return ClientPlan(cfg.timeout, cfg.max_concurrency, think, sessions)
+
+
+def _renumber(groups: list[list[int]] | None, arrival: np.ndarray) -> list[list[int]] | None:
+    """Sessions as request ids: make_requests numbers rows in (stable) arrival order."""
+    if groups is None:
+        return None
+    ids = np.empty(len(arrival), dtype=np.int64)
+    ids[np.argsort(arrival, kind="stable")] = np.arange(len(arrival))
+    return [[int(ids[k]) for k in group] for group in groups]
 
 
 def make_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
@@ -56,26 +102,32 @@ def make_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.nd
 
 
 def _synthetic(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None, path: str):
+    """(arrival, prompt, output, hashes, sessions: rows of each conversation or None)."""
     n = cfg.num_requests
     prefix = cfg.shared_prefix
     if prefix is not None and prefix.mode == "multi_turn":
-        starts = sample_arrivals(cfg.arrival, math.ceil(n / prefix.turns), rng)
+        starts = sample_arrivals(cfg.arrival, math.ceil((n or MAX_REQUESTS) / prefix.turns), rng)
+        n = n or len(starts) * prefix.turns  # load stages without num_requests: their conversations
     else:
-        arrival = sample_arrivals(cfg.arrival, n, rng)
+        arrival = sample_arrivals(cfg.arrival, n or MAX_REQUESTS, rng)
+        n = len(arrival)
     prompt = sample_lengths(cfg.prompt_len, n, rng, role="prompt", base_dir=base_dir, path=f"{path}.prompt_len")
     output = sample_lengths(cfg.output_len, n, rng, role="output", base_dir=base_dir, path=f"{path}.output_len")
-    hashes = None
+    hashes = sessions = None
     if prefix is not None and prefix.mode == "multi_turn":
         arrival, prompt, hashes = multi_turn(prefix, starts, prompt, output, rng)
+        sessions = [list(range(c, min(c + prefix.turns, n))) for c in range(0, n, prefix.turns)]
     elif prefix is not None:
         prompt, hashes = system_prompts(prefix, prompt, rng)
-    return arrival, prompt, output, hashes
+    return arrival, prompt, output, hashes, sessions
 
 
 def _from_trace(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None, path: str):
     trace = load_trace(cfg.trace, rng, base_dir, f"{path}.trace")
     if cfg.arrival is not None:
         arrival = sample_arrivals(cfg.arrival, len(trace), rng)
+        if isinstance(cfg.arrival, StagesArrival) and len(arrival) < len(trace):
+            trace = trace.take(np.arange(len(arrival)), "after the last stage")
     elif trace.arrival is not None:
         arrival = trace.arrival
     else:
@@ -84,4 +136,18 @@ def _from_trace(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | 
     prompt, hashes = trace.prompt_len, trace.prefix_hashes
     if cfg.shared_prefix is not None:
         prompt, hashes = system_prompts(cfg.shared_prefix, prompt, rng)
-    return arrival, prompt, trace.output_len, hashes, dict(trace.dropped)
+    return arrival, prompt, trace.output_len, hashes, _trace_sessions(trace), dict(trace.dropped), trace.token_lengths
+
+
+def _trace_sessions(trace) -> list[list[int]] | None:
+    """Rows of each session of a trace with session ids (in row order), a row without one alone."""
+    if trace.sessions is None:
+        return None
+    groups: dict[int, list[int]] = {}
+    lone = []
+    for row, code in enumerate(trace.sessions.tolist()):
+        if code < 0:
+            lone.append([row])
+        else:
+            groups.setdefault(code, []).append(row)
+    return sorted([*groups.values(), *lone])

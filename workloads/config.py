@@ -5,7 +5,11 @@ Invariant: a parsed WorkloadConfig names exactly one source, and every error nam
 - a trace (`trace`): arrivals and lengths from a file; `arrival` may replace its timestamps and is
   required for traces without them (sharegpt, arxiv); `shared_prefix` may add system prompts;
 - synthetic: `num_requests` with an `arrival` process and `prompt_len` / `output_len`
-  distributions, optionally a `shared_prefix` structure.
+  distributions, optionally a `shared_prefix` structure (`num_requests` may be left out with load
+  stages: the stages then say how many requests arrive).
+
+Any source may add clients: `max_concurrency` (closed loop, with `think_time`) and `timeout`
+(clients.py). Without `arrival`, a closed-loop synthetic or untimed trace source sends all at once.
 
 Distribution mappings are discriminated by `type` (`{type: poisson, rate: 4.0}`); `parse_tagged`
 picks the dataclass by `type` and parses the remaining keys with cbsim.schema.parse.
@@ -13,17 +17,20 @@ picks the dataclass by `type` and parses the remaining keys with cbsim.schema.pa
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 
 from cbsim.errors import ConfigError, missing
 from cbsim.schema import coerce, option, parse, require
 
-from .arrivals import ARRIVALS, ArrivalConfig
+from .arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
 from .lengths import LENGTHS, LengthConfig
 from .prefixes import SharedPrefixConfig
 from .trace_source import TraceConfig
 from .traces import LENGTH_ONLY_FORMATS
+
+HASHED_FORMATS = ("mooncake", "generic_csv", "generic_jsonl")  # traces whose rows may carry prefix hashes
 
 
 @dataclass
@@ -61,6 +68,28 @@ class WorkloadConfig:
     trace: TraceConfig | None = option(None, help="a real trace to replay (see its own keys)")
     shared_prefix: SharedPrefixConfig | None = option(
         None, help="synthetic shared prefixes (system prompts or multi-turn) filling prefix_hashes")
+    max_concurrency: int | None = option(
+        None, help="closed loop: at most N requests in flight (like vllm bench serve --max-concurrency); a request "
+                   "is sent at its arrival time or when a client is free, whichever is later (without 'arrival': "
+                   "all at once, so N clients send back to back); a multi-turn session keeps its client, each turn "
+                   "sent after the previous reply; null: open loop")
+    think_time: float = option(0.0, help="closed loop: mean seconds (exponential; 0: none) a client waits after a "
+                                         "reply before its next request (the session's next turn or a new one)")
+    timeout: float | None = option(None, help="client timeout in seconds: a request not finished this long after it "
+                                              "was sent is aborted at the next step boundary and counts as failed "
+                                              "(status rejected, reason 'timeout'); null: clients wait forever")
+
+    def validate(self):
+        require(self.max_concurrency is None or self.max_concurrency >= 1, "max_concurrency",
+                "an integer >= 1 or null", self.max_concurrency)
+        require(math.isfinite(self.think_time) and self.think_time >= 0, "think_time", "seconds >= 0",
+                self.think_time)
+        require(self.timeout is None or (math.isfinite(self.timeout) and self.timeout > 0), "timeout",
+                "seconds > 0 or null", self.timeout)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.max_concurrency is not None
 
     @property
     def source(self) -> str:
@@ -74,7 +103,7 @@ class WorkloadConfig:
         """Tokens per block of the requests' prefix_hashes, or None when they carry none."""
         if self.shared_prefix is not None:
             return self.shared_prefix.hash_block_size
-        if self.trace is not None and self.trace.format == "mooncake":
+        if self.trace is not None and self.trace.format in HASHED_FORMATS:
             return self.trace.hash_block_size
         return None
 
@@ -93,6 +122,8 @@ def parse_workload(mapping, path: str = "workload") -> WorkloadConfig:
     tagged = {k: parse_tagged(kinds, mapping[k], f"{path}.{k}")
               for k, kinds in _TAGGED.items() if mapping.get(k) is not None}
     cfg = dataclasses.replace(cfg, **tagged)
+    if cfg.closed_loop and cfg.arrival is None and _untimed(cfg):
+        cfg = dataclasses.replace(cfg, arrival=AllAtOnceArrival())  # N clients sending back to back
     check_workload(cfg, path)
     return cfg
 
@@ -133,8 +164,16 @@ def _precheck(cls, mapping: dict, path: str) -> None:
             coerce(inner[0], value, f"{path}.{name}")
 
 
+def _untimed(cfg: WorkloadConfig) -> bool:
+    """A synthetic source, or a trace without timestamps: the arrival process gives the times."""
+    return cfg.source == "synthetic" or (cfg.source == "trace" and cfg.trace.format in LENGTH_ONLY_FORMATS)
+
+
 def check_workload(cfg: WorkloadConfig, path: str = "workload") -> None:
     """Check that the fields name one coherent source (see the module docstring)."""
+    if cfg.think_time and not cfg.closed_loop:
+        raise ConfigError(f"{path}.think_time", "0 without max_concurrency (think time is a closed-loop client's; "
+                          "open-loop multi-turn gaps are shared_prefix.think_time)", cfg.think_time)
     if cfg.source == "requests":
         _check_requests(cfg, path)
     elif cfg.source == "trace":
@@ -177,10 +216,14 @@ def _check_synthetic(cfg: WorkloadConfig, path: str) -> None:
     if all(getattr(cfg, k) is None for k in ("num_requests", "arrival", "prompt_len", "output_len")):
         raise ConfigError(path, "one source: 'requests', 'trace', or 'num_requests' with 'arrival', "
                                 "'prompt_len' and 'output_len'", has_got=False)
+    if cfg.num_requests is None and not isinstance(cfg.arrival, StagesArrival):
+        raise missing(f"{path}.num_requests", "int >= 1 (optional only with arrival type stages)")
     if cfg.num_requests is None:
-        raise missing(f"{path}.num_requests", "int >= 1")
-    require(1 <= cfg.num_requests <= MAX_REQUESTS, f"{path}.num_requests", f"an integer >= 1 and <= {MAX_REQUESTS:,}",
-            cfg.num_requests)
+        require(cfg.arrival.expected <= MAX_REQUESTS, f"{path}.arrival.stages",
+                f"stages holding at most {MAX_REQUESTS:,} arrivals (sum of rate * duration)", cfg.arrival.expected)
+    else:
+        require(1 <= cfg.num_requests <= MAX_REQUESTS, f"{path}.num_requests",
+                f"an integer >= 1 and <= {MAX_REQUESTS:,}", cfg.num_requests)
     for name in ("arrival", "prompt_len", "output_len"):
         if getattr(cfg, name) is None:
             raise missing(f"{path}.{name}", "a mapping with a 'type' key")

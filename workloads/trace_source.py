@@ -27,9 +27,12 @@ from cbsim.data import DATA_ENV, data_dir
 from cbsim.errors import ConfigError
 from cbsim.schema import option, require
 
-from .traces import LENGTH_ONLY_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace, spread_slots
+from .datasets import SHORT_CONVERSATION
+from .tokens import token_counter
+from .traces import (LENGTH_ONLY_FORMATS, TEXT_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace,
+                     spread_slots)
 
-CLEANING = UNREADABLE + ("zero length",)  # rules the user did not choose: their drops are warned about
+CLEANING = UNREADABLE + ("zero length", SHORT_CONVERSATION)  # rules the user did not choose: their drops are warned about
 
 
 def drop_warnings(dropped: dict[str, int] | None) -> list[str]:
@@ -43,9 +46,13 @@ def drop_warnings(dropped: dict[str, int] | None) -> list[str]:
 class TraceConfig:
     """A trace file and the options that select which of its requests to replay."""
 
-    format: Literal["azure", "mooncake", "sharegpt", "arxiv", "vidur"] = option(
+    format: Literal["azure", "mooncake", "sharegpt", "arxiv", "vidur", "sharegpt_json", "burstgpt", "generic_csv",
+                    "generic_jsonl", "vllm_bench"] = option(
         help="file format: azure (Azure LLM 2023 CSV), mooncake (FAST'25 JSONL with hash_ids), "
-             "sharegpt / arxiv (length-statistics CSVs, no timestamps), vidur (processed_traces CSV)")
+             "sharegpt / arxiv (length-statistics CSVs, no timestamps), vidur (processed_traces CSV), "
+             "sharegpt_json (raw ShareGPT conversations, no timestamps), burstgpt (BurstGPT CSV), "
+             "generic_csv / generic_jsonl (arrival_s, prompt_len, output_len[, prefix_hashes][, session_id]), "
+             "vllm_bench (a vllm bench serve --save-result file: its input_lens/output_lens, no timestamps)")
     path: str = option(help="the file: absolute, or relative to the experiment file's folder, then to "
                             "the data folder ($CBSIM_DATA, else shared/data beside the repository), then to "
                             "the current directory")
@@ -61,6 +68,9 @@ class TraceConfig:
     hash_block_size: int = option(512, help="tokens per block of the trace's prefix hashes (Mooncake hash_ids: 512)")
     slot_width: float | None = option(None, help="mooncake: seconds over which each timestamp slot's requests are "
                                                  "spread; null detects it from the data, 0 keeps raw timestamps")
+    tokenizer: str | None = option(None, help="sharegpt_json: a local HuggingFace tokenizer.json (or its folder) "
+                                              "counting the text's tokens (needs the 'tokenizers' extra); null, "
+                                              "or the package missing: ceil(characters / 4), flagged in the summary")
 
     def validate(self):
         require(self.time_scale > 0, "time_scale", "a speed-up > 0", self.time_scale)
@@ -77,6 +87,9 @@ class TraceConfig:
         if self.slot_width is not None:
             require(self.format == "mooncake", "slot_width", "null (slot spreading is for mooncake traces)",
                     self.slot_width)
+        if self.tokenizer is not None:
+            require(self.format in TEXT_FORMATS, "tokenizer", "null (only text datasets are tokenised: "
+                    + ", ".join(TEXT_FORMATS) + ")", self.tokenizer)
         if self.format in LENGTH_ONLY_FORMATS:
             for name, default in (("time_scale", 1.0), ("start", 0.0), ("duration", None)):
                 require(getattr(self, name) == default, name,
@@ -104,11 +117,14 @@ def load_trace(cfg: TraceConfig, rng: np.random.Generator, base_dir: Path | None
                path: str = "workload.trace") -> TraceData:
     """The rows of the trace `cfg` selects, in arrival order (file order for lengths-only traces)."""
     file = resolve_path(cfg.path, base_dir, f"{path}.path")
-    trace = read_trace(cfg.format, file, path)
+    counter = token_counter(cfg.tokenizer, base_dir, f"{path}.tokenizer") if cfg.format in TEXT_FORMATS else None
+    trace = read_trace(cfg.format, file, path, counter)
     trace = trace.take((trace.prompt_len >= 1) & (trace.output_len >= 1), "zero length")
     _nonempty(trace, f"{path}.path", "a trace with at least one usable row", "none")
     if cfg.format == "mooncake":
         trace = _spread(trace, cfg, rng, path)
+    elif trace.prefix_hashes is not None:
+        _check_hash_blocks(trace, cfg.hash_block_size, path, exact=False)
     if trace.arrival is not None:
         trace = trace.take(np.argsort(trace.arrival, kind="stable"), "unsorted")
         span = float(trace.arrival.max())
@@ -149,13 +165,15 @@ def _spread(trace: TraceData, cfg: TraceConfig, rng: np.random.Generator, path: 
     return trace
 
 
-def _check_hash_blocks(trace: TraceData, block: int, path: str) -> None:
-    """Mooncake rows carry ceil(input_length / block) hash ids; a mismatch means a wrong block size."""
+def _check_hash_blocks(trace: TraceData, block: int, path: str, exact: bool = True) -> None:
+    """Mooncake rows carry ceil(input_length / block) hash ids (a mismatch means a wrong block size);
+    a generic file's chain may cover less of the prompt (`exact` False), never more."""
     counts = np.fromiter((len(h) for h in trace.prefix_hashes), dtype=np.int64, count=len(trace))
-    bad = np.flatnonzero(counts != -(-trace.prompt_len // block))
+    blocks = -(-trace.prompt_len // block)
+    bad = np.flatnonzero(counts != blocks if exact else counts > blocks)
     if len(bad):
         i = bad[0]
-        raise ConfigError(f"{path}.hash_block_size", "the block size of the trace's hash_ids "
+        raise ConfigError(f"{path}.hash_block_size", "the block size of the trace's prefix hashes "
                           f"(row {i}: {counts[i]} ids for {trace.prompt_len[i]} tokens)", block, file=trace.source)
 
 

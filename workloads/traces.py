@@ -12,6 +12,7 @@ Formats (columns as documented in shared/data/traces/SOURCE.md):
 - mooncake: JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (FAST'25).
 - sharegpt / arxiv: `num_prefill_tokens`, `num_decode_tokens` (length statistics, no timestamps).
 - vidur: `num_prefill_tokens`, `num_decode_tokens` and, when present, `arrived_at` (seconds).
+- users' datasets (ShareGPT JSON, BurstGPT, generic CSV/JSONL, vLLM bench results): datasets.py.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ import pandas as pd
 
 from cbsim.errors import ConfigError
 
-TIMED_FORMATS = ("azure", "mooncake", "vidur")
-LENGTH_ONLY_FORMATS = ("sharegpt", "arxiv")
+TIMED_FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "generic_csv", "generic_jsonl")
+LENGTH_ONLY_FORMATS = ("sharegpt", "arxiv", "sharegpt_json", "vllm_bench")
+TEXT_FORMATS = ("sharegpt_json",)  # lengths counted from text (workloads/tokens.py)
 MAX_LENGTH = 2 ** 53  # longer "lengths" are corrupt rows (and no longer exact as floats)
 UNREADABLE = ("missing or non-numeric value", "infinite timestamp", "length beyond 2**53", "non-integer length")
 
@@ -42,6 +44,8 @@ class TraceData:
     prefix_hashes: list[tuple[int, ...]] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # rule -> rows it removed (only rules that did)
     slot_width: float = 0.0  # width (s) of the arrival slots requests were spread over; 0 if none
+    sessions: np.ndarray | None = None  # session number of each row (0, 1, ... by first appearance), if any
+    token_lengths: str = "file"  # how lengths were counted: "file", a tokenizer, or the approximation
 
     def __len__(self) -> int:
         return len(self.prompt_len)
@@ -60,11 +64,18 @@ class TraceData:
             prefix_hashes=None if self.prefix_hashes is None else [self.prefix_hashes[i] for i in index],
             dropped=dropped,
             slot_width=self.slot_width,
+            sessions=None if self.sessions is None else self.sessions[index],
+            token_lengths=self.token_lengths,
         )
 
 
-def read_trace(fmt: str, path: Path, key: str) -> TraceData:
-    """Read `path` in format `fmt`; `key` is the config path named in errors."""
+def read_trace(fmt: str, path: Path, key: str, counter=None) -> TraceData:
+    """Read `path` in format `fmt`; `key` is the config path named in errors; `counter` (a
+    tokens.TokenCounter) counts the tokens of text datasets."""
+    from .datasets import READERS  # users' datasets (datasets.py builds on this module)
+
+    if fmt in READERS:
+        return READERS[fmt](path, key, counter)
     if fmt == "azure":
         return read_azure(path, key)
     if fmt == "mooncake":
@@ -114,12 +125,12 @@ def read_lengths_csv(path: Path, key: str, timed: bool) -> TraceData:
     return _rows(str(path), arrival, _numbers(frame, "num_prefill_tokens"), _numbers(frame, "num_decode_tokens"))
 
 
-def _rows(source: str, arrival, prompt, output, hashes=None) -> TraceData:
+def _rows(source: str, arrival, prompt, output, hashes=None, sessions=None) -> TraceData:
     """A TraceData of the rows that can be requests (the others counted under UNREADABLE), lengths
     as integers and arrivals in seconds from the first kept row."""
     prompt, output = np.asarray(prompt, dtype=np.float64), np.asarray(output, dtype=np.float64)
     arrival = None if arrival is None else np.asarray(arrival, dtype=np.float64)
-    trace = TraceData(source, prompt, output, arrival, hashes)
+    trace = TraceData(source, prompt, output, arrival, hashes, sessions=sessions)
     for reason, bad in zip(UNREADABLE, (_missing, _infinite_time, _too_long, _fractional)):
         trace = trace.take(~bad(trace), reason)
     trace.prompt_len = trace.prompt_len.astype(np.int64)

@@ -1,0 +1,157 @@
+"""Clients: closed-loop senders with a concurrency limit and think time, and client timeouts.
+
+Invariant: a closed-loop run keeps at most `max_concurrency` requests in flight (sent and neither
+finished nor failed). Each client holds one *session* at a time (a lone request is a session of
+one turn) and sends its turns one after another: the first when the client is free and the
+session's planned time has come, whichever is later (as `vllm bench serve --max-concurrency`
+holds requests drawn at a rate behind a semaphore), each later turn `think` seconds after the
+previous turn's reply. Sessions start in the order of their planned times. Every send time is
+decided by the simulation's own events and think times drawn before the run, so a run is as
+deterministic as an open-loop one.
+
+A request's `arrival` becomes the time it reaches the scheduler: the client's send time plus the
+engine's front-end delay when the run models one (`client_arrival` holds the send times then).
+A reply counts when the scheduler finishes the request (the front end's streaming lag is not
+waited for). A failed turn (rejected, timed out) does not end its session: the next turn is sent
+as if the reply had come, with the prompt the plan gave it.
+
+Timeouts are the replicas' (sim/replica.py, `client_timeout`); the feed only learns that a
+request left, by `leave`.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cbsim.sim.clock import UrgentTimeout, delay_to
+from cbsim.sim.request import Request, Status
+
+
+@dataclass
+class ClientPlan:
+    """What the clients of a run do, fixed before it starts (built by workloads/build.py)."""
+
+    timeout: float | None = None  # seconds from arrival after which a request is aborted; None: never
+    max_concurrency: int | None = None  # closed loop when set
+    think: np.ndarray | None = None  # by request id: seconds a client waits after a reply before sending it
+    sessions: list[list[int]] | None = None  # request ids of each session, turns in order (closed loop)
+    client_arrival: np.ndarray | None = None  # by request id: client send times, when a front end delays arrival
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.max_concurrency is not None
+
+    def feed(self, env, requests):
+        """The arrival feed of a closed-loop run (None: open loop, the plain ArrivalFeed)."""
+        return ClientFeed(env, requests, self) if self.closed_loop else None
+
+
+class ClientFeed:
+    """Delivers requests like sim.simulation.ArrivalFeed, but sends each when its client may: the
+    same interface (`next_time`, `deliver_until`, `run`, `router`, `on_done`, `index`), plus `leave`,
+    which the replicas call when a request finishes or fails."""
+
+    def __init__(self, env, requests, plan: ClientPlan):
+        self.env = env
+        self.requests = requests
+        self.plan = plan
+        self.router = None
+        self.on_done = lambda: None
+        self.index = 0  # requests sent so far
+        by_id = {req.id: req for req in requests}
+        self.by_id = by_id
+        client = plan.client_arrival
+        self.planned = {rid: (req.arrival if client is None else float(client[rid])) for rid, req in by_id.items()}
+        self.delay = {rid: req.arrival - self.planned[rid] for rid, req in by_id.items()}  # front end
+        sessions = plan.sessions or [[req.id] for req in requests]
+        self.sessions = sorted(sessions, key=lambda s: (self.planned[s[0]], s[0]))
+        self.turn = {rid: (s, k) for s in range(len(self.sessions)) for k, rid in enumerate(self.sessions[s])}
+        self.next_session = 0
+        self.pending: list[tuple[float, int, int]] = []  # (send time, sequence, request id)
+        self.sequence = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._wake = None
+        for _ in range(min(plan.max_concurrency, len(self.sessions))):
+            self._start_session(0.0, first=True)
+
+    # -- planning sends ------------------------------------------------------------------
+    def _start_session(self, free_at: float, first: bool = False) -> None:
+        """A client free at `free_at` takes the next session, if any."""
+        if self.next_session < len(self.sessions):
+            rid = self.sessions[self.next_session][0]
+            self.next_session += 1
+            think = 0.0 if first else self._think(rid)
+            self._schedule(max(free_at + think, self.planned[rid]), rid)
+
+    def _think(self, rid: int) -> float:
+        return 0.0 if self.plan.think is None else float(self.plan.think[rid])
+
+    def _schedule(self, time: float, rid: int) -> None:
+        heapq.heappush(self.pending, (time, self.sequence, rid))
+        self.sequence += 1
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def leave(self, req: Request, time: float) -> None:
+        """`req` finished or failed at `time`: its client sends the session's next turn, or is free."""
+        self.in_flight -= 1
+        s, k = self.turn[req.id]
+        session = self.sessions[s]
+        if k + 1 < len(session):
+            self._schedule(time + self._think(session[k + 1]), session[k + 1])
+        else:
+            self._start_session(time)
+
+    # -- the ArrivalFeed interface -------------------------------------------------------
+    @property
+    def next_time(self) -> float:
+        """When the next planned send reaches the scheduler (inf: none planned)."""
+        if not self.pending:
+            return math.inf
+        time, _, rid = self.pending[0]
+        return time + self.delay[rid]
+
+    def deliver_until(self, time: float) -> None:
+        """Send every planned request that reaches the scheduler by `time`."""
+        while self.pending and self.next_time <= time:
+            send, _, rid = heapq.heappop(self.pending)
+            req = self.by_id[rid]
+            req.arrival = send + self.delay[rid]
+            if self.plan.client_arrival is not None:
+                self.plan.client_arrival[rid] = send
+            self.index += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.router.route(req).enqueue(req)
+            if req.status == Status.REJECTED:  # refused at arrival: the client has its answer now
+                self.leave(req, req.arrival)
+        if self.index == len(self.requests):
+            self.on_done()
+
+    def run(self):
+        env = self.env
+        while self.index < len(self.requests):
+            arrival = self.next_time
+            self._wake = env.event()
+            if arrival == math.inf:
+                yield self._wake  # every client waits for a reply
+            elif arrival > env.now:
+                yield env.any_of([UrgentTimeout(env, delay_to(env.now, arrival)), self._wake])
+            self._wake = None
+            if self.next_time <= max(env.now, arrival):
+                self.deliver_until(max(env.now, self.next_time))
+        self.on_done()
+
+    # -- wiring --------------------------------------------------------------------------
+    def attach(self, replicas) -> None:
+        """Hear from every replica when a request leaves, and bound each replica's fast-forward by
+        the other replicas' step ends (a completion there may send a request here)."""
+        for replica in replicas:
+            replica.on_leave = self.leave
+            others = [r for r in replicas if r is not replica]
+            replica.horizon = (lambda others=others: min(self.next_time, min(
+                (r.step_end for r in others if r.step_end is not None), default=math.inf)))

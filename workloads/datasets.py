@@ -1,0 +1,168 @@
+"""Readers for the datasets users have: raw ShareGPT JSON, BurstGPT CSV, a generic per-request
+CSV or JSONL, and the result file of `vllm bench serve --save-result`.
+
+Invariant: as traces.py, a reader returns the file's rows as they are and draws nothing; a row
+that cannot be a request is dropped and counted in `TraceData.dropped` under its rule (traces.py's
+UNREADABLE, and here `fewer than two turns`); a file that is not of its format at all (not JSON, a
+missing column, a malformed row) is a ConfigError naming the file, the key and the row.
+
+- sharegpt_json: a JSON list of `{id, conversations: [{from: human|gpt, value: text}, ...]}`. As in
+  vLLM's benchmark (ShareGPTDataset), a conversation's first turn is the prompt and its second turn's
+  length is the output length; conversations with fewer than two turns are dropped. Lengths are
+  counted with tokens.py (a local tokenizer, else the documented approximation). No timestamps.
+- burstgpt: BurstGPT's CSV (`Timestamp` in seconds, `Model`, `Request tokens`, `Response tokens`,
+  `Total tokens`, `Log Type`); failed requests (0 response tokens) are later dropped as zero length.
+- generic_csv / generic_jsonl: `arrival_s`, `prompt_len`, `output_len`, and optionally
+  `prefix_hashes` (a block hash chain: a JSON list in JSONL, space-separated integers or a JSON list
+  in a CSV cell) and `session_id` (any value; rows of one session are one conversation's turns).
+- vllm_bench: the JSON `vllm bench serve --save-result --save-detailed` writes; its `input_lens` and
+  `output_lens` (the lengths the benchmark actually sent and received) are replayed exactly, in the
+  file's order. No timestamps (its requests were drawn from a rate; set workload.arrival).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cbsim.errors import ConfigError
+
+from .tokens import TokenCounter
+from .traces import TraceData, _json_number, _numbers, _read_csv, _rows
+
+SHORT_CONVERSATION = "fewer than two turns"
+GENERIC_COLUMNS = ("arrival_s", "prompt_len", "output_len")
+
+
+def read_sharegpt_json(path: Path, key: str, counter: TokenCounter | None) -> TraceData:
+    """Raw ShareGPT: first turn = prompt, second turn = output (vLLM's benchmark reads it so)."""
+    counter = counter or TokenCounter()
+    data = _load_json(path, key, "a JSON list of ShareGPT conversations")
+    if not isinstance(data, list):
+        raise ConfigError(key, "a JSON list of {id, conversations: [{from, value}, ...]}", type(data).__name__,
+                          file=str(path))
+    prompts, outputs, short = [], [], 0
+    for i, entry in enumerate(data):
+        turns = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(turns, list):
+            raise ConfigError(f"{key} (entry {i}).conversations", "a list of {from, value} turns",
+                              turns if isinstance(entry, dict) else entry, file=str(path))
+        if len(turns) < 2:
+            short += 1
+            continue
+        prompts.append(_turn_text(turns, 0, i, key, path))
+        outputs.append(_turn_text(turns, 1, i, key, path))
+    trace = _rows(str(path), None, counter.count(prompts), counter.count(outputs))
+    trace.dropped = {**({SHORT_CONVERSATION: short} if short else {}), **trace.dropped}
+    trace.token_lengths = counter.method
+    return trace
+
+
+def _turn_text(turns: list, j: int, i: int, key: str, path: Path) -> str:
+    turn = turns[j]
+    value = turn.get("value") if isinstance(turn, dict) else None
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} (entry {i}).conversations[{j}].value", "the turn's text (a string)",
+                          value if isinstance(turn, dict) else turn, file=str(path))
+    return value
+
+
+def read_burstgpt(path: Path, key: str, counter=None) -> TraceData:
+    """BurstGPT: `Timestamp` (seconds), `Request tokens`, `Response tokens`."""
+    frame = _read_csv(path, key, ("Timestamp", "Request tokens", "Response tokens"))
+    return _rows(str(path), _numbers(frame, "Timestamp"), _numbers(frame, "Request tokens"),
+                 _numbers(frame, "Response tokens"))
+
+
+def read_generic_csv(path: Path, key: str, counter=None) -> TraceData:
+    """One request per row: arrival_s, prompt_len, output_len[, prefix_hashes][, session_id]."""
+    frame = _read_csv(path, key, GENERIC_COLUMNS)
+    hashes = None
+    if "prefix_hashes" in frame.columns:
+        hashes = [_csv_hashes(cell, row + 2, key, path) for row, cell in enumerate(frame["prefix_hashes"])]
+    sessions = _sessions(frame["session_id"].tolist()) if "session_id" in frame.columns else None
+    return _rows(str(path), _numbers(frame, "arrival_s"), _numbers(frame, "prompt_len"),
+                 _numbers(frame, "output_len"), hashes, sessions)
+
+
+def _csv_hashes(cell, line: int, key: str, path: Path) -> tuple[int, ...]:
+    """A CSV cell's hash chain: empty, space-separated integers, or a JSON list of integers."""
+    if cell is None or (isinstance(cell, float) and np.isnan(cell)):
+        return ()
+    text = str(cell).strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else text.split()
+        return tuple(int(v) for v in values)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{key} (line {line}).prefix_hashes", "integers separated by spaces, or a JSON list",
+                          text, file=str(path)) from None
+
+
+def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
+    """One JSON object per line with the generic columns (prefix_hashes a list of integers)."""
+    stamps, prompts, outputs, hashes, sessions = [], [], [], [], []
+    with_hashes = with_sessions = False
+    expected = "UTF-8 JSON lines with arrival_s, prompt_len, output_len (optional prefix_hashes, session_id)"
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                values = [_json_number(row, name) for name in GENERIC_COLUMNS]
+                chain = row.get("prefix_hashes")
+                hashes.append(() if chain is None else tuple(int(h) for h in chain))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise ConfigError(f"{key} (line {number})", expected, str(err), file=str(path)) from None
+            for column, value in zip((stamps, prompts, outputs), values):
+                column.append(value)
+            with_hashes |= chain is not None
+            with_sessions |= row.get("session_id") is not None
+            sessions.append(row.get("session_id"))
+    return _rows(str(path), stamps, prompts, outputs, hashes if with_hashes else None,
+                 _sessions(sessions) if with_sessions else None)
+
+
+def _sessions(values: list) -> np.ndarray:
+    """Session numbers 0, 1, ... in order of first appearance; -1 for a row without one."""
+    names = [None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in values]
+    codes, _ = pd.factorize(pd.Series(names, dtype=object), sort=False)
+    return codes.astype(np.int64)
+
+
+def read_vllm_bench(path: Path, key: str, counter=None) -> TraceData:
+    """`vllm bench serve` results: replay `input_lens` / `output_lens` exactly, in order."""
+    data = _load_json(path, key, "a vllm bench serve result (JSON)")
+    if not isinstance(data, dict):
+        raise ConfigError(key, "a JSON object with input_lens and output_lens", type(data).__name__, file=str(path))
+    columns = []
+    for name in ("input_lens", "output_lens"):
+        values = data.get(name)
+        if not isinstance(values, list):
+            raise ConfigError(f"{key}.{name}", "a list of per-request lengths (run vllm bench serve with "
+                              "--save-result --save-detailed)", values, file=str(path), has_got=name in data)
+        columns.append(pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64))
+    if len(columns[0]) != len(columns[1]):
+        raise ConfigError(f"{key}.output_lens", f"as many lengths as input_lens ({len(columns[0])})",
+                          len(columns[1]), file=str(path))
+    return _rows(str(path), None, *columns)
+
+
+def _load_json(path: Path, key: str, expected: str):
+    try:
+        with open(path, "rb") as handle:
+            return json.load(handle)
+    except (ValueError, OSError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(key, expected, str(err), file=str(path)) from None
+
+
+READERS = {
+    "sharegpt_json": read_sharegpt_json,
+    "burstgpt": read_burstgpt,
+    "generic_csv": read_generic_csv,
+    "generic_jsonl": read_generic_jsonl,
+    "vllm_bench": read_vllm_bench,
+}
