@@ -33,6 +33,11 @@ SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "thr
                 "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2e_p50",
                 "slo_attainment", "dec_at_p_mean", "short_p_mean", "num_preemptions", "num_stalls",
                 "sim_wall_seconds")
+# how the printed summary shows a key: (unit, factor from summary.json's value); latencies in ms like
+# vllm bench serve, every other time in s; counts bare
+SUMMARY_UNITS = {"makespan": ("s", 1.0), "throughput_tokens_per_s": ("tokens/s", 1.0), "slo_attainment": ("%", 100.0),
+                 "dec_at_p_mean": ("tokens", 1.0), "short_p_mean": ("s", 1.0), "sim_wall_seconds": ("s", 1.0),
+                 **{f"{m}_{q}": ("ms", 1e3) for m in ("ttft", "tpot", "itl", "e2e") for q in ("p50", "p99")}}
 
 
 @app.command()
@@ -59,14 +64,21 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress())
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:
-        value = results.summary.get(key)
-        text = f"{value:.4g}" if isinstance(value, float) else str(value)
-        typer.echo(f"{key:<{width}}  {text}")
+        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
     for line in drop_warnings(results.summary.get("dropped_rows")):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")
+
+
+def summary_text(key: str, value) -> str:
+    """A summary value as printed: in its unit ('69.34 ms', '1976 tokens/s'), counts bare, None as is."""
+    unit, factor = SUMMARY_UNITS.get(key, ("", 1.0))
+    if value is None:
+        return "None"
+    text = f"{value * factor:.4g}" if isinstance(value, float) or factor != 1.0 else str(value)
+    return f"{text} {unit}" if unit else text
 
 
 def describe_files(files: dict[str, int]) -> str:

@@ -119,3 +119,12 @@ def test_readme_starts_with_the_two_commands():
 def test_shipped_experiments_validate(path):
     result = runner.invoke(app, ["validate", str(path)])
     assert result.exit_code == 0, result.output
+
+
+def test_printed_summary_shows_units():
+    from cbsim.cli import summary_text
+
+    assert summary_text("ttft_p50", 0.06934) == "69.34 ms" and summary_text("makespan", 73.13) == "73.13 s"
+    assert summary_text("throughput_tokens_per_s", 1976.0) == "1976 tokens/s"
+    assert summary_text("slo_attainment", 1) == "100 %" and summary_text("num_finished", 500) == "500"
+    assert summary_text("ttft_p99", None) == "None"
