@@ -227,8 +227,9 @@ def pd_settings(cfg: ExperimentConfig, model):
                       bytes_per_token=float(model.kv_bytes_per_token(1)))
 
 
-def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progress=None):
-    """(recorder, replicas, pools, P/D cluster or None) of one run of `requests` under `cfg`."""
+def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progress=None, clients=None):
+    """(recorder, replicas, pools, P/D cluster or None) of one run of `requests` under `cfg`;
+    `clients`: the workload's timeouts and closed-loop clients (workloads/clients.py), colocated only."""
     from cbsim.policies import make_policy
     from cbsim.sim.pd import simulate_pd
     from cbsim.sim.simulation import simulate
@@ -244,6 +245,10 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
     if cfg.cluster.mode == "pd":
+        if clients is not None:
+            raise ConfigError("workload.max_concurrency" if clients.closed_loop else "workload.timeout",
+                              "null with cluster.mode pd (clients and timeouts run on colocated clusters)",
+                              clients.max_concurrency if clients.closed_loop else clients.timeout, file=cfg.source)
         recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
                                                   max_time=cfg.sim.max_time, progress=progress)
         pools = {"prefill": list(range(prefill.replicas)),
@@ -251,7 +256,7 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
         return recorder, replicas, pools, cluster
     recorder, replicas = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
                                   replicas=cfg.cluster.replicas, router=cfg.cluster.router,
-                                  max_time=cfg.sim.max_time, noise=noise, progress=progress)
+                                  max_time=cfg.sim.max_time, noise=noise, progress=progress, clients=clients)
     return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
 
 
@@ -282,18 +287,21 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     """
     from cbsim.sim import metrics
     from cbsim.sim.client_view import client_view
-    from cbsim.workloads import build_workload, parse_workload
+    from cbsim.workloads import build_run, parse_workload
 
     cfg = load_config(config, overrides)
     try:
         rng = np.random.default_rng(cfg.seed)
         base_dir = Path(cfg.source).parent if cfg.source else None
-        requests, dropped = build_workload(parse_workload(cfg.workload, "workload"), rng, base_dir)
+        workload = build_run(parse_workload(cfg.workload, "workload"), rng, base_dir)
+        requests, dropped = workload.requests, workload.dropped
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
     frontend, client_arrival, in_order = client_frontend(cfg, requests)
+    if workload.clients is not None:  # closed loop: the clients' send times, decided by the run
+        workload.clients.client_arrival = client_arrival
     started = time.perf_counter()
-    recorder, pool, pools, cluster = _simulate(cfg, in_order, rng, progress)
+    recorder, pool, pools, cluster = _simulate(cfg, in_order, rng, progress, workload.clients)
     wall = time.perf_counter() - started
     if progress is not None:
         progress.say(f"simulated {len(requests):,} requests in {wall:.1f} s; computing metrics")
@@ -319,6 +327,9 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     summary["sim_wall_seconds"] = wall
     if dropped is not None:  # trace rows its rules removed, by rule (workloads/trace_source.py)
         summary["dropped_rows"] = dropped
+    summary.update(workload.notes)  # token_lengths: how a text dataset was counted (approximation flagged)
+    if workload.clients is not None and workload.clients.timeout is not None:
+        summary["num_timed_out"] = int(table["reject_reason"].str.startswith("timeout").sum())
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})

@@ -50,6 +50,7 @@ class ReplicaSettings:
     max_predicted_ttft: float | None = None  # early admission control (sim/admission.py); None: admit all
     admission_window: int = 32
     admission_probe_tokens: int = 512
+    client_timeout: float | None = None  # abort a request this long after its arrival (workloads/clients.py)
 
 
 class Replica:
@@ -78,6 +79,7 @@ class Replica:
         self.admission = None if settings.max_predicted_ttft is None else TTFTPredictor(
             settings.max_predicted_ttft, cost, settings.admission_window, settings.admission_probe_tokens)
         self.handoff = None  # P/D: the cluster's hand-off port (sim/pd.py), set when the pools are wired
+        self.on_leave = None  # closed-loop clients: told (request, time) when a request finishes or fails here
         self.landed: deque[tuple[float, Request]] = deque()  # P/D decode side: KV arrived, not yet visible
         self.preemption_log: list[tuple] = []  # (time, replica, request, mode, recomputed tokens, swapped bytes)
         self._step_start = 0.0
@@ -169,6 +171,8 @@ class Replica:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
             self._take_arrivals(start)
+            if self.settings.client_timeout is not None:
+                self._expire(start)
             if self.landed:
                 self._take_landed(start)
             if not self.waiting and not self.running:
@@ -295,6 +299,8 @@ class Replica:
         req.status = Status.REJECTED
         req.reject_reason = (f"rejected while waiting by policy {self.policy.name}: it could no longer meet "
                              "its deadline")
+        if self.on_leave is not None:
+            self.on_leave(req, self._step_start)
 
     def _preempt(self, req: Request) -> float:
         """Evict `req` before the step runs; returns the bytes it swaps out (0 for recompute)."""
@@ -429,16 +435,58 @@ class Replica:
         if hold and not all(r.is_done for r in self.running):
             return
         keep = []
+        limit = self.settings.client_timeout
         for req in self.running:
             if req.is_done:
-                req.status = Status.FINISHED
-                req.completion_time = end
+                if limit is not None and end > req.arrival + limit:  # its client had given up
+                    self._time_out(req, limit)
+                else:
+                    req.status = Status.FINISHED
+                    req.completion_time = end
                 self.kv.release(req)
                 self.recorder.close_run(req)
                 del self.by_id[req.id]
+                if self.on_leave is not None:
+                    self.on_leave(req, end)
             else:
                 keep.append(req)
         self.state.running = keep
+
+    # -- client timeouts ------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        """Abort every request whose client gave up by `now` (client_timeout after its arrival), at this
+        step boundary, as vLLM aborts a disconnected request between steps: it leaves the queue or the
+        batch and its KV blocks (and any host copy) are freed."""
+        limit = self.settings.client_timeout
+        late = [r for r in self.running if r.arrival + limit <= now] + [r for r in self.waiting
+                                                                         if r.arrival + limit <= now]
+        for req in late:
+            if req.status == Status.RUNNING:
+                self.recorder.close_run(req)
+            else:
+                self.waiting.remove(req)
+                if req.num_swapped_blocks:
+                    self.kv.drop_host_copy(req)
+            if req.num_blocks:
+                self.kv.release(req)
+            del self.by_id[req.id]
+            self._time_out(req, limit)
+            if self.on_leave is not None:
+                self.on_leave(req, now)
+        if late:
+            self.state.running = [r for r in self.running if r.status == Status.RUNNING]
+
+    @staticmethod
+    def _time_out(req: Request, limit: float) -> None:
+        req.status = Status.REJECTED
+        req.reject_reason = f"timeout: not finished {limit:g} s after arrival"
+
+    def _next_deadline(self) -> float:
+        """When the client of the earliest request here gives up (inf without a timeout)."""
+        limit = self.settings.client_timeout
+        if limit is None or not (self.running or self.waiting):
+            return math.inf
+        return min(r.arrival for r in (*self.running, *self.waiting)) + limit
 
     # -- fast-forward over identical decode steps ----------------------------------------
     def _fast_forward(self, plan, shape, start, duration, swap_bytes):
@@ -455,7 +503,7 @@ class Replica:
                 or self.noise is not None or (self.waiting and not self.policy.steady_when_blocked)
                 or self.kv.evicted_in_step):  # an eviction can unblock a waiting request (its hit is gone)
             return None
-        horizon = self.horizon()
+        horizon = min(self.horizon(), self._next_deadline())
         steps = min(min(r.output_len - r.num_output_tokens for r in running),  # up to the first completion
                     self.settings.max_fast_forward)
         if horizon != math.inf:

@@ -8,6 +8,7 @@ wiring (sim/pd.py builds P/D pools and adds its own "not done yet": requests bet
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import simpy
@@ -63,15 +64,21 @@ class ArrivalFeed:
 def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cost: CostModel,
              make_kv: Callable[[], KVCache], settings: ReplicaSettings, replicas: int = 1,
              router: str = "round_robin", max_time: float | None = None,
-             noise: Callable[[], float] | None = None, progress=None) -> tuple[Recorder, list[Replica]]:
+             noise: Callable[[], float] | None = None, progress=None,
+             clients=None) -> tuple[Recorder, list[Replica]]:
     """Run the requests (sorted by arrival) through `replicas` colocated replicas; returns what was
     recorded. `progress`: a sim.progress.Progress that reports a long run (None: silent).
+    `clients`: a workloads.clients.ClientPlan (timeouts, closed-loop clients); None: open loop.
     (P/D clusters: sim/pd.py, simulate_pd.)"""
     env = simpy.Environment()
     recorder = Recorder()
-    feed = ArrivalFeed(env, requests)
+    feed = (clients and clients.feed(env, requests)) or ArrivalFeed(env, requests)
+    if clients is not None:
+        settings = replace(settings, client_timeout=clients.timeout)
     pool = [Replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
                     noise=noise, pull=feed.deliver_until) for i in range(replicas)]
+    if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves
+        feed.attach(pool)
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 
