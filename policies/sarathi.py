@@ -10,9 +10,11 @@ num_new_tokens = long_prefill_token_threshold`, then `min(num_new_tokens, token_
 most `chunk_size` tokens (the chunk_size of seed 003's toy); the token budget left over goes to the
 next prompts. The threshold also classifies a prompt as long (more than that many tokens left) for
 `max_long_partial_prefills` (vLLM V0's PartialPrefillMetadata, see helpers.PrefillLimit). With
-`max_num_partial_prefills > 1` and no threshold, the threshold is 4 % of max_model_len, as vLLM's
-SchedulerConfig sets it (vllm/config/scheduler.py `__post_init__`, commit 01230b40:
-`int(max_model_len * 0.04)`).
+`max_num_partial_prefills > 1` and no threshold, prompts are classified at 4 % of max_model_len, as
+vLLM's SchedulerConfig sets the threshold (vllm/config/scheduler.py `__post_init__`, commit
+01230b40: `int(max_model_len * 0.04)`), but nothing is capped: only V0 honoured
+max_num_partial_prefills > 1, and V0 used the threshold to classify, not to cap (its per-request
+limit was max_num_batched_tokens // schedulable_prefills); V1 caps, but refuses partial prefills > 1.
 
 Skipping a blocked head of line: a waiting prompt that the partial-prefill limits hold back is
 skipped and later prompts may start (vLLM V0 vllm/core/scheduler.py `_schedule_prefills`:
@@ -51,8 +53,9 @@ class SarathiConfig(Budgets):
                                             "long_prefill_token_threshold (lets short prompts overtake long ones)")
     long_prefill_token_threshold: int | None = option(None, help="most prompt tokens one request advances per "
                                                       "step (vLLM V1), and the remaining prompt above which a "
-                                                      "prefill counts as long; null = no cap and no distinction, "
-                                                      "or 4% of max_model_len if max_num_partial_prefills > 1")
+                                                      "prefill counts as long; null = no cap, and no long/short "
+                                                      "distinction unless max_num_partial_prefills > 1, where "
+                                                      "long means above 4% of max_model_len (vLLM)")
     chunk_size: int | None = option(None, help="most prompt tokens one request advances per step, without the "
                                     "long/short distinction (seed 003's chunk_size); null = no cap")
     strict_fcfs: bool = option(False, help="true: a waiting prompt the partial-prefill limits hold back stops "
@@ -84,7 +87,7 @@ class Sarathi(Policy):
         self.dynamic = make_dynamic(config.dynamic_chunk)
 
     def long_threshold(self, max_model_len: int) -> int | None:
-        """The long-prefill threshold in effect (also the per-request cap)."""
+        """Remaining prompt tokens above which a prefill counts as long (None: no distinction)."""
         cfg = self.config
         if cfg.long_prefill_token_threshold is None and cfg.max_num_partial_prefills > 1:
             return max(1, int(max_model_len * LONG_PREFILL_FRACTION))
@@ -96,7 +99,7 @@ class Sarathi(Policy):
         others = fill_decodes(b, state.running)
         threshold = self.long_threshold(state.max_model_len)
         limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills, threshold)
-        caps = [c for c in (threshold, cfg.chunk_size) if c is not None]
+        caps = [c for c in (cfg.long_prefill_token_threshold, cfg.chunk_size) if c is not None]
         cap = min(caps) if caps else None
         chunk = chunk_limit(self.dynamic, state)
         skip = not cfg.strict_fcfs

@@ -1,8 +1,8 @@
 """Property-based invariants over random workloads, for every policy, both preemption modes.
 
 Checked at every step (through a traced policy and the step table): token budget, max_num_seqs,
-KV blocks; sarathi's per-request cap (long_prefill_token_threshold, or 4 % of max_model_len with
-partial prefills, and chunk_size) and its partial-prefill limits (unfinished rows, long rows);
+KV blocks; sarathi's per-request cap (long_prefill_token_threshold, chunk_size) and its
+partial-prefill limits (unfinished rows, long rows: above the threshold, or 4 % of max_model_len);
 FCFS admission (the admitted requests are the head of the waiting queue) for every policy except
 sarathi without strict_fcfs, which may skip a prompt the limits hold back; over the run: every
 request finishes exactly once with exactly output_len tokens or is rejected with a reason, token
@@ -87,9 +87,9 @@ def tracing_queues():
 def sarathi_limits(policy) -> tuple[int | None, int | None]:
     """(long threshold, per-request cap) of a sarathi config, as the policy applies them."""
     threshold = policy.get("long_prefill_token_threshold")
-    if threshold is None and policy.get("max_num_partial_prefills", 1) > 1:
-        threshold = max(1, int(MAX_MODEL_LEN * 0.04))
     caps = [c for c in (threshold, policy.get("chunk_size")) if c is not None]
+    if threshold is None and policy.get("max_num_partial_prefills", 1) > 1:
+        threshold = max(1, int(MAX_MODEL_LEN * 0.04))  # classifies only
     return threshold, min(caps) if caps else None
 
 

@@ -5,7 +5,7 @@
   partial-prefill limits hold back (vLLM V0 `_schedule_prefills`: leftover_waiting_sequences);
   strict_fcfs keeps it waiting.
 - vLLM V1's per-request cap (long_prefill_token_threshold) on running and waiting prefills, and
-  its 4 % default; a request that KV stops ends the scan even when limits would be skipped.
+  vLLM's 4 % long line; a request that KV stops ends the scan even when limits would be skipped.
 """
 import itertools
 
@@ -78,14 +78,16 @@ def test_the_cap_holds_for_running_and_waiting_prefills():
     assert reqs[0].first_token_step == 9  # ten 100-token steps, with budget left in each
 
 
-def test_the_threshold_defaults_to_4_percent_of_max_model_len_with_partial_prefills():
-    reqs = make_requests([(0, 300, 1)])
-    run = run_policy({"name": "sarathi", "token_budget": 512, "max_num_partial_prefills": 2}, reqs,
+def test_with_partial_prefills_long_means_4_percent_of_max_model_len_and_nothing_is_capped():
+    """vLLM's SchedulerConfig: threshold 0 and max_num_partial_prefills > 1 -> 4 % of max_model_len
+    (here 40), used to classify (V0), not to cap."""
+    reqs = make_requests([(0, 300, 1), (0, 300, 1), (0, 30, 1)])
+    run = run_policy({"name": "sarathi", "token_budget": 200, "max_num_partial_prefills": 2}, reqs,
                      trace=True, fast_forward=False, max_model_len=1000)
-    assert [plan.scheduled[0] for _, plan, _ in run.policies[0].plans] == [40] * 7 + [20]
-    single = make_requests([(0, 300, 1)])
-    run_policy({"name": "sarathi", "token_budget": 512}, single, max_model_len=1000)  # one partial: no cap
-    assert single[0].first_token_step == 0
+    first = run.policies[0].plans[0][1]
+    assert first.scheduled == {0: 200}  # no cap: the first prompt takes the whole budget
+    second = run.policies[0].plans[1][1]
+    assert second.scheduled == {0: 100, 2: 30}  # the second (long, 300 > 40) is skipped for the 30-token one
 
 
 def test_a_request_kv_stops_ends_the_scan_even_when_limits_are_skipped():
