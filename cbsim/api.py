@@ -125,11 +125,13 @@ def build_replica_parts(cfg: ExperimentConfig):
     from cbsim.sim.kv_cache import KVCache
     from cbsim.sim.replica import ReplicaSettings
 
+    from .replica_gpus import gpus_per_replica
+
     model = model_spec(cfg.model, "model")
     cost = load(cfg.cost_model, model)
     cluster = cfg.cluster
     hardware = cost.describe()  # a profile (vidur, fitted) knows the GPU and TP it was measured on
-    tp = cluster.tp or cfg.cost_model.get("tp") or hardware.get("tp") or 1
+    tp = gpus_per_replica(cfg, cost)  # the one rule, shared with capacity.num_gpus
     kv_cfg = cluster.kv_cache
     num_blocks = kv_blocks(cfg, model, tp, hardware.get("gpu"))
     settings = ReplicaSettings(

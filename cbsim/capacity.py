@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 import yaml
 
-from .config import ExperimentConfig, load_config, pool_cost_model
+from .config import ExperimentConfig, load_config
 from .errors import ConfigError
 
 
@@ -47,22 +47,12 @@ class CapacityResult:
 
 
 def num_gpus(config: ExperimentConfig) -> int:
-    """GPUs an experiment uses: cluster.replicas x tensor-parallel degree (cluster.tp, else the cost
-    model's tp, else 1); in P/D mode the sum over both pools of replicas x the pool's tp (its own
-    cost_model tp, else cluster.tp, else the top-level cost model's)."""
-    cluster = config.cluster
-    if cluster.mode != "pd":
-        return int(cluster.replicas) * _tp(cluster.tp, config.cost_model)
-    total = 0
-    for pool in ("prefill", "decode"):
-        section = getattr(cluster, pool)
-        own = section.cost_model or {}
-        total += int(section.replicas) * _tp(own.get("tp", cluster.tp), pool_cost_model(config, pool))
-    return total
+    """GPUs an experiment uses: replicas x GPUs per replica (replica_gpus.py: cluster.tp, else the TP
+    the cost model states, a fitted or vidur profile's measured one included, else 1), summed over
+    both pools in P/D mode; the same rule sizes the KV cache."""
+    from .replica_gpus import num_gpus as count
 
-
-def _tp(cluster_tp, cost_model: dict) -> int:
-    return int(cluster_tp or cost_model.get("tp", 1) or 1)
+    return count(config)
 
 
 def per_gpu_capacity(result: CapacityResult, config) -> float | None:

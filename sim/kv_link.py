@@ -9,11 +9,14 @@ link needs no process of its own.
 
 Invariant: on every lane, booked transfers are disjoint in time and in submission order, and a
 transfer never starts before it was submitted. Callers submit in non-decreasing time (they submit
-at simulation events).
+at simulation events). Every transfer lasts >= 0 s and ends below durations.CLOCK_LIMIT, else a
+DurationError names the link's config key.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .durations import CLOCK_LIMIT, check_transfer
 
 
 @dataclass(slots=True)
@@ -38,10 +41,11 @@ class Transfer:
 class KVLink:
     """A link of `lanes` lanes, each `bandwidth` bytes/s after a fixed `latency` per transfer."""
 
-    def __init__(self, name: str, bandwidth: float, latency: float = 0.0, lanes: int = 1):
+    def __init__(self, name: str, bandwidth: float, latency: float = 0.0, lanes: int = 1, key: str = "cluster.link"):
         if bandwidth <= 0 or latency < 0 or lanes < 1:
             raise ValueError("a link needs bandwidth > 0, latency >= 0 and lanes >= 1")
         self.name = name
+        self.key = key  # the config key of its bandwidth and latency, for a DurationError
         self.bandwidth = bandwidth
         self.latency = latency
         self.lane_free = [0.0] * lanes  # when each lane finishes its last booked transfer
@@ -63,7 +67,11 @@ class KVLink:
         """Book a transfer of `nbytes` submitted at `now` on the lane that frees first."""
         lane = min(range(len(self.lane_free)), key=self.lane_free.__getitem__)
         start = max(now, self.lane_free[lane])
-        end = start + self.duration(nbytes)
+        seconds = self.duration(nbytes)
+        if not (0.0 <= seconds and start + seconds < CLOCK_LIMIT):  # NaN, negative or beyond the clock
+            check_transfer(self.key, start, seconds, nbytes, f" (link {self.name}: {self.bandwidth:g} bytes/s, "
+                           f"latency {self.latency:g} s)")
+        end = start + seconds
         self.lane_free[lane] = end
         transfer = Transfer(self.name, request_id, float(nbytes), now, start, end, lane, kind)
         self.log.append(transfer)

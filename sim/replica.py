@@ -21,6 +21,7 @@ import numpy as np
 from .admission import TTFTPredictor, prefill_tokens_ahead
 from .clock import delay_to
 from .cost import CostModel
+from .durations import CLOCK_LIMIT, check_run, check_step
 from .kv_cache import KVCache
 from .kv_link import KVLink
 from .plan import StepPlan
@@ -75,7 +76,8 @@ class Replica:
         self.incoming: deque[Request] = deque()  # routed here, not yet visible (arrival after the clock)
         self.noise = noise  # multiplies each step's time (cost_noise); disables fast-forward
         self.shapes: list[StepShape] | None = [] if settings.record_shapes else None
-        self.host_link = KVLink(f"host{index}", settings.swap_bandwidth)  # swaps, in and out
+        self.host_link = KVLink(f"host{index}", settings.swap_bandwidth,  # swaps, in and out
+                                key="preemption.swap_bandwidth_gb_s")
         self.admission = None if settings.max_predicted_ttft is None else TTFTPredictor(
             settings.max_predicted_ttft, cost, settings.admission_window, settings.admission_probe_tokens)
         self.handoff = None  # P/D: the cluster's hand-off port (sim/pd.py), set when the pools are wired
@@ -207,6 +209,8 @@ class Replica:
             if swap_bytes:  # the step waits for its swaps: the host link is idle at every step's start
                 self._book_swap_ins(start, swap_bytes)
                 duration += swap_bytes / self.settings.swap_bandwidth
+            if not start < start + duration < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)
+                self._check_step(start, duration, shape)
             if self.admission is not None and shape.prefill:
                 self.admission.observe(sum(c for c, _ in shape.prefill), duration)
             if self.handoff is not None:
@@ -225,6 +229,23 @@ class Replica:
             if self.handoff is not None:  # after a run too: its last step's room counts, as after one step
                 self.handoff.committed(self, plan, end)
             self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
+
+    def _check_step(self, start: float, duration: float, shape: StepShape) -> None:
+        """DurationError unless the step is an empty one of 0 s (called only when the hot path's
+        comparison fails)."""
+        check_step("cost_model", start, duration, shape.is_empty, where=self._step_context(shape))
+
+    def _step_context(self, shape: StepShape | None = None) -> str:
+        """Where a bad step time came from, for its error message."""
+        parts = [f"replica {self.index} ({self.settings.role})"]
+        if shape is not None:
+            parts.append(f"a step of {shape.num_tokens} tokens")
+        profile = self.cost.describe().get("profile")
+        if profile:
+            parts.append(f"profile {profile}")
+        if self.noise is not None:
+            parts.append("times sim.cost_noise")
+        return "; " + ", ".join(parts)
 
     # -- begin: what the step holds while it runs ---------------------------------------
     def begin(self, plan: StepPlan, now: float) -> tuple[StepShape, float]:
@@ -519,6 +540,8 @@ class Replica:
         durations = self.cost.decode_run_times(contexts, steps)
         durations[0] = duration
         ends = np.cumsum(np.concatenate(([start], durations)))[1:]
+        if not (ends[-1] < CLOCK_LIMIT and (ends[1:] > ends[:-1]).all()):  # the first step was checked
+            check_run("cost_model", start, durations, where=self._step_context())
         if self.settings.runs_end_before_horizon:  # every step of the run ends before the next outside event
             runnable = int(np.searchsorted(ends, horizon, side="left"))
         else:  # step j >= 2 starts at ends[j-2]; it may run only if that is before the next outside event

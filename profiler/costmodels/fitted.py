@@ -13,7 +13,8 @@ Invariant: `step_time` (plain Python on the shape's aggregates, a few microsecon
 `decode_run_times` (numpy over a run of decode steps, where only Kd changes; T, hence Tp, is the
 number of rows) call the same private function `_gpu` with the same operands in the same order,
 so they agree bit for bit. The profile's out-of-fold residual quantiles give
-`prediction_interval` and `sample_factor`.
+`prediction_interval` and `sample_factor`. Every profile is checked when loaded (profile_check.py):
+a bad one is a ProfileError naming its file and key, never a KeyError or a NaN step time.
 """
 from __future__ import annotations
 
@@ -36,10 +37,10 @@ from ..features import (PADDED_PREFIX, aggregates, padded_segments, padded_token
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve
+from .profile_check import MAX_LAYERS, check_fitted
 from .registry import register_cost_model
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
-FORMATS = (1, 2)  # profile formats this model reads (see the module docstring)
 
 
 @register_cost_model("fitted")
@@ -55,17 +56,16 @@ class FittedCostModel(CostModel):
                                                         "(kept for old configs; use engine:)")
 
         def validate(self) -> None:
-            require(self.num_layers is None or self.num_layers >= 1, "num_layers", "an integer >= 1", self.num_layers)
-            require(self.step_overhead is None or self.step_overhead >= 0, "step_overhead", "a number >= 0",
-                    self.step_overhead)
+            require(self.num_layers is None or 1 <= self.num_layers <= MAX_LAYERS, "num_layers",
+                    f"an integer >= 1 and <= {MAX_LAYERS}", self.num_layers)
+            require(self.step_overhead is None or 0 <= self.step_overhead < math.inf, "step_overhead",
+                    "a finite number >= 0", self.step_overhead)
 
     def __init__(self, profile: dict, *, num_layers: int | None = None, step_overhead: float | None = None,
                  engine: Engine = NO_ENGINE, source: str = ""):
         if profile.get("type") != "fitted":
             raise ValueError(f"{source or 'profile'} is not a fitted profile (type {profile.get('type')!r})")
-        if profile.get("format", 1) not in FORMATS:
-            raise ValueError(f"{source or 'profile'} has format {profile.get('format')!r}; this cbsim reads "
-                             f"formats {FORMATS}")
+        check_fitted(profile, source)  # ProfileError naming the file and key
         self.profile = profile
         self.source = source
         self.num_layers = int(num_layers or profile["num_layers"])
@@ -109,10 +109,7 @@ class FittedCostModel(CostModel):
         if not isinstance(profile, dict) or profile.get("type") != "fitted":
             got = profile.get("type") if isinstance(profile, dict) else type(profile).__name__
             raise ConfigError("profile", f"a fitted profile (cbsim fit); {path} has type {got!r}", has_got=False)
-        if profile.get("format", 1) not in FORMATS:
-            raise ConfigError("profile", f"a profile of format {FORMATS} (refit with this cbsim); {path} has "
-                              f"format {profile.get('format')!r}", has_got=False)
-        return cls(profile, source=str(path), **kwargs)
+        return cls(profile, source=str(path), **kwargs)  # checks it (profile_check.py)
 
     # --- the one function of aggregates --------------------------------------------------
 

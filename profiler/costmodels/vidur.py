@@ -11,7 +11,8 @@ embedding and an LM-head term Vidur leaves out.
 
 The model reads only a converted JSON profile (profiler/profiles/vidur/, or a path): never the
 shared CSVs. Invariant: `decode_run_times` evaluates the same private function of aggregates as
-`step_time`, with only the decode-context sum varying, so the two agree bit for bit.
+`step_time`, with only the decode-context sum varying, so the two agree bit for bit. Every profile
+is checked when loaded (profile_check.py): a bad one is a ProfileError naming its file and key.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from cbsim.sim.shape import StepShape
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve, isotonic
+from .profile_check import MAX_LAYERS, check_vidur
 from .registry import register_cost_model
 from .vidur_attention import make_attention
 
@@ -55,12 +57,14 @@ class VidurCostModel(CostModel):
 
         def validate(self) -> None:
             require(self.tp >= 1, "tp", "an integer >= 1", self.tp)
-            require(self.num_layers is None or self.num_layers >= 1, "num_layers", "an integer >= 1", self.num_layers)
+            require(self.num_layers is None or 1 <= self.num_layers <= MAX_LAYERS, "num_layers",
+                    f"an integer >= 1 and <= {MAX_LAYERS}", self.num_layers)
 
     def __init__(self, profile: dict, *, num_layers: int | None = None, monotone: bool = True,
                  engine: Engine = NO_ENGINE, source: str = ""):
         if profile.get("type") != "vidur":
             raise ValueError(f"{source or 'profile'} is not a vidur profile (type {profile.get('type')!r})")
+        check_vidur(profile, source)  # ProfileError naming the file and key
         self.profile = profile
         self.source = source
         self.monotone = monotone
@@ -173,9 +177,9 @@ class VidurCostModel(CostModel):
     def describe(self) -> dict:
         p = self.profile
         return {
-            "type": self.name, "profile": self.source, "gpu": p["gpu"], "model": p["model"], "tp": p["tp"],
+            "type": self.name, "profile": self.source, "gpu": p.get("gpu"), "model": p.get("model"), "tp": p["tp"],
             "num_layers": self.num_layers, "monotone": self.monotone, "engine": self.engine.describe(),
-            "measured": p["provenance"]["measured"],
+            "measured": (p.get("provenance") or {}).get("measured"),
         }
 
 
