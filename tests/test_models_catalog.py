@@ -194,6 +194,19 @@ def test_moe_touches_the_expected_number_of_experts():
     assert skewed.step_time(batch) > cost.step_time(batch)
 
 
+def test_mla_prefill_runs_the_naive_form_and_decode_the_absorbed_one():
+    cost = load_cost_model({"type": "roofline", "gpu": "h200", "tp": 8}, catalog_spec("deepseek-v3"))
+    heads = 128 // 8
+    assert cost._attn_flops_per_pair == 2 * heads * (512 + 64 + 512)  # absorbed: latent scores and sums
+    assert cost._mla_prefill == (2 * heads * (192 + 128), 2 * 512 * heads * (128 + 128))
+    assert cost._kv_bytes_per_token == (512 + 64) * 2  # one layer of bf16 latent + rope key, whole per GPU
+    long = StepShape.from_batch(prefill=[(2048, 30000)])
+    pairs, keys = 2048 * (30000 + 2049 / 2), 2048 + 30000
+    naive = cost._seconds(2048.0, 1.0, pairs, float(keys), None, (pairs, float(keys)))
+    absorbed = cost._seconds(2048.0, 1.0, pairs, float(keys))
+    assert cost.step_time(long) == cost._engine.step_of(naive, long) and naive < absorbed
+
+
 def test_sliding_window_caps_the_attended_history():
     windowed = load_cost_model({"type": "roofline", "gpu": "h100"}, catalog_spec("mistral-7b"))
     full = load_cost_model({"type": "roofline", "gpu": "h100"},

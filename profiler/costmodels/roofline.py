@@ -24,11 +24,12 @@ Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.
   expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
   busiest expert gets `moe_imbalance` times the mean). Dense first layers (first_k_dense) keep
   their MLP. Experts are split tp ways like the MLP (no expert parallelism yet).
-- MLA (DeepSeek-V2/V3) in the absorbed form vLLM decodes with: the GEMMs are q (or q_a, q_b),
-  kv_a, kv_b (applied per query token) and O; attention reads kv_lora_rank + qk_rope_head_dim
-  elements per cached token and layer, whole on every GPU, and costs 2 * heads * (2 kv_lora_rank +
-  qk_rope_head_dim) FLOPs per query-key pair. Prefill's naive form (decompressing K and V) is not
-  priced apart.
+- MLA (DeepSeek-V2/V3) as vLLM runs it: the GEMMs are q (or q_a, q_b), kv_a, kv_b (applied per
+  query token) and O; attention reads kv_lora_rank + qk_rope_head_dim elements per cached token and
+  layer, whole on every GPU. Decode uses the absorbed form, 2 * heads * (2 kv_lora_rank +
+  qk_rope_head_dim) FLOPs per query-key pair; prefill chunks the naive form, 2 * heads *
+  (qk_nope + qk_rope + v_head_dim) per pair plus kv_b decompressing every key the chunk reads
+  (2 * kv_lora_rank * heads * (qk_nope + v_head_dim) FLOPs per key), both at the attention rate.
 - Sliding window: on the windowed layers (sliding_layers of num_layers) each query sees at most
   `sliding_window` keys, capping the pairs and the KV read (Mistral-7B-v0.1, Gemma-2).
 
@@ -158,6 +159,10 @@ class RooflineCost(CostModel):
         if m.is_mla:  # absorbed MLA: each head scores the latent + rope key, and sums latent values
             latent = m.kv_lora_rank + m.qk_rope_head_dim
             self._attn_flops_per_pair = 2.0 * m.heads_per_gpu(tp) * (latent + m.kv_lora_rank)
+            # prefill runs the naive form: per head a (nope + rope) query-key product and a v-wide sum,
+            # after kv_b decompresses every token the chunk reads (a GEMM over those tokens)
+            self._mla_prefill = (2.0 * m.heads_per_gpu(tp) * (m.head_dim + m.v_head_dim),
+                                 2.0 * m.kv_lora_rank * m.heads_per_gpu(tp) * (m.qk_nope_head_dim + m.v_head_dim))
             self._kv_bytes_per_token = latent * kvb  # one layer
             q, kv = m.heads_per_gpu(tp) * m.head_dim, float(latent)
         else:
@@ -182,12 +187,16 @@ class RooflineCost(CostModel):
         if m.is_moe:
             self._moe = _MoEGemms(m, tp, self._moe_imbalance)
 
-    def _seconds(self, tokens: float, rows: float, pairs, kv_read, window=None):
+    def _seconds(self, tokens: float, rows: float, pairs, kv_read, window=None, prefill=None):
         """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays;
-        window: (pairs, kv_read) capped at the sliding window, for a model that has one."""
+        window: (pairs, kv_read) capped at the sliding window, for a model that has one; prefill:
+        (pairs, kv_read) of the prefill chunks alone, for an MLA model (their naive form)."""
         gemm = self._gemm_seconds(tokens)
-        attention = _max(self._attn_flops_per_pair * pairs / self._attn_rate,
-                         self._kv_bytes_per_token * kv_read / self._bw)
+        flops = self._attn_flops_per_pair * pairs
+        if prefill is not None:  # MLA: the prefill pairs at the naive rate, plus decompressing their keys
+            per_pair, per_key = self._mla_prefill
+            flops = self._attn_flops_per_pair * (pairs - prefill[0]) + per_pair * prefill[0] + per_key * prefill[1]
+        attention = _max(flops / self._attn_rate, self._kv_bytes_per_token * kv_read / self._bw)
         if window is not None:
             windowed = _max(self._attn_flops_per_pair * window[0] / self._attn_rate,
                             self._kv_bytes_per_token * window[1] / self._bw)
@@ -256,8 +265,9 @@ class RooflineCost(CostModel):
             kv_read += c + h
         decode_read = sum(shape.decode)
         window = self._window_features(shape) if self._window else None
+        prefill = (pairs, float(kv_read)) if self.model.is_mla and shape.prefill else None
         gpu = self._seconds(float(tokens), float(shape.tokens_sampled), pairs + float(decode_read),
-                            float(kv_read + decode_read), window)
+                            float(kv_read + decode_read), window, prefill)
         return self._engine.step_of(gpu, shape)
 
     def _window_features(self, shape: StepShape) -> tuple[float, float]:
