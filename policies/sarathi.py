@@ -68,8 +68,9 @@ class SarathiConfig(Budgets):
         Budgets.validate(self)
         require(self.max_num_partial_prefills >= 1, "max_num_partial_prefills", "an integer >= 1",
                 self.max_num_partial_prefills)
-        require(self.max_long_partial_prefills >= 1, "max_long_partial_prefills", "an integer >= 1",
-                self.max_long_partial_prefills)
+        require(1 <= self.max_long_partial_prefills <= self.max_num_partial_prefills, "max_long_partial_prefills",
+                f"an integer >= 1 and <= max_num_partial_prefills ({self.max_num_partial_prefills}), as vLLM's "
+                "SchedulerConfig.verify_max_model_len requires", self.max_long_partial_prefills)
         require(self.long_prefill_token_threshold is None or self.long_prefill_token_threshold >= 1,
                 "long_prefill_token_threshold", "an integer >= 1 or null", self.long_prefill_token_threshold)
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",

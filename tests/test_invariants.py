@@ -29,7 +29,7 @@ PREFILL_FIRST = st.builds(lambda c, k: {"name": "prefill_first", "chunk_size": c
 SPLITFUSE = st.builds(lambda b, k, m: {"name": "splitfuse", "token_budget": b, "max_num_seqs": k, "min_chunk": m},
                       st.integers(1, 96), st.integers(1, 8), st.integers(1, 16))
 SARATHI = st.builds(lambda b, k, p, lp, t, c, strict: {"name": "sarathi", "token_budget": b, "max_num_seqs": k,
-                                                      "max_num_partial_prefills": p, "max_long_partial_prefills": lp,
+                                                      "max_num_partial_prefills": p, "max_long_partial_prefills": min(lp, p),
                                                       "long_prefill_token_threshold": t, "chunk_size": c,
                                                       "strict_fcfs": strict},
                     st.integers(1, 96), st.integers(1, 8), st.integers(1, 3), st.integers(1, 2),

@@ -132,7 +132,7 @@ def test_sarathi_options_are_validated():
 
 
 QUEUE_POLICY = st.builds(lambda b, p, lp, t, c: {"name": "sarathi", "token_budget": b, "max_num_partial_prefills": p,
-                                                "max_long_partial_prefills": lp, "long_prefill_token_threshold": t,
+                                                "max_long_partial_prefills": min(lp, p), "long_prefill_token_threshold": t,
                                                 "chunk_size": c},
                          st.integers(32, 512), st.integers(1, 3), st.integers(1, 2),
                          st.one_of(st.none(), st.integers(16, 256)), st.one_of(st.none(), st.integers(16, 256)))
@@ -156,3 +156,9 @@ def test_strict_fcfs_admits_the_queue_head_and_skipping_keeps_equal_prompts_in_o
     for a, b in itertools.combinations(skip_reqs, 2):
         if a.prompt_len == b.prompt_len and a.arrival <= b.arrival:
             assert a.first_scheduled_step <= b.first_scheduled_step
+
+
+def test_long_partial_limit_cannot_exceed_the_partial_limit():
+    # vLLM SchedulerConfig.verify_max_model_len: max_long_partial_prefills <= max_num_partial_prefills
+    with pytest.raises(ConfigError, match="max_long_partial_prefills"):
+        make_policy({"name": "sarathi", "max_num_partial_prefills": 1, "max_long_partial_prefills": 2})
