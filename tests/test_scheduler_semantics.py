@@ -160,5 +160,7 @@ def test_strict_fcfs_admits_the_queue_head_and_skipping_keeps_equal_prompts_in_o
 
 def test_long_partial_limit_cannot_exceed_the_partial_limit():
     # vLLM SchedulerConfig.verify_max_model_len: max_long_partial_prefills <= max_num_partial_prefills
+    from cbsim.errors import ConfigError
+
     with pytest.raises(ConfigError, match="max_long_partial_prefills"):
         make_policy({"name": "sarathi", "max_num_partial_prefills": 1, "max_long_partial_prefills": 2})
