@@ -3,7 +3,12 @@
 Invariant: every size here is *per GPU* once a tensor-parallel degree `tp` is given. Attention
 heads, the MLP and the vocabulary are split `tp` ways (Megatron-style, as vLLM does); KV heads
 are split too but never below one per GPU, so when `tp` exceeds the KV-head count each GPU holds
-a replica of one KV head. Specs are frozen records; presets are read-only mappings.
+a replica of one KV head. Experts are split `tp` ways like the MLP; MLA's compressed latent and
+its down-projections (q_a, kv_a), the norms and the MoE router are held whole by every GPU. Bytes
+follow the precision fields: weights at weight_dtype (fp8/int4 for the decoder's linear layers
+only), the cache at kv_dtype. Specs are frozen records; presets are read-only mappings. Models
+beyond the presets come from Hugging Face config.json files (hf_config.py), GPUs beyond them from
+gpus.py.
 """
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def _max(a, b):
 
 @register_cost_model("roofline")
 class RooflineCost(CostModel):
-    """Roofline step time of a dense Llama-style model on one tensor-parallel group."""
+    """Roofline step time of a decoder (dense, MoE, MLA, windowed) on one tensor-parallel group."""
 
     @dataclass
     class Config:
@@ -185,7 +185,7 @@ class RooflineCost(CostModel):
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
-            self._moe = _MoEGemms(m, tp, self._moe_imbalance)
+            self._moe = _MoEGemms(m, tp, self._moe_imbalance, wb, b)
 
     def _seconds(self, tokens: float, rows: float, pairs, kv_read, window=None, prefill=None):
         """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays;
@@ -336,11 +336,15 @@ class _MoEGemms:
     expectation (uniform routing): their weights are read once each, and the T k token-expert rows
     are split over them, the busiest receiving `moe_imbalance` times the mean (at most T)."""
 
-    def __init__(self, m: ModelSpec, tp: int, imbalance: float):
-        self.attention = tuple((float(k), float(n)) for k, n in m.attention_shapes(tp))
-        self.dense = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.intermediate, tp))
+    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float):
+        def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
+            shapes = tuple((float(k), float(n)) for k, n in shapes)
+            return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
+
+        self.attention = gemms(m.attention_shapes(tp))
+        self.dense = gemms(m.mlp_shapes(m.intermediate, tp))
         shared = m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
-        self.shared = tuple((float(k), float(n)) for k, n in m.mlp_shapes(shared, tp)) if shared else ()
+        self.shared = gemms(m.mlp_shapes(shared, tp) if shared else ())
         self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, tp))
         self.router = (float(m.hidden), float(m.num_experts))
         self.num_experts, self.top_k = float(m.num_experts), float(m.experts_per_token)
@@ -354,9 +358,8 @@ class _MoEGemms:
         return e * (1.0 - (1.0 - k / e) ** tokens)
 
     def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
-        def gemms(shapes):
-            return cost._dense_gemm_seconds(tokens, shapes, tuple(
-                (2.0 * k * n, k * n * cost._wb, (k + n) * float(cost.model.dtype_bytes)) for k, n in shapes))
+        def gemms(pair):
+            return cost._dense_gemm_seconds(tokens, *pair)
 
         if tokens <= 0:
             return 0.0
