@@ -67,6 +67,9 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
+    for key in ("num_timed_out", "token_lengths"):  # client timeouts; how a text dataset was counted
+        if key in results.summary:
+            typer.echo(f"{key:<{width}}  {results.summary[key]}")
     for line in drop_warnings(results.summary.get("dropped_rows")):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")

@@ -144,3 +144,12 @@ def test_clients_config_errors_are_named():
                      ({"think_time": 1.0}, "think_time")):
         with pytest.raises(ConfigError, match=rf"workload\.{key}"):
             parse_workload({"num_requests": 4, "arrival": {"type": "poisson", "rate": 1.0}, **FIXED, **bad})
+
+
+def test_pd_clusters_refuse_clients_by_name():
+    import yaml
+
+    cfg = yaml.safe_load(open(__import__("pathlib").Path(__file__).parents[1] / "experiments" / "pd_vs_colocated.yaml"))
+    cfg["workload"] = {**cfg["workload"], "num_requests": 10, "timeout": 5.0}
+    with pytest.raises(ConfigError, match=r"workload\.timeout: expected null with cluster\.mode pd"):
+        run_experiment(cfg)

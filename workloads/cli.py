@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         from cbsim.config import read_yaml
         from cbsim.errors import ConfigError
 
-        from .build import build_workload
+        from .build import build_run
         from .config import parse_workload
         from .describe import describe_requests, format_description, plot_workload
         from .trace_source import drop_warnings
@@ -40,7 +40,8 @@ def register(app: typer.Typer) -> None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError("--seed" if seed is not None else "seed", "an integer >= 0", value)
             rng = np.random.default_rng(value)
-            requests, dropped = build_workload(cfg, rng, base_dir=file.parent)
+            run = build_run(cfg, rng, base_dir=file.parent)
+            requests, dropped = run.requests, run.dropped
         except ConfigError as err:
             raise err.in_file(str(file))
         typer.echo(format_description(describe_requests(requests)))
@@ -49,5 +50,20 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"trace rows dropped: {text}")
         for line in drop_warnings(dropped):
             typer.secho(line, fg=typer.colors.YELLOW, err=True)
+        if "token_lengths" in run.notes:
+            typer.echo(f"token lengths: {run.notes['token_lengths']}")
+        for line in client_lines(cfg):
+            typer.echo(line)
         if plot is not None:
             typer.echo(f"plot: {plot_workload(requests, plot, title=f'{file.name}: workload')}")
+
+
+def client_lines(cfg) -> list[str]:
+    """What describe says about the clients: a closed loop's arrivals are planned times only."""
+    lines = []
+    if cfg.closed_loop:
+        lines.append(f"closed loop: at most {cfg.max_concurrency} requests in flight, think time {cfg.think_time:g} s; "
+                     "arrivals above are planned times, the run decides the real ones")
+    if cfg.timeout is not None:
+        lines.append(f"client timeout: {cfg.timeout:g} s (an unfinished request is aborted and counts as failed)")
+    return lines
