@@ -7,7 +7,10 @@ distribution, summary: the same calls as cbsim.api.run_experiment, in the same o
 Reference workload (comparable with Vidur's own benchmark of the same setup): N requests whose
 (prompt, output) pairs are drawn with replacement from the Azure 2023 conversation trace (Vidur's
 processed copy, splitwise_conv.csv: prompt mean 1,155, output mean 211), Poisson arrivals at
-1 request/s, sarathi with a 512-token budget, Llama-2-70B TP2 on A100 (the shipped vidur profile).
+1 request/s, sarathi with a 512-token budget, Llama-2-70B TP2 on A100 (the shipped vidur profile),
+a KV cache of 3,328 blocks of 16 tokens as Vidur's memory planner sizes it (vidur_slots), a batch
+of at most 128 (Vidur's batch_size_cap), a 1 % watermark, and no
+serving-engine overheads (engine: none), as Vidur simulates.
 
     python benchmarks/sim_speed.py                    # 10,000 requests
     python benchmarks/sim_speed.py --requests 1000000 # the scale check
@@ -35,6 +38,7 @@ from cbsim.sim.request import Request
 from cbsim.sim.simulation import simulate
 
 TRACE = "vidur/data/processed_traces/splitwise_conv.csv"
+VIDUR_BATCH_CAP = 128  # Vidur's batch_size_cap default, the Sarathi scheduler's max batch
 
 
 def data_root() -> Path:
@@ -52,6 +56,28 @@ def make_requests(n: int, seed: int, max_tokens: int) -> list[Request]:
     outputs = np.maximum(frame["num_decode_tokens"].to_numpy()[rows], 1)
     arrivals = np.cumsum(rng.exponential(1.0, size=n))
     return [Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
+
+
+def vidur_slots(model, tp: int, memory_gib: float = 80.0, margin: float = 0.1, max_request_tokens: int = 4096) -> int:
+    """Request slots as Vidur's memory planner sizes them; the KV cache is slots x max_request_tokens
+    (base_replica_scheduler.py: num_blocks = max_blocks_per_sequence x get_max_request_slots()), so
+    both simulators hold the same cache. Vidur's Sarathi scheduler caps the batch at batch_size_cap
+    (128), not at the slots ("for vLLM and its derivatives, we only need to set a loose max batch size").
+
+    microsoft/vidur vidur/scheduler/utils/memory_planner.py @01f216fe: request slots = (80 GiB x
+    (1 - memory_margin_fraction 0.1) - 2 bytes x parameters per device) // (2 x 2 bytes x head_dim x
+    KV heads per worker x max_request_tokens x layers), each slot max_request_tokens / block_size
+    blocks; parameters per device (vidur/utils/param_counter.py): QKV, O and the gated MLP of every
+    layer, sharded tp ways (no embeddings). Llama-2-70B TP2 on an A100-80GB: 34.2 B parameters per
+    GPU, 13 slots of 4,096 tokens = 3,328 blocks of 16 (cbsim's own `num_blocks: auto` gives 2,358:
+    it also counts embeddings and reserves 2 GiB for activations).
+    """
+    kv_heads = -(-model.num_kv_heads // tp)
+    per_layer = model.hidden * model.head_dim * (model.num_heads // tp + 2 * kv_heads)
+    per_layer += model.hidden * model.head_dim * (model.num_heads // tp) + 3 * model.hidden * model.intermediate // tp
+    free = memory_gib * 1024**3 * (1 - margin) - 2 * per_layer * model.num_layers
+    slot = 2 * 2 * model.head_dim * kv_heads * max_request_tokens * model.num_layers
+    return int(free // slot)
 
 
 def peak_rss_mb() -> float:
@@ -95,13 +121,13 @@ def main() -> None:
     cost = load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-70b", "tp": 2, "engine": "none"},
                            "llama-2-70b")
     settings = ReplicaSettings(max_model_len=model.max_model_len, fast_forward=not args.no_fast_forward)
-    # A100-80GB, TP2: ~ (2 x 80 GiB x 0.9 - 138 GB weights) for KV; use the same sizing as `num_blocks: auto`
-    from cbsim.profiler.specs import gpu_spec, kv_cache_blocks
-    blocks = kv_cache_blocks(model, gpu_spec("a100"), 2, 16, 0.9)
+    slots = vidur_slots(model, tp=2)
+    blocks = slots * (4096 // 16)
     rss_before = peak_rss_mb()
     cpu_started = time.process_time()
     started = time.perf_counter()
-    recorder, _ = simulate(requests, lambda: make_policy({"name": "sarathi", "token_budget": 512}), cost,
+    recorder, _ = simulate(requests, lambda: make_policy({"name": "sarathi", "token_budget": 512,
+                                                                        "max_num_seqs": VIDUR_BATCH_CAP}), cost,
                            lambda: KVCache(blocks, 16, int(0.01 * blocks), False, model.kv_bytes_per_token(2)),
                            settings)
     sim_s = time.perf_counter() - started
@@ -117,6 +143,8 @@ def main() -> None:
     rss_metrics = proc_status_mb("VmHWM") if phase_peak else float("nan")
     n_steps = recorder.num_steps
     print(f"requests               {len(requests):,}")
+    print(f"KV cache               {blocks:,} blocks of 16 tokens ({slots} slots of 4,096, Vidur's memory planner), "
+          f"batch <= {VIDUR_BATCH_CAP}")
     print(f"steps                  {n_steps:,}  (fast-forward {'off' if args.no_fast_forward else 'on'})")
     print(f"simulated time         {summary['makespan']:.0f} s, finished {summary['num_finished']:,}")
     print(f"event loop             {sim_s:.2f} s wall, {cpu_s:.2f} s CPU -> {len(requests) / cpu_s:,.0f} requests/s, "
