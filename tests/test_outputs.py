@@ -27,6 +27,7 @@ TINY = {
 }
 PD = {**TINY, "cluster": {"mode": "pd", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
                           "kv_cache": {"num_blocks": 400}}}
+CLOSED = {**TINY, "workload": {**TINY["workload"], "max_concurrency": 4, "think_time": 0.5, "timeout": 5.0}}
 
 
 def chatty() -> Progress:
@@ -82,7 +83,7 @@ def test_trace_is_opt_in_and_sized(tmp_path):
     assert res.files["trace.json"] == (tmp_path / "trace.json").stat().st_size
 
 
-@pytest.mark.parametrize("config", [TINY, PD], ids=["colocated", "pd"])
+@pytest.mark.parametrize("config", [TINY, PD, CLOSED], ids=["colocated", "pd", "closed_loop"])
 def test_progress_speaks_on_its_stream_and_changes_no_output(tmp_path, config):
     progress = chatty()
     run_experiment({**config, "output": {"plots": False, "trace": True, "formats": ["csv", "parquet"]}},
