@@ -233,7 +233,7 @@ def test_knee_is_the_point_farthest_from_the_chord():
 def test_sweep_plots_are_written(tmp_path):
     table = run_sweep(write_sweep(tmp_path), workers=1)
     paths = write_sweep_plots(table, tmp_path / "plots", "policy.token_budget", ["ttft_p50", "itl_p99"], title="t")
-    assert [p.name for p in paths] == ["metrics_vs_knob.png", "itl_vs_throughput.png"]
+    assert [p.name for p in paths] == ["metrics_vs_knob.png", "paired_ratios.png", "itl_vs_throughput.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
