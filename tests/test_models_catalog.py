@@ -194,6 +194,26 @@ def test_moe_touches_the_expected_number_of_experts():
     assert skewed.step_time(batch) > cost.step_time(batch)
 
 
+def test_expert_parallelism_inside_the_tp_group():
+    def cost(name, ep):
+        return load_cost_model({"type": "roofline", "gpu": "h200", "tp": 8, "expert_parallel": ep}, catalog_spec(name))
+
+    one = StepShape.from_batch(decode=[2000])
+    # one token of Mixtral: EP reads one whole expert on the busiest GPU, TP an eighth of two
+    assert cost("mixtral-8x7b", True).step_time(one) > 1.2 * cost("mixtral-8x7b", False).step_time(one)
+    big = StepShape.from_batch(prefill=[(8192, 0)])
+    assert cost("mixtral-8x7b", True).step_time(big) == pytest.approx(cost("mixtral-8x7b", False).step_time(big), rel=0.02)
+    ep = cost("deepseek-v3", True)
+    busiest = ep._moe.busiest_gpu_experts
+    assert 2.0 < busiest(1) < 3.0 and busiest(4096) == pytest.approx(32.0)  # E[max] of Binomial(32, 1/32) over 8 GPUs
+    contexts = np.array([10, 500, 3000])
+    assert ep.decode_run_times(contexts, 3).tolist() == [
+        ep.step_time(StepShape.from_batch(decode=list(contexts + j))) for j in range(3)]
+    with pytest.raises(ConfigError) as err:
+        load_cost_model({"type": "roofline", "gpu": "h100", "tp": 2, "expert_parallel": True}, model_spec("llama-3-8b"))
+    assert err.value.path == "cost_model.expert_parallel"
+
+
 def test_mla_prefill_runs_the_naive_form_and_decode_the_absorbed_one():
     cost = load_cost_model({"type": "roofline", "gpu": "h200", "tp": 8}, catalog_spec("deepseek-v3"))
     heads = 128 // 8

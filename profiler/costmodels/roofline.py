@@ -23,7 +23,8 @@ Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.
   two grouped GEMMs over the experts a step touches: D = E (1 - (1 - k/E)^T) of E experts in
   expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
   busiest expert gets `moe_imbalance` times the mean). Dense first layers (first_k_dense) keep
-  their MLP. Experts are split tp ways like the MLP (no expert parallelism yet).
+  their MLP. Experts are split tp ways like the MLP, or with `expert_parallel` spread whole over
+  the TP group's GPUs (no data-parallel attention, all-to-all or EP across nodes yet).
 - MLA (DeepSeek-V2/V3) as vLLM runs it: the GEMMs are q (or q_a, q_b), kv_a, kv_b (applied per
   query token) and O; attention reads kv_lora_rank + qk_rope_head_dim elements per cached token and
   layer, whole on every GPU. Decode uses the absorbed form, 2 * heads * (2 kv_lora_rank +
@@ -47,6 +48,7 @@ attention reaches ~0.2-0.3 of peak in Vidur's A100 profile and ~0.6 in FlashAtte
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -97,6 +99,9 @@ class RooflineCost(CostModel):
         moe_imbalance: float = option(
             1.0, help="MoE: tokens of the busiest expert over the mean (>= 1); the expert GEMMs are charged as if "
             "every expert a step touches received that many")
+        expert_parallel: bool = option(
+            False, help="MoE: the TP group's GPUs each hold num_experts / tp whole experts (vLLM "
+            "--enable-expert-parallel without data parallelism) instead of a 1/tp slice of every expert")
         engine: Any = engine_option()
 
         def validate(self) -> None:
@@ -115,8 +120,12 @@ class RooflineCost(CostModel):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, gemm_efficiency: float | str = "auto",
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
-                 topology: str | None = None, moe_imbalance: float = 1.0):
+                 topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False):
         model.check_tp(tp, "cost_model.tp")
+        if expert_parallel:
+            require(model.is_moe and model.num_experts % tp == 0, "cost_model.expert_parallel",
+                    f"false unless the model has experts and tp divides their count ({model.name}: "
+                    f"{model.num_experts} experts, tp {tp})", expert_parallel)
         self.model, self.gpu, self.tp = model, gpu, tp
         self.topology = topology or gpu.topology
         if step_overhead is None:
@@ -128,6 +137,8 @@ class RooflineCost(CostModel):
                         "step_overhead": step_overhead, "topology": self.topology}
         if model.is_moe:
             self.factors["moe_imbalance"] = moe_imbalance
+            self.factors["expert_parallel"] = expert_parallel
+        self._expert_parallel = expert_parallel
         self._fp8 = _fp8_compute(model, gpu)
         self._moe_imbalance = float(moe_imbalance)
         self._precompute(gemm_efficiency, attention_efficiency, memory_efficiency, layer_overhead, step_overhead)
@@ -136,7 +147,8 @@ class RooflineCost(CostModel):
     def from_config(cls, config: "RooflineCost.Config", model: ModelSpec) -> "RooflineCost":
         return cls(model, gpu_spec(config.gpu, "cost_model.gpu"), config.tp, config.gemm_efficiency,
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
-                   config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance)
+                   config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance,
+                   config.expert_parallel)
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
         """Fold the model, the GPU and the factors into per-feature constants (all Python floats).
@@ -185,7 +197,7 @@ class RooflineCost(CostModel):
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
-            self._moe = _MoEGemms(m, tp, self._moe_imbalance, wb, b)
+            self._moe = _MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel)
 
     def _seconds(self, tokens: float, rows: float, pairs, kv_read, window=None, prefill=None):
         """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays;
@@ -334,9 +346,16 @@ class _MoEGemms:
     experts as one MLP, and two grouped GEMMs (gate+up, down) over the routed experts. With T tokens
     and top-k routing over E experts, a step touches D = E (1 - (1 - k/E)^T) distinct experts in
     expectation (uniform routing): their weights are read once each, and the T k token-expert rows
-    are split over them, the busiest receiving `moe_imbalance` times the mean (at most T)."""
+    are split over them, the busiest receiving `moe_imbalance` times the mean (at most T).
 
-    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float):
+    With expert parallelism inside the TP group each GPU holds E/tp whole experts and runs them on
+    all T tokens (the hidden states are replicated after attention's all-reduce, and the same
+    all-reduce combines the experts' outputs, as vLLM does without data parallelism). The step waits
+    for the busiest GPU: each of its E/tp experts is touched with probability q = 1 - (1 - k/E)^T,
+    and it is charged the expected maximum over the tp GPUs of Binomial(E/tp, q) touched experts,
+    whole. At one token of DeepSeek-V3 on 8 GPUs that is ~2.5 experts where TP reads 1/8 of 8."""
+
+    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False):
         def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
             shapes = tuple((float(k), float(n)) for k, n in shapes)
             return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
@@ -345,7 +364,9 @@ class _MoEGemms:
         self.dense = gemms(m.mlp_shapes(m.intermediate, tp))
         shared = m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
         self.shared = gemms(m.mlp_shapes(shared, tp) if shared else ())
-        self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, tp))
+        self.ep = tp if expert_parallel else 1
+        self._busiest: dict[float, float] = {}  # tokens -> busiest_gpu_experts (steps repeat their sizes)
+        self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, 1 if expert_parallel else tp))
         self.router = (float(m.hidden), float(m.num_experts))
         self.num_experts, self.top_k = float(m.num_experts), float(m.experts_per_token)
         self.moe_layers = float(m.num_moe_layers)
@@ -356,6 +377,18 @@ class _MoEGemms:
         """Expected distinct experts a step of `tokens` tokens routes to."""
         e, k = self.num_experts, self.top_k
         return e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def busiest_gpu_experts(self, tokens: float) -> float:
+        """E[max over tp GPUs of the experts a step touches on one GPU] (expert parallelism)."""
+        if tokens not in self._busiest:
+            m, n = int(self.num_experts) // self.ep, self.ep
+            q = 1.0 - (1.0 - self.top_k / self.num_experts) ** tokens
+            cdf, expected = 0.0, 0.0
+            for j in range(m):  # E[max] = sum over j >= 1 of P(max >= j) = 1 - P(X <= j - 1)^n
+                cdf += math.comb(m, j) * q ** j * (1.0 - q) ** (m - j)
+                expected += 1.0 - min(cdf, 1.0) ** n
+            self._busiest[tokens] = expected
+        return self._busiest[tokens]
 
     def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
         def gemms(pair):
@@ -368,6 +401,10 @@ class _MoEGemms:
         groups = self.touched(tokens)
         rows = tokens * self.top_k
         busiest = min(tokens, self.imbalance * rows / groups)
+        if self.ep > 1:  # the busiest GPU: its touched experts, whole, on their rows
+            touched = groups
+            groups = self.busiest_gpu_experts(tokens)
+            rows = groups * rows / touched
         routed = sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
         router = cost._bf16_gemm_seconds(tokens, *self.router)
         moe = gemms(self.shared) + routed + router
