@@ -293,6 +293,16 @@ def _model_key(name: str) -> str:
     return key
 
 
+def _window_layers(given: dict, merged: dict) -> dict:
+    """`merged` with sliding_layers filled in when `given` sets sliding_window alone: every layer
+    for a window, none for 0."""
+    window = given.get("sliding_window")
+    if "sliding_layers" in given or not isinstance(window, int) or isinstance(window, bool):
+        return merged
+    layers = merged.get("num_layers")
+    return {**merged, "sliding_layers": layers if window > 0 and isinstance(layers, int) else 0}
+
+
 def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
     """A model by name, a config.json path, or a mapping.
 
@@ -325,7 +335,9 @@ def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
         if not isinstance(base, str):
             raise ConfigError(f"{path}.config", "a model name or a path to a config.json", base)
         base_spec = model_spec(base, f"{path}.config")
-        return parse(ModelSpec, {**{f.name: getattr(base_spec, f.name) for f in fields(ModelSpec)}, **mapping}, path)
+        merged = {**{f.name: getattr(base_spec, f.name) for f in fields(ModelSpec)}, **mapping}
+        return parse(ModelSpec, _window_layers(mapping, merged), path)
+    mapping = _window_layers(mapping, mapping)
     hidden, heads = mapping.get("hidden"), mapping.get("num_heads")
     if "head_dim" not in mapping and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         mapping["head_dim"] = hidden // heads

@@ -230,7 +230,8 @@ def test_mla_prefill_runs_the_naive_form_and_decode_the_absorbed_one():
 def test_sliding_window_caps_the_attended_history():
     windowed = load_cost_model({"type": "roofline", "gpu": "h100"}, catalog_spec("mistral-7b"))
     full = load_cost_model({"type": "roofline", "gpu": "h100"},
-                           model_spec({"config": "mistral-7b", "sliding_window": 0, "sliding_layers": 0}))
+                           model_spec({"config": "mistral-7b", "sliding_window": 0}))
+    assert model_spec({"config": "llama-3.1-8b", "sliding_window": 1024}).sliding_layers == 32
     short, long = StepShape.from_batch(decode=[1000] * 32), StepShape.from_batch(decode=[30000] * 32)
     assert windowed.step_time(short) == full.step_time(short)
     assert windowed.step_time(long) < 0.5 * full.step_time(long)
