@@ -364,3 +364,29 @@ def test_an_experiment_runs_on_a_config_json(tmp_path):
     result = runner.invoke(app, ["run", str(_experiment(tmp_path, str(folder))), "--out", str(tmp_path / "out"),
                                  "--set", "output.plots=false"])
     assert result.exit_code == 0, (result.output, result.exception)
+
+
+@pytest.mark.parametrize("model,cost", [
+    ("deepseek-v2-lite", {"type": "roofline", "gpu": "h100", "tp": 2, "expert_parallel": True}),
+    ("mistral-7b", {"type": "roofline", "gpu": "l40s", "tp": 1}),
+    ({"config": "qwen3-30b-a3b", "weight_dtype": "fp8", "kv_dtype": "fp8"}, {"type": "roofline", "gpu": "h200"}),
+])
+def test_runs_are_deterministic_and_fast_forward_changes_nothing(model, cost):
+    from cbsim.api import run_experiment
+
+    def run(fast_forward):
+        return run_experiment({
+            "name": "m", "seed": 7, "model": model, "cost_model": cost,
+            "cluster": {"kv_cache": {"num_blocks": "auto"}}, "policy": {"name": "sarathi", "token_budget": 256},
+            "sim": {"fast_forward": fast_forward},
+            "workload": {"num_requests": 30, "arrival": {"type": "poisson", "rate": 20.0},
+                         "prompt_len": {"type": "uniform", "min": 10, "max": 6000},
+                         "output_len": {"type": "uniform", "min": 1, "max": 300}},
+            "output": {"plots": False, "trace": False}})
+
+    first, again, stepwise = run(True), run(True), run(False)
+    columns = [c for c in first.requests.columns if c != "sim_wall_seconds"]
+    assert first.requests[columns].equals(again.requests[columns])
+    assert first.requests[columns].equals(stepwise.requests[columns])
+    assert first.summary["num_finished"] == 30
+
