@@ -45,9 +45,10 @@ class Results:
 
         return token_times(self.recorder, request_id)
 
-    def write(self, out_dir: str | Path) -> Path:
+    def write(self, out_dir: str | Path, progress=None) -> Path:
         """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
-        `files` then maps each file written to its size in bytes."""
+        `files` then maps each file written to its size in bytes. `progress` (sim/progress.py) names
+        each phase of a long run's writing."""
         from cbsim.sim.dashboard import write_dashboards
         from cbsim.sim.metrics import stall_events
         from cbsim.sim.plots import plot_run
@@ -62,6 +63,8 @@ class Results:
             written.append(out / name)
             return written[-1]
 
+        say = progress.say if progress is not None else lambda text: None
+        say(f"writing tables to {out}")
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
                   ("transfers", self.transfers))
@@ -74,11 +77,13 @@ class Results:
                 frame.to_csv(path(f"{name}.csv"), index=False)
         path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         if cfg.output.plots:
+            say("plotting")
             written += plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
                                 stalls=stall_events(self.itl, cfg.metrics.stall_factor),
                                 cdf_max_points=cfg.metrics.cdf_max_points)
             written += write_dashboards(self, out)
         if cfg.output.trace:
+            say("writing trace.json")
             write_chrome_trace(self.steps, path("trace.json"), cfg.metrics.trace_max_steps)
         if self.shapes:
             with open(path("shapes.jsonl"), "w") as handle:
@@ -336,7 +341,5 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})
     if out_dir is not None:
-        if progress is not None:
-            progress.say(f"writing {out_dir}")
-        results.write(out_dir)
+        results.write(out_dir, progress)
     return results
