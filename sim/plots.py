@@ -175,7 +175,8 @@ def _groups(steps_df, raw: bool, pools: dict | None) -> list[tuple[str, list]]:
     if raw:
         return [(replica_name(r, pools).capitalize(), [r]) for r in sorted(steps_df["replica"].unique())]
     if pools and len(pools) > 1:
-        return [(f"{name.capitalize()} pool ({len(members)} replicas)", list(members)) for name, members in pools.items()]
+        return [(f"{name.capitalize()} pool ({len(members)} replica{'s' * (len(members) != 1)})", list(members))
+                for name, members in pools.items()]
     return [("All replicas", sorted(steps_df["replica"].unique()))]
 
 
