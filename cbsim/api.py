@@ -144,7 +144,8 @@ def build_replica_parts(cfg: ExperimentConfig):
         swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
         max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
         record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
-        admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens)
+        admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens,
+        **preemption_admission_settings(cfg))
 
     hash_block = None
     if kv_cfg.prefix_caching:
@@ -158,6 +159,22 @@ def build_replica_parts(cfg: ExperimentConfig):
                        prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block)
 
     return model, cost, make_kv, settings
+
+
+def preemption_admission_settings(cfg: ExperimentConfig) -> dict:
+    """ReplicaSettings fields of preemption.swap_space_gib/swapped_queue and the per-step admission signals."""
+    pre, adm = cfg.preemption, cfg.admission
+    step_cap = None
+    if adm.tpot_slack is not None:
+        tpot = cfg.metrics.slo.tpot if hasattr(cfg.metrics, "slo") else None
+        if tpot is None:
+            raise ConfigError("admission.tpot_slack", "metrics.slo.tpot set (the cap is tpot_slack x slo.tpot)",
+                              adm.tpot_slack)
+        step_cap = adm.tpot_slack * tpot
+    return dict(swap_space=None if pre.swap_space_gib is None else pre.swap_space_gib * 2**30,
+                swapped_queue=pre.swapped_queue, decode_reserve=adm.decode_reserve,
+                schedule_conservativeness=adm.schedule_conservativeness,
+                clip_max_new_tokens=adm.clip_max_new_tokens, step_cap=step_cap)
 
 
 def pool_config(cfg: ExperimentConfig, pool: str) -> ExperimentConfig:
@@ -251,20 +268,23 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
             noise = step_noise(cfg, cost, rng)
     except ConfigError as err:
         raise err.in_file(cfg.source) if cfg.source else err
-    if cfg.cluster.mode == "pd":
-        if clients is not None:
-            raise ConfigError("workload.max_concurrency" if clients.closed_loop else "workload.timeout",
-                              "null with cluster.mode pd (clients and timeouts run on colocated clusters)",
-                              clients.max_concurrency if clients.closed_loop else clients.timeout, file=cfg.source)
-        recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
-                                                  max_time=cfg.sim.max_time, progress=progress)
-        pools = {"prefill": list(range(prefill.replicas)),
-                 "decode": list(range(prefill.replicas, prefill.replicas + decode.replicas))}
-        return recorder, replicas, pools, cluster
-    recorder, replicas = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
-                                  replicas=cfg.cluster.replicas, router=cfg.cluster.router,
-                                  max_time=cfg.sim.max_time, noise=noise, progress=progress, clients=clients)
-    return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
+    try:  # a step or transfer time the guard refuses (sim/durations.py) names the experiment file too
+        if cfg.cluster.mode == "pd":
+            if clients is not None:
+                raise ConfigError("workload.max_concurrency" if clients.closed_loop else "workload.timeout",
+                                  "null with cluster.mode pd (clients and timeouts run on colocated clusters)",
+                                  clients.max_concurrency if clients.closed_loop else clients.timeout, file=cfg.source)
+            recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
+                                                      max_time=cfg.sim.max_time, progress=progress)
+            pools = {"prefill": list(range(prefill.replicas)),
+                     "decode": list(range(prefill.replicas, prefill.replicas + decode.replicas))}
+            return recorder, replicas, pools, cluster
+        recorder, replicas = simulate(requests, lambda: make_policy(cfg.policy), cost, make_kv, settings,
+                                      replicas=cfg.cluster.replicas, router=cfg.cluster.router,
+                                      max_time=cfg.sim.max_time, noise=noise, progress=progress, clients=clients)
+        return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
+    except ConfigError as err:
+        raise err.in_file(cfg.source) if cfg.source else err
 
 
 def client_frontend(cfg: ExperimentConfig, requests):

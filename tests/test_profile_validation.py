@@ -352,3 +352,19 @@ def test_fuzz_one_field_of_the_fitted_profile(tmp_path_factory, path, kind):
 @given(path=st.sampled_from(VIDUR_PATHS), kind=st.sampled_from(sorted(MUTATIONS)))
 def test_fuzz_one_field_of_a_vidur_profile(tmp_path_factory, path, kind):
     fuzz_one(tmp_path_factory, VIDUR_TP2, VidurCostModel, path, kind)
+
+
+def test_a_guarded_duration_during_a_run_names_the_experiment_file(tmp_path):
+    """The guard fires mid-run (sim/durations.py); the error names the experiment file as well."""
+    import yaml as _yaml
+
+    from cbsim.api import run_experiment as _run
+
+    data = _yaml.safe_load(open("experiments/pd_vs_colocated.yaml"))
+    data["cluster"]["link"]["bandwidth_gb_s"] = 1.0e-300
+    data["workload"]["num_requests"] = 5
+    path = tmp_path / "slow_link.yaml"
+    path.write_text(_yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        _run(str(path))
+    assert err.value.file == str(path) and err.value.path.startswith("cluster.link")
