@@ -262,8 +262,8 @@ def plot_latency_throughput(table: pd.DataFrame, x: str | list[str], *, hue: lis
                             title: str | None = None, xlabel: str | None = None, knee: bool | None = None):
     """p99 ITL (or `latency`) against throughput, one curve per hue combination, points in knob
     order and labelled with the knob value. The knee (knee_index) of each curve is circled when
-    `knee` is True, or by default when the knob is a load (is_load) and the curve's throughput
-    spans more than FLAT of its mean; a flat throughput is said in the title instead."""
+    `knee` (default: whether the knob is a load, is_load) and the curve's throughput spans more
+    than FLAT of its mean; a flat throughput is drawn flat and said in the title instead."""
     hue = default_hue(table, x) if hue is None else list(hue)
     thr = seed_stats(table, x, throughput, hue)
     lat = seed_stats(table, x, latency, hue)
