@@ -229,6 +229,8 @@ class Replica:
             if self.handoff is not None:  # after a run too: its last step's room counts, as after one step
                 self.handoff.committed(self, plan, end)
             self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
+            if self.on_leave is not None:  # closed loop: every request leaving at this instant leaves first
+                yield env.timeout(0)
 
     def _check_step(self, start: float, duration: float, shape: StepShape) -> None:
         """DurationError unless the step is an empty one of 0 s (called only when the hot path's

@@ -22,8 +22,8 @@ FIXED = {"prompt_len": {"type": "fixed", "value": 40}, "output_len": {"type": "f
 
 
 def run(requests, clients, *, replicas=1, num_blocks=400, fast_forward=True, prefix=False, policy=SARATHI,
-        preemption="recompute"):
-    settings = ReplicaSettings(max_model_len=100_000, fast_forward=fast_forward, swap_bandwidth=1e9,
+        preemption="recompute", max_model_len=100_000):
+    settings = ReplicaSettings(max_model_len=max_model_len, fast_forward=fast_forward, swap_bandwidth=1e9,
                                preemption_mode=preemption)
     kvs = []
 
@@ -43,7 +43,7 @@ def workload(mapping, seed=0):
 def in_flight_max(requests) -> int:
     """Most requests between their arrival and completion at once (a leave before an entry at a tie)."""
     events = sorted([(r.arrival, 1) for r in requests] + [(r.completion_time, -1) for r in requests])
-    return int(np.max(np.cumsum([e for _, e in events])))
+    return int(np.max(np.cumsum([e for _, e in events]), initial=0))
 
 
 def assert_done_once_and_freed(requests, kvs):
@@ -153,3 +153,36 @@ def test_pd_clusters_refuse_clients_by_name():
     cfg["workload"] = {**cfg["workload"], "num_requests": 10, "timeout": 5.0}
     with pytest.raises(ConfigError, match=r"workload\.timeout: expected null with cluster\.mode pd"):
         run_experiment(cfg)
+
+
+# ---------------------------------------------------------------- property: random clients keep the invariants
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@pytest.mark.slow
+@given(n=st.integers(1, 30), concurrency=st.one_of(st.none(), st.integers(1, 6)), think=st.sampled_from([0.0, 3.0]),
+       timeout=st.one_of(st.none(), st.floats(5.0, 200.0)), turns=st.integers(1, 3), replicas=st.integers(1, 2),
+       blocks=st.integers(12, 80), preemption=st.sampled_from(["recompute", "swap"]), seed=st.integers(0, 50))
+def test_random_clients_keep_the_invariants(n, concurrency, think, timeout, turns, replicas, blocks, preemption, seed):
+    mapping = {"num_requests": n, "max_concurrency": concurrency, "think_time": think if concurrency else 0.0,
+               "timeout": timeout, "prompt_len": {"type": "uniform", "min": 1, "max": 120},
+               "output_len": {"type": "uniform", "min": 1, "max": 60},
+               "shared_prefix": {"mode": "multi_turn", "turns": turns, "num_prefixes": 0, "hash_block_size": 16,
+                                 "think_time": 2.0}}
+    if concurrency is None:
+        mapping["arrival"] = {"type": "poisson", "rate": 0.5}
+    outcomes = []
+    for fast_forward in (True, False):
+        wl = workload(mapping, seed)
+        if wl.clients is None:
+            wl.clients = ClientPlan()
+        _, kvs = run(wl.requests, wl.clients, replicas=replicas, num_blocks=blocks, fast_forward=fast_forward,
+                     policy={"name": "prefill_first"}, preemption=preemption, max_model_len=16 * blocks)
+        assert_done_once_and_freed(wl.requests, kvs)
+        if concurrency is not None:
+            assert in_flight_max([r for r in wl.requests if r.status == Status.FINISHED]) <= concurrency
+        if timeout is not None:
+            assert all(r.completion_time - r.arrival <= timeout for r in wl.requests if r.status == Status.FINISHED)
+        outcomes.append([(r.status, r.arrival, r.completion_time, r.num_output_tokens) for r in wl.requests])
+    assert outcomes[0] == outcomes[1]  # fast-forward changes nothing, deadlines and client sends included

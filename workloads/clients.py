@@ -6,8 +6,10 @@ one turn) and sends its turns one after another: the first when the client is fr
 session's planned time has come, whichever is later (as `vllm bench serve --max-concurrency`
 holds requests drawn at a rate behind a semaphore), each later turn `think` seconds after the
 previous turn's reply. Sessions start in the order of their planned times. Every send time is
-decided by the simulation's own events and think times drawn before the run, so a run is as
-deterministic as an open-loop one.
+decided by the simulation's own events and think times drawn before the run (indexed by request,
+not by client), so a run is as deterministic as an open-loop one; requests leaving at one instant
+all leave before any replica plans at that instant (the replicas yield once after a commit), and
+sends due at one instant go out in request-id order, so fast-forward changes nothing.
 
 A request's `arrival` becomes the time it reaches the scheduler: the client's send time plus the
 engine's front-end delay when the run models one (`client_arrival` holds the send times then).
@@ -70,8 +72,7 @@ class ClientFeed:
         self.sessions = sorted(sessions, key=lambda s: (self.planned[s[0]], s[0]))
         self.turn = {rid: (s, k) for s in range(len(self.sessions)) for k, rid in enumerate(self.sessions[s])}
         self.next_session = 0
-        self.pending: list[tuple[float, int, int]] = []  # (send time, sequence, request id)
-        self.sequence = 0
+        self.pending: list[tuple[float, int]] = []  # (send time, request id): ties go by id, whatever order
         self.in_flight = 0
         self.max_in_flight = 0
         self._wake = None
@@ -91,8 +92,7 @@ class ClientFeed:
         return 0.0 if self.plan.think is None else float(self.plan.think[rid])
 
     def _schedule(self, time: float, rid: int) -> None:
-        heapq.heappush(self.pending, (time, self.sequence, rid))
-        self.sequence += 1
+        heapq.heappush(self.pending, (time, rid))
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -112,13 +112,13 @@ class ClientFeed:
         """When the next planned send reaches the scheduler (inf: none planned)."""
         if not self.pending:
             return math.inf
-        time, _, rid = self.pending[0]
+        time, rid = self.pending[0]
         return time + self.delay[rid]
 
     def deliver_until(self, time: float) -> None:
         """Send every planned request that reaches the scheduler by `time`."""
         while self.pending and self.next_time <= time:
-            send, _, rid = heapq.heappop(self.pending)
+            send, rid = heapq.heappop(self.pending)
             req = self.by_id[rid]
             req.arrival = send + self.delay[rid]
             if self.plan.client_arrival is not None:
@@ -133,25 +133,32 @@ class ClientFeed:
             self.on_done()
 
     def run(self):
+        """Send each planned request when its time comes (an urgent timeout, as ArrivalFeed), and wait
+        for replies when none is due (a reply that plans a send wakes it). Never sends early."""
         env = self.env
         while self.index < len(self.requests):
-            arrival = self.next_time
-            self._wake = env.event()
-            if arrival == math.inf:
-                yield self._wake  # every client waits for a reply
-            elif arrival > env.now:
-                yield env.any_of([UrgentTimeout(env, delay_to(env.now, arrival)), self._wake])
-            self._wake = None
-            if self.next_time <= max(env.now, arrival):
-                self.deliver_until(max(env.now, self.next_time))
+            due = self.next_time
+            if due > env.now:
+                self._wake = env.event()
+                wait = [self._wake] if due == math.inf else [UrgentTimeout(env, delay_to(env.now, due)), self._wake]
+                yield env.any_of(wait)
+                self._wake = None
+                continue  # a reply may have planned an earlier send: look again
+            self.deliver_until(env.now)
         self.on_done()
 
     # -- wiring --------------------------------------------------------------------------
     def attach(self, replicas) -> None:
         """Hear from every replica when a request leaves, and bound each replica's fast-forward by
-        the other replicas' step ends (a completion there may send a request here)."""
+        the other replicas' next step boundaries: a request leaving there may send one here."""
         for replica in replicas:
             replica.on_leave = self.leave
             others = [r for r in replicas if r is not replica]
-            replica.horizon = (lambda others=others: min(self.next_time, min(
-                (r.step_end for r in others if r.step_end is not None), default=math.inf)))
+            replica.horizon = lambda others=others: min([self.next_time, *(self._boundary(r) for r in others)])
+
+    def _boundary(self, replica) -> float:
+        """When `replica` may next let a request leave: the end of its step in progress, inf when it
+        has no work, now when it is about to plan (no fast-forward past that)."""
+        if replica.step_end is not None:
+            return replica.step_end
+        return math.inf if replica.is_idle else self.env.now
