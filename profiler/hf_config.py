@@ -152,25 +152,53 @@ def _architecture(r: _Reader) -> tuple[str, bool]:
 
 
 def _precision(r: _Reader) -> dict:
-    """weight_dtype from torch_dtype (or dtype), overridden by a quantization_config it knows."""
+    """weight_dtype and kv_dtype from torch_dtype (or dtype), overridden by a quantization_config it
+    knows: fp8 and fbgemm_fp8; awq and gptq at 4 bits; modelopt with quant_algo FP8 (and
+    kv_cache_quant_algo FP8); compressed-tensors whose every weight group is 8-bit float or 4-bit
+    int (and a kv_cache_scheme of 8-bit float). vLLM keeps the KV cache at the model's dtype unless
+    the checkpoint quantises it."""
     key = "torch_dtype" if "torch_dtype" in r.data else "dtype"
     torch_dtype = r.data.get(key, "bfloat16")
     if torch_dtype not in TORCH_DTYPES:
         raise r.error(key, "bfloat16, float16 or float32", torch_dtype)
-    weight = TORCH_DTYPES[torch_dtype]
+    weight = kv = TORCH_DTYPES[torch_dtype]
     quant = r.data.get("quantization_config")
-    if quant is not None:
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        bits = quant.get("bits") if isinstance(quant, dict) else None
-        if method == "fp8":
-            weight = "fp8"
-        elif method in ("awq", "gptq") and bits == 4:
-            weight = "int4"
-        else:
-            raise r.error("quantization_config.quant_method", "fp8, or awq/gptq with bits 4",
-                          f"{method} (bits {bits})" if bits is not None else method)
-    kv = TORCH_DTYPES[torch_dtype]  # the cache holds activations (vLLM kv_cache_dtype auto)
+    if quant is None:
+        return {"weight_dtype": weight, "kv_dtype": kv}
+    if not isinstance(quant, dict):
+        raise r.error("quantization_config", "a mapping", quant)
+    method = quant.get("quant_method")
+    if method in ("fp8", "fbgemm_fp8"):
+        weight = "fp8"
+    elif method in ("awq", "gptq") and quant.get("bits") == 4:
+        weight = "int4"
+    elif method == "modelopt" and quant.get("quant_algo") == "FP8":
+        weight = "fp8"
+        kv = "fp8" if quant.get("kv_cache_quant_algo") == "FP8" else kv
+    elif method == "compressed-tensors":
+        weight = _compressed_tensors(r, quant)
+        scheme = quant.get("kv_cache_scheme")
+        kv = "fp8" if isinstance(scheme, dict) and (scheme.get("num_bits"), scheme.get("type")) == (8, "float") else kv
+    else:
+        raise r.error("quantization_config.quant_method", "fp8, fbgemm_fp8, awq/gptq with bits 4, modelopt FP8 or "
+                      "compressed-tensors (fp8 or int4 weights)",
+                      f"{method} (bits {quant.get('bits')})" if "bits" in quant else method)
     return {"weight_dtype": weight, "kv_dtype": kv}
+
+
+def _compressed_tensors(r: _Reader, quant: dict) -> str:
+    """fp8 or int4: the one weight format every config group of a compressed-tensors checkpoint uses."""
+    groups = quant.get("config_groups")
+    formats = set()
+    for group in groups.values() if isinstance(groups, dict) else ():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict):
+            formats.add((weights.get("num_bits"), weights.get("type")))
+    known = {(8, "float"): "fp8", (4, "int"): "int4"}
+    if len(formats) != 1 or next(iter(formats)) not in known:
+        raise r.error("quantization_config.config_groups", "weight groups all of 8-bit float (fp8) or all of 4-bit "
+                      "int (int4)", sorted(map(str, formats)) or groups)
+    return known[formats.pop()]
 
 
 def _window(r: _Reader, family: str, layers: int) -> dict:

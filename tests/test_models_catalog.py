@@ -112,6 +112,20 @@ def test_a_path_or_folder_and_overrides(tmp_path):
 # ---------------------------------------------------------------- precision
 
 
+@pytest.mark.parametrize("quant,precision", [
+    ({"quant_method": "fp8", "fmt": "e4m3"}, "fp8 weights, bf16 KV"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, "fp8"),
+    ({"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float"},
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}, "targets": ["Linear"]}}}, "fp8"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4 weights, bf16 KV"),
+])
+def test_quantized_checkpoints_set_the_precision(tmp_path, quant, precision):
+    data = json.loads((CATALOG_DIR / "llama-3.1-8b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**data, "quantization_config": quant}))
+    assert read_hf_config(path).precision == precision
+
+
 def test_fp8_halves_weight_and_kv_bytes():
     bf16 = catalog_spec("llama-3.1-70b")
     fp8 = model_spec({"config": "llama-3.1-70b", "weight_dtype": "fp8", "kv_dtype": "fp8"})
