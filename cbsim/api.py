@@ -80,7 +80,8 @@ class Results:
             say("plotting")
             written += plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
                                 stalls=stall_events(self.itl, cfg.metrics.stall_factor),
-                                cdf_max_points=cfg.metrics.cdf_max_points)
+                                cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools,
+                                kv_blocks=self.kv_blocks, transfers=self.transfers, handoffs=self.handoffs)
             written += write_dashboards(self, out)
         if cfg.output.trace:
             say("writing trace.json")
@@ -164,6 +165,10 @@ def build_replica_parts(cfg: ExperimentConfig):
 def preemption_admission_settings(cfg: ExperimentConfig) -> dict:
     """ReplicaSettings fields of preemption.swap_space_gib/swapped_queue and the per-step admission signals."""
     pre, adm = cfg.preemption, cfg.admission
+    if pre.swapped_queue == "vllm_v0" and cfg.policy.get("name") == "sglang":
+        # its adder stops at the first request it cannot add: a reordered queue would block on a new prompt
+        raise ConfigError("preemption.swapped_queue", "head with policy sglang (SGLang has no swapped queue: it "
+                          "retracts by recompute; vllm_v0 is vLLM V0's)", "vllm_v0")
     step_cap = None
     if adm.tpot_slack is not None:
         tpot = cfg.metrics.slo.tpot if hasattr(cfg.metrics, "slo") else None

@@ -137,16 +137,32 @@ class PreemptionConfig:
     mode: Literal["recompute", "swap", "auto"] = option("recompute", help="recompute: free blocks and prefill "
                                                         "again; swap: move KV to host memory and back; auto: per "
                                                         "victim, whichever the cost model says is faster")
-    victim: Literal["last_admitted", "lowest_priority"] = option("last_admitted", help="which request to evict")
-    swap_bandwidth_gb_s: float = option(25.0, help="host link bandwidth for swap, GB/s (PCIe 4 x16 ~ 25)")
+    victim: Literal["last_admitted", "lowest_priority", "shortest_remaining", "lowest_cache_value"] = option(
+        "last_admitted", help="which running request to evict: last_admitted (vLLM FCFS); lowest_priority (vLLM "
+        "priority); shortest_remaining (fewest output tokens left); lowest_cache_value (fewest computed tokens "
+        "that a recompute would have to prefill again, cached shared prefix not counted); see policies/batch.py")
+    swap_bandwidth_gb_s: float = option(25.0, help="host link bandwidth for swap, GB/s (PCIe 4 x16 ~ 25; vLLM "
+                                        "V0's per-block swap_blocks measured ~3 GB/s, vllm PR #11531)")
+    swap_space_gib: float | None = option(None, help="host swap space per GPU in GiB (vLLM V0 --swap-space, "
+                                          "default 4 there); a victim whose KV does not fit in what is left is "
+                                          "recomputed instead; null: unbounded")
+    swapped_queue: Literal["head", "vllm_v0"] = option("head", help="head: a swapped victim rejoins the head of "
+                                                       "the waiting queue like a recompute victim (latest first); "
+                                                       "vllm_v0: swapped requests wait FIFO ahead of every other "
+                                                       "waiting request, none swaps in during a step that "
+                                                       "preempts, and no new prompt is admitted while one is "
+                                                       "swapped out (vLLM V0 _schedule_default)")
 
     def validate(self) -> None:
         require(self.swap_bandwidth_gb_s > 0, "swap_bandwidth_gb_s", "a number > 0", self.swap_bandwidth_gb_s)
+        require(self.swap_space_gib is None or self.swap_space_gib >= 0, "swap_space_gib",
+                "GiB >= 0 or null", self.swap_space_gib)
 
 
 @dataclass
 class AdmissionConfig:
-    """Early rejection at arrival (sim/admission.py); off unless max_predicted_ttft is set."""
+    """Admission signals (sim/admission.py): early rejection at arrival (max_predicted_ttft) and
+    per-step admission limits (decode_reserve, tpot_slack); every one off by default."""
 
     max_predicted_ttft: float | None = option(None, help="reject a request at arrival when its predicted TTFT "
                                               "(prefill tokens queued ahead / recent prefill rate) exceeds this "
@@ -155,12 +171,30 @@ class AdmissionConfig:
                                "(exponentially)")
     probe_tokens: int = option(512, help="cold start: the rate is seeded with one prefill of this many tokens, "
                                "priced by the cost model")
+    decode_reserve: bool = option(False, help="keep KV free for the running requests' future decode tokens, "
+                                  "SGLang's new_token_ratio (PrefillAdder.rem_total_tokens): each running request "
+                                  "reserves min(outputs left, clip_max_new_tokens) x a ratio that decays per step "
+                                  "and jumps up after a preemption; an admission also needs room for its own "
+                                  "min(outputs left, clip)")
+    schedule_conservativeness: float = option(1.0, help="decode_reserve: SGLang --schedule-conservativeness; the "
+                                              "ratio starts at min(0.7 x this, 1) and decays to 0.14 of that "
+                                              "over 600 steps")
+    clip_max_new_tokens: int = option(4096, help="decode_reserve: a request reserves at most this many future "
+                                      "tokens (SGLang SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)")
+    tpot_slack: float | None = option(None, help="while any running request is decoding, admit no new request "
+                                      "into a step whose predicted time (cost model) exceeds this fraction of "
+                                      "metrics.slo.tpot; null: off")
 
     def validate(self) -> None:
         require(self.max_predicted_ttft is None or self.max_predicted_ttft > 0, "max_predicted_ttft",
                 "a positive number of seconds or null", self.max_predicted_ttft)
         require(self.window_steps >= 1, "window_steps", "an integer >= 1", self.window_steps)
         require(self.probe_tokens >= 1, "probe_tokens", "an integer >= 1", self.probe_tokens)
+        require(self.schedule_conservativeness >= 0, "schedule_conservativeness", "a number >= 0",
+                self.schedule_conservativeness)
+        require(self.clip_max_new_tokens >= 0, "clip_max_new_tokens", "an integer >= 0", self.clip_max_new_tokens)
+        require(self.tpot_slack is None or self.tpot_slack > 0, "tpot_slack", "a fraction > 0 or null",
+                self.tpot_slack)
 
 
 @dataclass

@@ -7,6 +7,22 @@ victims (last admitted, or lowest priority) among the running requests not yet s
 step, and finally itself (`stalled`: KV is exhausted; policies that run prefills before decodes
 then admit nobody, or two prompts could take turns preempting each other forever).
 
+Victims (state.victim), each the minimum of a key over the candidates, ties to the last admitted:
+- last_admitted: the candidate admitted last, never the requester (vLLM V1 FCFS: running.pop()).
+- lowest_priority: (priority, -admit_seq) over the candidates and the requester, which may thus
+  preempt itself (vLLM V1 priority scheduling).
+- shortest_remaining: (output tokens left, -admit_seq) over the candidates and the requester: the
+  request with the fewest output tokens left (by its true output_len, which engines do not know).
+- lowest_cache_value: (recompute tokens, -admit_seq) over the candidates and the requester, where
+  recompute tokens = computed tokens minus those in prefix-cache units the request holds (they stay
+  cached when it lets go, so a re-admission hits them): the KV that is cheapest to rebuild.
+
+Admission signals (sim/admission.py), off unless the state carries them: the decode reserve
+(SGLang's new_token_ratio: `_reserved` tokens kept for the running requests' future decodes, plus
+each admitted whole prompt's own); the TPOT step cap (no admission into a step predicted longer
+than state.step_cap while a running request decodes); vLLM V0's swapped queue (state.swapped_first:
+no new prompt while a request is swapped out, no swap-in in a step that preempts).
+
 Prefix caching (state.kv.prefix): `free` counts available blocks (free + evictable). A waiting
 request that can hit the cache is admitted past its cached prefix (`hit`, the same path the replica
 acquires at admission: the cache does not change between plan and admission); the hit's nodes that
@@ -15,10 +31,12 @@ changes). A victim gives back its own blocks and the nodes only it references.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from cbsim.sim.plan import StepPlan
 from cbsim.sim.request import Request, Status
+from cbsim.sim.shape import StepShape
 from cbsim.sim.state import SchedulerState
 
 
@@ -43,6 +61,9 @@ class BatchBuilder:
             self.free += self.prefix.evictable_blocks
         self._hits: dict[int, list] = {}  # request id -> cached path it would hit (memo)
         self._refs: dict = {}  # prefix node -> references this plan adds (+) or drops (-)
+        reserve = state.reserve
+        self._reserved = reserve.running_tokens(state.running) if reserve is not None else 0.0  # decode reserve
+        self._admitted_reqs: list[Request] = []  # for the step-time cap's shape
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -154,9 +175,15 @@ class BatchBuilder:
 
         `num_tokens` counts from its progress after any prefix-cache hit (at most `need(req)`).
         KV: blocks for what it holds after the step, or for `reserve_tokens` if larger, or for its
-        whole known input with reserve_full_prompt; the watermark must stay free.
+        whole known input with reserve_full_prompt; the watermark must stay free (and the decode
+        reserve, when on). Then the admission signals: swapped queue and step-time cap.
         """
         if self.seqs_left <= 0 or num_tokens > self.tokens_left or num_tokens <= 0:
+            return False
+        state = self.state
+        if state.swapped_first and not self._swap_order_allows(req):
+            return False
+        if state.step_cap is not None and not self._within_step_cap(req, num_tokens):
             return False
         if self.prefix is not None:
             return self._admit_with_prefix(req, num_tokens, reserve_tokens)
@@ -165,10 +192,10 @@ class BatchBuilder:
             tokens = max(tokens, req.num_tokens)
         target = self.kv.blocks_for(max(tokens, reserve_tokens))
         extra = target - req.num_blocks
-        if extra > self.free - self.kv.watermark_blocks:
+        if extra > self.free - self.kv.watermark_blocks - self._reserve_blocks(req):
             return False
         self._take(req, num_tokens, target, extra)
-        self.admitted.append(req.id)
+        self._admitted(req, num_tokens)
         return True
 
     def _admit_with_prefix(self, req: Request, num_tokens: int, reserve_tokens: int) -> bool:
@@ -183,14 +210,59 @@ class BatchBuilder:
         refs = self._refs
         claimed = sum(prefix.unit_blocks for node in path if node.refs + refs.get(node, 0) == 0)
         extra = target - held
-        if extra + claimed > self.free - self.kv.watermark_blocks:
+        if extra + claimed > self.free - self.kv.watermark_blocks - self._reserve_blocks(req):
             return False
         for node in path:
             refs[node] = refs.get(node, 0) + 1
         self.free -= claimed
         self._take(req, num_tokens, target, extra)
-        self.admitted.append(req.id)
+        self._admitted(req, num_tokens)
         return True
+
+    # -- admission signals (sim/admission.py) ----------------------------------------------
+    def _admitted(self, req: Request, num_tokens: int) -> None:
+        self.admitted.append(req.id)
+        if self.state.reserve is not None and num_tokens >= self.need(req):  # a whole prompt reserves its decodes
+            self._reserved += self.state.reserve.future(req)
+        if self.state.step_cap is not None:
+            self._admitted_reqs.append(req)
+
+    def _reserve_blocks(self, req: Request) -> int:
+        """Blocks kept for future decodes: the running requests' (x ratio) and `req`'s own."""
+        reserve = self.state.reserve
+        if reserve is None:
+            return 0
+        return self.kv.blocks_for(math.ceil(self._reserved + reserve.future(req)))
+
+    def _swap_order_allows(self, req: Request) -> bool:
+        """vLLM V0 _schedule_default: prompts wait while any request is swapped out; swapped
+        requests swap in only in a step that preempts nobody. A request holding KV (P/D landed) passes."""
+        if req.num_swapped_blocks:
+            return not self.preempted
+        return req.num_blocks > 0 or self.kv.host_blocks == 0
+
+    def _within_step_cap(self, req: Request, num_tokens: int) -> bool:
+        """TPOT slack: admitting `req` keeps the step's predicted time within state.step_cap, or no
+        running request is decoding (nobody's TPOT is at stake)."""
+        running = self.state.running
+        if not any(r.num_output_tokens and r.id not in self._out for r in running):
+            return True
+        prefill, decode, sampled = [], [], 0
+        admitted = {r.id for r in self._admitted_reqs}
+        for r in [*running, *self._admitted_reqs]:
+            n = self.scheduled.get(r.id)
+            if n is None:
+                continue
+            computed, need = (self.computed(r), self.need(r)) if r.id in admitted else (r.num_computed_tokens, r.need)
+            if r.num_output_tokens and need == 1:
+                decode.append(computed + 1)
+            else:
+                prefill.append((n, computed))
+            sampled += n == need
+        prefill.append((num_tokens, self.computed(req)))
+        sampled += num_tokens == self.need(req)
+        shape = StepShape(tuple(prefill), tuple(decode), 0, sampled, 0.0)
+        return self.state.step_time(shape) <= self.state.step_cap
 
     # -- result --------------------------------------------------------------------------
     def build(self, hold_finished: bool = False, rejected: tuple[int, ...] = ()) -> StepPlan:
@@ -224,14 +296,25 @@ class BatchBuilder:
                       and r.status == Status.RUNNING and not (spare and spare(r))]
         if not candidates:
             return None
-        if self.state.victim == "lowest_priority":
-            victim = min(candidates + [requester], key=lambda r: (r.priority, -r.admit_seq))
-            return None if victim is requester else victim
-        return max(candidates, key=lambda r: r.admit_seq)
+        victim_rule = self.state.victim
+        if victim_rule == "last_admitted":
+            return max(candidates, key=lambda r: r.admit_seq)
+        key = VICTIM_KEYS[victim_rule]
+        victim = min(candidates + [requester], key=lambda r: (key(self, r), -r.admit_seq))
+        return None if victim is requester else victim
+
+    def recompute_tokens(self, req: Request) -> int:
+        """Computed tokens of a running `req` that a recompute would prefill again: all of them,
+        less those in prefix-cache units it holds (cached, they outlive its release)."""
+        if self.prefix is None:
+            return req.num_computed_tokens
+        return req.num_computed_tokens - len(self.prefix.held(req)) * self.prefix.unit_tokens
 
     def _preempt(self, victim: Request) -> None:
         self._out.add(victim.id)
         self.preempted.append(victim.id)
+        if self.state.reserve is not None:  # its future decodes need no room now (SGLang preempt_to_schedule)
+            self._reserved -= self.state.reserve.future(victim) * self.state.reserve.ratio
         if self.prefix is None:
             self.free += victim.num_blocks
             return
@@ -241,3 +324,11 @@ class BatchBuilder:
             refs[node] = refs.get(node, 0) - 1
             if node.refs + refs[node] == 0:
                 self.free += unit
+
+
+# victim rules other than last_admitted: key(builder, request), smaller is evicted first
+VICTIM_KEYS: dict[str, Callable[[BatchBuilder, Request], int]] = {
+    "lowest_priority": lambda b, r: r.priority,
+    "shortest_remaining": lambda b, r: r.output_len - r.num_output_tokens,
+    "lowest_cache_value": lambda b, r: b.recompute_tokens(r),
+}

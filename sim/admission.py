@@ -1,5 +1,6 @@
-"""Early admission control: reject at arrival a request whose predicted TTFT exceeds a limit.
+"""Admission signals: when a replica takes a request in.
 
+Early rejection at arrival (`TTFTPredictor`): reject a request whose predicted TTFT exceeds a limit.
 Prediction (per replica, at the request's arrival, before any of its work is done):
 
     predicted TTFT = (prefill tokens queued ahead of it + its own prompt) / recent prefill rate
@@ -14,6 +15,16 @@ cost model, and that seed fades like any old observation.
 
 Rejecting before the prefill runs is the point (Mooncake's early rejection): a request that would
 miss its TTFT anyway should not take prefill time from the ones that can still make it.
+
+Per-step admission limits, applied by BatchBuilder.admit (policies/batch.py) to every policy:
+- `DecodeReserve` (admission.decode_reserve): SGLang's new_token_ratio. KV an admission may use is
+  free + evictable - watermark - the running requests' expected future decode tokens, each
+  min(outputs left, clip) x ratio; a new request needs room for its own input and its own
+  min(outputs left, clip) (not scaled). The ratio starts at init, decays by a fixed step each
+  decode step without preemption down to min, and after a preemption jumps to
+  (outputs so far + 20 x requests) / (output lengths + 1) of the requests still running, capped at 1.
+- TPOT slack (admission.tpot_slack): while a running request is decoding, a new request is not
+  admitted into a step whose predicted time exceeds tpot_slack x metrics.slo.tpot (SchedulerState.step_cap).
 """
 from __future__ import annotations
 
@@ -71,3 +82,64 @@ class TTFTPredictor:
             return ""
         return (f"{REASON_PREFIX} predicted TTFT {predicted:.3g} s exceeds max_predicted_ttft {self.limit:g} s "
                 f"({tokens_ahead} prefill tokens queued ahead + {prompt_len} own at {self.rate:.0f} tokens/s)")
+
+
+# SGLang's defaults (python/sglang/srt/environ.py, formerly global_config.py): SGLANG_INIT_NEW_TOKEN_RATIO,
+# SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_RETRACT_DECODE_STEPS
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+
+
+class DecodeReserve:
+    """SGLang's estimate of the KV that the running requests will still write (new_token_ratio).
+
+    Source: sgl-project/sglang ad0119fd, python/sglang/srt/managers/schedule_policy.py PrefillAdder
+    (rem_total_tokens = available + evictable - rem_total_token_offset; the offset starts at
+    sum over the running batch of min(max_new_tokens - len(output_ids), CLIP_MAX_NEW_TOKENS) x
+    new_token_ratio; add_one_req needs extend_input_len + min(max_new_tokens - outputs, CLIP) <
+    rem_total_tokens and, for a whole prompt, adds extend_input_len + min(max_new_tokens, CLIP) to
+    the offset, only the chunk for a truncated one), scheduler.py (init_new_token_ratio =
+    min(0.7 x schedule_conservativeness, 1), min = init x 0.14, decay = (init - min) / 600 per
+    decode step that needed no retraction) and schedule_batch.py retract_decode (after a retraction
+    the ratio becomes min(1, (decoded tokens + 20 x len(reqs)) / (sum of max_new_tokens + 1)) over
+    the requests kept). cbsim knows each request's true output_len and uses it for max_new_tokens
+    (SGLang only knows the client's cap, usually larger, so it reserves more).
+
+    The replica calls `after_step` once per step (and `decay_steps` for a fast-forwarded run);
+    policies read `ratio` and `future` through BatchBuilder.
+    """
+
+    def __init__(self, conservativeness: float = 1.0, clip: int = 4096):
+        self.init = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        self.min = min(self.init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.decay = (self.init - self.min) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.ratio = self.init
+        self.clip = clip
+
+    def future(self, req: Request) -> int:
+        """Future decode tokens `req` is expected to write, clipped (unscaled)."""
+        return max(min(req.output_len - req.num_output_tokens, self.clip), 0)
+
+    def running_tokens(self, running: Iterable[Request]) -> float:
+        """Tokens reserved for the running requests' future decodes (the adder's starting offset)."""
+        return sum(self.future(r) for r in running) * self.ratio
+
+    def after_step(self, preempted: bool, decoded: bool, running: Iterable[Request]) -> None:
+        """Update the ratio after planning a step: jump after a preemption, else decay if it decodes."""
+        if preempted:
+            running = list(running)
+            if not running:
+                self.ratio = self.init
+                return
+            decoded_tokens = sum(r.num_output_tokens for r in running)
+            total = sum(r.output_len for r in running)
+            self.ratio = min(1.0, (decoded_tokens + RETRACT_DECODE_STEPS * len(running)) / (total + 1))
+        elif decoded:
+            self.ratio = max(self.min, self.ratio - self.decay)
+
+    def decay_steps(self, count: int) -> None:
+        """`count` more decode steps without preemption (the rest of a fast-forwarded run)."""
+        for _ in range(count):
+            self.ratio = max(self.min, self.ratio - self.decay)

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .admission import TTFTPredictor, prefill_tokens_ahead
+from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead
 from .clock import delay_to
 from .cost import CostModel
 from .durations import CLOCK_LIMIT, check_run, check_step
@@ -52,6 +52,12 @@ class ReplicaSettings:
     admission_window: int = 32
     admission_probe_tokens: int = 512
     client_timeout: float | None = None  # abort a request this long after its arrival (workloads/clients.py)
+    swap_space: float | None = None  # host swap space in bytes (per GPU, vLLM V0 --swap-space); None: unbounded
+    swapped_queue: str = "head"  # head | vllm_v0 (policies/batch.py, _requeue)
+    decode_reserve: bool = False  # SGLang's new_token_ratio reserve (sim/admission.py DecodeReserve)
+    schedule_conservativeness: float = 1.0
+    clip_max_new_tokens: int = 4096
+    step_cap: float | None = None  # TPOT slack: seconds a step may take while requests decode
 
 
 class Replica:
@@ -68,6 +74,7 @@ class Replica:
         self.horizon = horizon  # time of the next event outside this replica that could change its plan
         self.state = SchedulerState(kv=kv, max_model_len=settings.max_model_len, victim=settings.victim)
         self.state.chunk_cost = lambda c, h: cost.step_time(StepShape(prefill=((c, h),)))  # dynamic chunking
+        self._init_admission_signals(settings, cost)
         self.by_id: dict[int, Request] = {}
         self.prev_step = -1
         self.admissions = 0
@@ -90,6 +97,20 @@ class Replica:
         self._wake = None
         self._resume_at = None
         self.process = env.process(self.run())
+
+    def _init_admission_signals(self, settings: ReplicaSettings, cost: CostModel) -> None:
+        """Swap capacity, swapped-queue order, decode reserve and step cap (all off by default)."""
+        state = self.state
+        state.swapped_first = settings.swapped_queue == "vllm_v0"
+        if settings.decode_reserve:
+            state.reserve = DecodeReserve(settings.schedule_conservativeness, settings.clip_max_new_tokens)
+        if settings.step_cap is not None:
+            state.step_cap, state.step_time = settings.step_cap, cost.step_time
+        block_bytes = self.kv.block_bytes
+        # host blocks that fit in the swap space (vLLM V0: num_cpu_blocks = swap_space_bytes // block bytes)
+        self.swap_capacity_blocks = (None if settings.swap_space is None or block_bytes <= 0
+                                     else int(settings.swap_space // block_bytes))
+        self.swap_full_recomputes = 0  # victims recomputed because the swap space was full
 
     @property
     def is_idle(self) -> bool:
@@ -288,6 +309,8 @@ class Replica:
         if num_padding:
             decode.extend(by_id[rid].num_computed_tokens for rid in plan.padding)
         shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes)
+        if self.state.reserve is not None:
+            self.state.reserve.after_step(bool(plan.preempted), num_decode > 0, self.running)
         self.step = self.recorder.add_step(
             self.index, now, math.nan, sum(c for c, _ in prefill), num_decode, num_padding,
             len(prefill) + len(decode), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes)
@@ -350,8 +373,14 @@ class Replica:
         T_swap = out and back in over the host link + the link's queue (victims already swapping out
         in this step); T_recompute = one prefill of every token whose KV would be dropped. Ties recompute."""
         mode = self.settings.preemption_mode
-        if mode != "auto":
-            return mode == "swap"
+        if mode == "recompute":
+            return False
+        capacity = self.swap_capacity_blocks
+        if capacity is not None and self.kv.host_blocks + req.num_blocks > capacity:
+            self.swap_full_recomputes += 1
+            return False  # the host swap space is full: recompute (vLLM V0 aborts the engine here)
+        if mode == "swap":
+            return True
         tokens = req.num_computed_tokens
         if tokens == 0:
             return False
@@ -363,9 +392,19 @@ class Replica:
     def _requeue(self, req: Request) -> None:
         """A preempted request goes back to the head of the waiting queue (on a P/D decode replica,
         behind the landed requests there: they hold their KV already, and waiting behind a recompute
-        that cannot fit could deadlock)."""
-        if self.settings.role == "decode":
-            self.waiting.insert(self._landed_prefix(), req)
+        that cannot fit could deadlock). With swapped_queue vllm_v0 the swapped requests lead the
+        queue in preemption order and every victim goes behind them: a swapped one joins the end of
+        that FIFO, a recompute one the head of the rest. vLLM V0 keeps swapped requests in their own
+        queue (`self.swapped.extend(swapped_out)`, swapped in from its head) served before the waiting
+        queue, where recompute victims go first (`self.waiting.extendleft(preempted)`)
+        (vllm-project/vllm 0dce2b29, vllm/core/scheduler.py _schedule_default, _schedule_chunked_prefill)."""
+        head = self._landed_prefix() if self.settings.role == "decode" else 0
+        if self.settings.swapped_queue == "vllm_v0":
+            waiting = self.waiting
+            while head < len(waiting) and waiting[head].num_swapped_blocks:
+                head += 1
+        if head:
+            self.waiting.insert(head, req)
         else:
             self.waiting.appendleft(req)
 
@@ -524,6 +563,7 @@ class Replica:
         if (shape.prefill or plan.admitted or plan.preempted or plan.padding or swap_bytes
                 or len(shape.decode) != len(running) or not running or not self.settings.fast_forward
                 or self.noise is not None or (self.waiting and not self.policy.steady_when_blocked)
+                or (self.waiting and self.state.reserve is not None)  # its ratio decays every step
                 or self.kv.evicted_in_step):  # an eviction can unblock a waiting request (its hit is gone)
             return None
         horizon = min(self.horizon(), self._next_deadline())
@@ -582,6 +622,8 @@ class Replica:
                 grow(req, blocks)
         self.recorder.tokens_bulk(running, first, last)
         self.prev_step = last
+        if self.state.reserve is not None:
+            self.state.reserve.decay_steps(count - 1)
         if any(r.num_output_tokens >= r.output_len for r in running):
             self._release_finished(hold_finished, float(ends[-1]))
         if self.shapes is not None:

@@ -9,18 +9,25 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .admission import DecodeReserve
 from .kv_cache import KVCache
 from .request import Request
+from .shape import StepShape
 
 
 @dataclass(slots=True)
 class SchedulerState:
     kv: KVCache
     max_model_len: int
-    victim: str = "last_admitted"  # last_admitted | lowest_priority
+    victim: str = "last_admitted"  # last_admitted | lowest_priority | shortest_remaining | lowest_cache_value
     now: float = 0.0
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
     # seconds of one prefill chunk (c new tokens over h cached ones) run alone, by the replica's cost
     # model; filled by the replica, for cost-aware policies (dynamic chunking); None: unknown
     chunk_cost: Callable[[int, int], float] | None = None
+    # admission signals (sim/admission.py), each None or False when off:
+    swapped_first: bool = False  # vLLM V0: no new prompt while a request is swapped out, no swap-in in a preempting step
+    reserve: DecodeReserve | None = None  # SGLang's reserve for the running requests' future decode tokens
+    step_cap: float | None = None  # seconds a step may take while requests decode (TPOT slack)
+    step_time: Callable[[StepShape], float] | None = None  # the replica's cost model, for step_cap

@@ -66,11 +66,11 @@ def run_policy(policy: dict, requests: list[Request], *, cost: dict | None = Non
                block_size: int = 16, watermark_blocks: int = 0, max_model_len: int = 100_000,
                preemption: str = "recompute", victim: str = "last_admitted", fast_forward: bool = True,
                replicas: int = 1, router: str = "round_robin", trace: bool = False,
-               reserve_full_prompt: bool = False, max_time: float = 1e5) -> Run:
+               reserve_full_prompt: bool = False, max_time: float = 1e5, settings: dict | None = None) -> Run:
     """Simulate `requests` under one policy on CPU (unit cost model unless `cost` is given).
 
     `max_time` bounds simulated time, so a scheduling livelock makes a test fail (requests left
-    unfinished) instead of hanging it."""
+    unfinished) instead of hanging it. `settings`: further ReplicaSettings fields."""
     cost_model = load_cost_model(cost or {"type": "unit"})
     policies = []
 
@@ -81,11 +81,11 @@ def run_policy(policy: dict, requests: list[Request], *, cost: dict | None = Non
             policies.append(p)
         return p
 
-    settings = ReplicaSettings(preemption_mode=preemption, victim=victim, max_model_len=max_model_len,
-                               fast_forward=fast_forward, swap_bandwidth=1e9)
+    replica_settings = ReplicaSettings(preemption_mode=preemption, victim=victim, max_model_len=max_model_len,
+                                       fast_forward=fast_forward, swap_bandwidth=1e9, **(settings or {}))
     recorder, pool = simulate(requests, new_policy, cost_model,
                               lambda: KVCache(num_blocks, block_size, watermark_blocks, reserve_full_prompt, 1024.0),
-                              settings, replicas=replicas, router=router, max_time=max_time)
+                              replica_settings, replicas=replicas, router=router, max_time=max_time)
     return Run(requests, recorder, pool, policies)
 
 
