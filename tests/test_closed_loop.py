@@ -186,3 +186,18 @@ def test_random_clients_keep_the_invariants(n, concurrency, think, timeout, turn
             assert all(r.completion_time - r.arrival <= timeout for r in wl.requests if r.status == Status.FINISHED)
         outcomes.append([(r.status, r.arrival, r.completion_time, r.num_output_tokens) for r in wl.requests])
     assert outcomes[0] == outcomes[1]  # fast-forward changes nothing, deadlines and client sends included
+
+
+def test_sharegpt_all_turns_in_a_closed_loop_hit_the_prefix_cache(tmp_path):
+    import json
+
+    turn = {"from": "human", "value": "x" * 400}  # 100 tokens by the approximation
+    reply = {"from": "gpt", "value": "y" * 400}
+    (tmp_path / "chats.json").write_text(json.dumps([{"conversations": [turn, reply, turn, reply]}] * 3))
+    wl = workload({"trace": {"format": "sharegpt_json", "path": str(tmp_path / "chats.json"), "turns": "all",
+                             "hash_block_size": 16}, "max_concurrency": 2})
+    assert [r.prompt_len for r in wl.requests] == [100, 300] * 3
+    _, kvs = run(wl.requests, wl.clients, prefix=True)
+    second = [wl.requests[s[1]] for s in wl.clients.sessions]
+    assert all(r.arrival >= wl.requests[s[0]].completion_time for r, s in zip(second, wl.clients.sessions))
+    assert [kvs[0].prefix.hit_tokens[r.id] for r in second] == [96, 96, 96]

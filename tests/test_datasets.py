@@ -67,6 +67,24 @@ def test_token_counter_falls_back_when_tokenizers_is_missing(tmp_path, monkeypat
     assert counter.count(["abcde", ""]) == [2, 0]
 
 
+def test_sharegpt_json_all_turns_are_sessions_whose_prompts_hold_the_conversation(tmp_path):
+    run = load("sharegpt_json", "sharegpt_tiny.json", trace={"turns": "all", "hash_block_size": 4}, max_concurrency=1)
+    # a1: 8 + 8 tokens, then "And of Italy?" (4) -> prompt 20, reply "Rome." (2); c3: 9 -> 20; d4: no reply tokens
+    assert lengths(run) == [(8, 8), (20, 2), (9, 20)]
+    assert run.dropped == {"fewer than two turns": 2, "zero length": 1}
+    assert run.clients.sessions == [[0, 1], [2]]
+    first, second = run.requests[0].prefix_hashes, run.requests[1].prefix_hashes
+    assert len(first) == 2 and len(second) == 5 and second[:2] == first
+    assert run.requests[2].prefix_hashes[0] != first[0]  # another conversation shares nothing
+    odd = tmp_path / "odd.json"
+    odd.write_text('[{"conversations": [{"from": "human", "value": "abcd"}, {"from": "gpt", "value": "efgh"}, '
+                   '{"from": "human", "value": "unanswered"}]}]')
+    trace = read_trace("sharegpt_json", odd, KEY, turns="all")
+    assert trace.dropped == {"turn without a reply": 1} and list(trace.prompt_len) == [1]
+    with pytest.raises(ConfigError, match=r"workload\.trace\.turns"):
+        parse_workload({"trace": {"format": "burstgpt", "path": "x.csv", "turns": "all"}})
+
+
 @pytest.mark.parametrize("content, key", [
     ("not json", r"workload\.trace: expected a JSON list"),
     ('{"a": 1}', r"workload\.trace: expected a JSON list"),

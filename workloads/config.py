@@ -103,7 +103,7 @@ class WorkloadConfig:
         """Tokens per block of the requests' prefix_hashes, or None when they carry none."""
         if self.shared_prefix is not None:
             return self.shared_prefix.hash_block_size
-        if self.trace is not None and self.trace.format in HASHED_FORMATS:
+        if self.trace is not None and (self.trace.format in HASHED_FORMATS or self.trace.turns == "all"):
             return self.trace.hash_block_size
         return None
 

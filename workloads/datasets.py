@@ -10,6 +10,9 @@ missing column, a malformed row) is a ConfigError naming the file, the key and t
   vLLM's benchmark (ShareGPTDataset), a conversation's first turn is the prompt and its second turn's
   length is the output length; conversations with fewer than two turns are dropped. Lengths are
   counted with tokens.py (a local tokenizer, else the documented approximation). No timestamps.
+  With `turns="all"` every (prompt, reply) pair of turns 2k, 2k+1 is a request of the conversation's
+  session, its prompt the whole conversation so far (previous turns + the new one, token counts
+  summed) and its output the reply; a last turn without a reply is dropped (`turn without a reply`).
 - burstgpt: BurstGPT's CSV (`Timestamp` in seconds, `Model`, `Request tokens`, `Response tokens`,
   `Total tokens`, `Log Type`); failed requests (0 response tokens) are later dropped as zero length.
 - generic_csv / generic_jsonl: `arrival_s`, `prompt_len`, `output_len`, and optionally
@@ -33,31 +36,50 @@ from .tokens import TokenCounter
 from .traces import TraceData, _json_number, _numbers, _read_csv, _rows
 
 SHORT_CONVERSATION = "fewer than two turns"
+NO_REPLY = "turn without a reply"
 GENERIC_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 
 
-def read_sharegpt_json(path: Path, key: str, counter: TokenCounter | None) -> TraceData:
-    """Raw ShareGPT: first turn = prompt, second turn = output (vLLM's benchmark reads it so)."""
+def read_sharegpt_json(path: Path, key: str, counter: TokenCounter | None, turns: str = "first") -> TraceData:
+    """Raw ShareGPT: first turn = prompt, second turn = output (vLLM's benchmark reads it so); with
+    turns="all", every pair of turns, the prompt holding the conversation so far (module docstring)."""
     counter = counter or TokenCounter()
     data = _load_json(path, key, "a JSON list of ShareGPT conversations")
     if not isinstance(data, list):
         raise ConfigError(key, "a JSON list of {id, conversations: [{from, value}, ...]}", type(data).__name__,
                           file=str(path))
-    prompts, outputs, short = [], [], 0
+    texts, owner, short, unanswered = [], [], 0, 0
     for i, entry in enumerate(data):
-        turns = entry.get("conversations") if isinstance(entry, dict) else None
-        if not isinstance(turns, list):
+        conversation = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(conversation, list):
             raise ConfigError(f"{key} (entry {i}).conversations", "a list of {from, value} turns",
-                              turns if isinstance(entry, dict) else entry, file=str(path))
-        if len(turns) < 2:
+                              conversation if isinstance(entry, dict) else entry, file=str(path))
+        if len(conversation) < 2:
             short += 1
             continue
-        prompts.append(_turn_text(turns, 0, i, key, path))
-        outputs.append(_turn_text(turns, 1, i, key, path))
-    trace = _rows(str(path), None, counter.count(prompts), counter.count(outputs))
-    trace.dropped = {**({SHORT_CONVERSATION: short} if short else {}), **trace.dropped}
+        used = 2 if turns == "first" else len(conversation) - len(conversation) % 2
+        unanswered += len(conversation) % 2 if turns == "all" else 0
+        texts.extend(_turn_text(conversation, j, i, key, path) for j in range(used))
+        owner.extend([i] * (used // 2))
+    counts = np.asarray(counter.count(texts), dtype=np.int64).reshape(-1, 2)  # (prompt turn, reply) pairs
+    prompts, sessions = _with_history(counts, np.asarray(owner, dtype=np.int64)), None
+    if turns == "all":
+        sessions = pd.factorize(np.asarray(owner, dtype=np.int64), sort=False)[0].astype(np.int64)
+    trace = _rows(str(path), None, prompts, counts[:, 1], sessions=sessions)
+    early = {SHORT_CONVERSATION: short, NO_REPLY: unanswered}
+    trace.dropped = {**{k: n for k, n in early.items() if n}, **trace.dropped}
     trace.token_lengths = counter.method
     return trace
+
+
+def _with_history(counts: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Prompt lengths holding the conversation so far: each pair's prompt turn plus every earlier turn
+    (prompts and replies) of the same conversation."""
+    total = counts.sum(axis=1)
+    before = np.cumsum(total) - total  # tokens of all earlier pairs, any conversation
+    first = np.r_[True, owner[1:] != owner[:-1]] if len(owner) else np.zeros(0, dtype=bool)
+    start = np.maximum.accumulate(np.where(first, before, 0))  # tokens before the conversation's first pair
+    return before - start + counts[:, 0]
 
 
 def _turn_text(turns: list, j: int, i: int, key: str, path: Path) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 from cbsim.schema import option, require
 
 _MASK = (1 << 64) - 1
-_SYSTEM, _CONVERSATION = 1, 2
+_SYSTEM, _CONVERSATION, _DATASET_SESSION = 1, 2, 3
 
 
 @dataclass
@@ -117,6 +117,19 @@ def multi_turn(cfg: SharedPrefixConfig, starts: np.ndarray, user_len: np.ndarray
             chains.append(tuple(chain))
             context = int(prompt[i]) + int(output_len[i])
     return arrival, prompt, chains
+
+
+def session_chains(sessions: np.ndarray, prompt_len: np.ndarray, block_size: int) -> list[tuple[int, ...]]:
+    """Hash chains of a dataset's conversations whose every prompt extends the session's earlier ones
+    (ShareGPT with all turns): block j of session s has one content id in every turn."""
+    chains: dict[int, list[int]] = {}
+    out = []
+    for session, length in zip(sessions.tolist(), prompt_len.tolist()):
+        chain = chains.setdefault(session, [])
+        for j in range(len(chain), length // block_size):
+            chain.append(block_hash(chain[-1] if chain else 0, content_id(_DATASET_SESSION, session, j)))
+        out.append(tuple(chain[: length // block_size]))
+    return out
 
 
 def _extend(chain: list[int], blocks: int, block_size: int, sys_len: int, system: int | None, conv: int) -> None:

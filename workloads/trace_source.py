@@ -27,12 +27,13 @@ from cbsim.data import DATA_ENV, data_dir
 from cbsim.errors import ConfigError
 from cbsim.schema import option, require
 
-from .datasets import SHORT_CONVERSATION
+from .datasets import NO_REPLY, SHORT_CONVERSATION
+from .prefixes import session_chains
 from .tokens import token_counter
 from .traces import (LENGTH_ONLY_FORMATS, TEXT_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace,
                      spread_slots)
 
-CLEANING = UNREADABLE + ("zero length", SHORT_CONVERSATION)  # rules the user did not choose: their drops are warned about
+CLEANING = UNREADABLE + ("zero length", SHORT_CONVERSATION, NO_REPLY)  # rules the user did not choose: their drops are warned about
 
 
 def drop_warnings(dropped: dict[str, int] | None) -> list[str]:
@@ -71,6 +72,10 @@ class TraceConfig:
     tokenizer: str | None = option(None, help="sharegpt_json: a local HuggingFace tokenizer.json (or its folder) "
                                               "counting the text's tokens (needs the 'tokenizers' extra); null, "
                                               "or the package missing: ceil(characters / 4), flagged in the summary")
+    turns: Literal["first", "all"] = option(
+        "first", help="sharegpt_json: first (the first turn is the prompt, the second's length the output, as vLLM's "
+                      "benchmark) or all (every turn pair a request of the conversation's session, its prompt the "
+                      "conversation so far, with prefix hashes of hash_block_size tokens: set it to the KV block size)")
 
     def validate(self):
         require(self.time_scale > 0, "time_scale", "a speed-up > 0", self.time_scale)
@@ -90,6 +95,8 @@ class TraceConfig:
         if self.tokenizer is not None:
             require(self.format in TEXT_FORMATS, "tokenizer", "null (only text datasets are tokenised: "
                     + ", ".join(TEXT_FORMATS) + ")", self.tokenizer)
+        require(self.turns == "first" or self.format == "sharegpt_json", "turns",
+                "first (turns: all is for sharegpt_json conversations)", self.turns)
         if self.format in LENGTH_ONLY_FORMATS:
             for name, default in (("time_scale", 1.0), ("start", 0.0), ("duration", None)):
                 require(getattr(self, name) == default, name,
@@ -118,13 +125,15 @@ def load_trace(cfg: TraceConfig, rng: np.random.Generator, base_dir: Path | None
     """The rows of the trace `cfg` selects, in arrival order (file order for lengths-only traces)."""
     file = resolve_path(cfg.path, base_dir, f"{path}.path")
     counter = token_counter(cfg.tokenizer, base_dir, f"{path}.tokenizer") if cfg.format in TEXT_FORMATS else None
-    trace = read_trace(cfg.format, file, path, counter)
+    trace = read_trace(cfg.format, file, path, counter, cfg.turns)
     trace = trace.take((trace.prompt_len >= 1) & (trace.output_len >= 1), "zero length")
     _nonempty(trace, f"{path}.path", "a trace with at least one usable row", "none")
     if cfg.format == "mooncake":
         trace = _spread(trace, cfg, rng, path)
     elif trace.prefix_hashes is not None:
         _check_hash_blocks(trace, cfg.hash_block_size, path, exact=False)
+    elif cfg.turns == "all":  # each turn's prompt extends the previous one's: one chain per conversation
+        trace.prefix_hashes = session_chains(trace.sessions, trace.prompt_len, cfg.hash_block_size)
     if trace.arrival is not None:
         trace = trace.take(np.argsort(trace.arrival, kind="stable"), "unsorted")
         span = float(trace.arrival.max())

@@ -69,11 +69,14 @@ class TraceData:
         )
 
 
-def read_trace(fmt: str, path: Path, key: str, counter=None) -> TraceData:
+def read_trace(fmt: str, path: Path, key: str, counter=None, turns: str = "first") -> TraceData:
     """Read `path` in format `fmt`; `key` is the config path named in errors; `counter` (a
-    tokens.TokenCounter) counts the tokens of text datasets."""
-    from .datasets import READERS  # users' datasets (datasets.py builds on this module)
+    tokens.TokenCounter) counts the tokens of text datasets; `turns` (sharegpt_json): "first" or
+    "all" turns of each conversation."""
+    from .datasets import READERS, read_sharegpt_json  # users' datasets (datasets.py builds on this module)
 
+    if fmt == "sharegpt_json":
+        return read_sharegpt_json(path, key, counter, turns)
     if fmt in READERS:
         return READERS[fmt](path, key, counter)
     if fmt == "azure":
