@@ -108,6 +108,16 @@ def test_burstgpt_rows_and_failures():
     assert run.dropped == {"missing or non-numeric value": 1, "zero length": 1}
 
 
+def test_burstgpt_v3_session_ids_group_turns(tmp_path):
+    path = tmp_path / "v3.csv"
+    path.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "0,s1,1.0,ChatGPT,10,5,15,Conversation log\n1,s2,1.0,ChatGPT,20,5,25,Conversation log\n"
+                    "2,s1,1.0,ChatGPT,40,5,45,Conversation log\n")
+    run = build_run(parse_workload({"trace": {"format": "burstgpt", "path": str(path)}, "max_concurrency": 2}),
+                    np.random.default_rng(0))
+    assert run.clients.sessions == [[0, 2], [1]]
+
+
 def test_burstgpt_missing_column_is_named(tmp_path):
     path = tmp_path / "b.csv"
     path.write_text("Timestamp,Model,Request tokens\n1,ChatGPT,5\n")

@@ -14,7 +14,8 @@ missing column, a malformed row) is a ConfigError naming the file, the key and t
   session, its prompt the whole conversation so far (previous turns + the new one, token counts
   summed) and its output the reply; a last turn without a reply is dropped (`turn without a reply`).
 - burstgpt: BurstGPT's CSV (`Timestamp` in seconds, `Model`, `Request tokens`, `Response tokens`,
-  `Total tokens`, `Log Type`); failed requests (0 response tokens) are later dropped as zero length.
+  `Total tokens`, `Log Type`; release v3 adds `Session ID`, read as the rows' sessions); failed
+  requests (0 response tokens) are later dropped as zero length.
 - generic_csv / generic_jsonl: `arrival_s`, `prompt_len`, `output_len`, and optionally
   `prefix_hashes` (a block hash chain: a JSON list in JSONL, space-separated integers or a JSON list
   in a CSV cell) and `session_id` (any value; rows of one session are one conversation's turns).
@@ -94,8 +95,9 @@ def _turn_text(turns: list, j: int, i: int, key: str, path: Path) -> str:
 def read_burstgpt(path: Path, key: str, counter=None) -> TraceData:
     """BurstGPT: `Timestamp` (seconds), `Request tokens`, `Response tokens`."""
     frame = _read_csv(path, key, ("Timestamp", "Request tokens", "Response tokens"))
+    sessions = _sessions(frame["Session ID"].tolist()) if "Session ID" in frame.columns else None
     return _rows(str(path), _numbers(frame, "Timestamp"), _numbers(frame, "Request tokens"),
-                 _numbers(frame, "Response tokens"))
+                 _numbers(frame, "Response tokens"), sessions=sessions)
 
 
 def read_generic_csv(path: Path, key: str, counter=None) -> TraceData:
