@@ -12,9 +12,7 @@ Nothing here is recorded during the run: queue levels are rebuilt from each requ
 (arrival, first step, completion; P/D: prefill done, landing, first decode step) as level
 series, per-step values are binned into NUM_BINS time bins, and optional columns (evictable
 blocks, prefix hits) are looked up by name so that the dashboard works with or without them.
-`write_dashboards` writes dashboard.png for the whole run and, for P/D, one per pool; it also
-redraws step_timeline.png and kv_usage.png from the whole Results (plots.write_results_plots: pools,
-KV capacity, hand-offs), which plot_run alone is not given.
+`write_dashboards` writes dashboard.png for the whole run and, for P/D, one per pool.
 """
 from __future__ import annotations
 
@@ -29,7 +27,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .metrics import level_series, weighted_percentile  # noqa: E402
-from .plots import write_results_plots  # noqa: E402
 
 NUM_BINS = 200
 WINDOW_BINS = 10  # the sliding percentile window spans this many bins
@@ -56,13 +53,12 @@ class PoolView:
 
 
 def write_dashboards(results, out_dir) -> list[Path]:
-    """dashboard.png for the whole run, plus dashboard_<pool>.png per pool of a P/D run (and
-    step_timeline.png, kv_usage.png with the pools, capacity and hand-offs)."""
+    """dashboard.png for the whole run, plus dashboard_<pool>.png per pool of a P/D run."""
     out = Path(out_dir)
     views = [("dashboard.png", whole_view(results))]
     if results.handoffs is not None:
         views += [(f"dashboard_{pool}.png", pool_view(results, pool)) for pool in ("prefill", "decode")]
-    paths = write_results_plots(results, out)
+    paths = []
     for name, view in views:
         fig = plot_dashboard(view)
         fig.savefig(out / name, dpi=100, bbox_inches="tight")

@@ -9,7 +9,7 @@ With the run's `pools` (P/D: prefill and decode), every replica is named with it
 binned timeline has one panel per pool; with its `transfers` and `handoffs`, a last panel draws
 each KV hand-off from its prefill replica to its decode replica (pd_plots.py). With `kv_blocks`
 (replica -> blocks of its cache), kv_usage.png draws each cache's capacity and a % axis.
-`write_results_plots` draws both from a Results object.
+Results.write (cbsim/api.py) passes all four.
 """
 from __future__ import annotations
 
@@ -49,18 +49,6 @@ def plot_run(requests_df: pd.DataFrame, steps_df: pd.DataFrame, itl_values: np.n
         "latency_cdf.png": plot_latency_cdf(requests_df, itl_values, itl_weights, cdf_max_points),
         "step_timeline.png": plot_step_timeline(steps_df, stalls, raw, pools, transfers, handoffs),
         "kv_usage.png": plot_kv_usage(steps_df, raw, kv_blocks, pools),
-    }
-    return _save(figures, out_dir)
-
-
-def write_results_plots(results, out_dir, max_raw_steps: int = MAX_RAW_STEPS) -> list[Path]:
-    """step_timeline.png and kv_usage.png of a Results, with its pools, KV capacity and transfers."""
-    raw = _is_raw(results.steps, max_raw_steps)
-    stalls = stall_events(results.itl, results.config.metrics.stall_factor)
-    figures = {
-        "step_timeline.png": plot_step_timeline(results.steps, stalls, raw, results.pools, results.transfers,
-                                                results.handoffs),
-        "kv_usage.png": plot_kv_usage(results.steps, raw, results.kv_blocks, results.pools),
     }
     return _save(figures, out_dir)
 

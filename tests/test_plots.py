@@ -106,8 +106,10 @@ def test_a_colocated_timeline_names_no_pool(stalled):
 
 
 def test_results_plots_are_written_with_the_run(tmp_path, pd_run):
-    paths = plots.write_results_plots(pd_run, tmp_path)
-    assert sorted(p.name for p in paths) == ["kv_usage.png", "step_timeline.png"]
+    r = pd_run
+    paths = plots.plot_run(r.requests, r.steps, r.itl.values, r.itl.weights, tmp_path, pools=r.pools,
+                           kv_blocks=r.kv_blocks, transfers=r.transfers, handoffs=r.handoffs)
+    assert sorted(p.name for p in paths) == ["kv_usage.png", "latency_cdf.png", "step_timeline.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
