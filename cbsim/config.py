@@ -232,7 +232,9 @@ class OutputConfig:
 class ExperimentConfig:
     name: str = option("experiment", help="experiment name (the default results folder)")
     seed: int = option(0, help="seed of the run's single random generator")
-    model: Any = option("llama-3-8b", help="model preset name or a full spec mapping")
+    model: Any = option("llama-3-8b", help="a model: preset or catalog name (cbsim models), Hugging Face id, path "
+                        "to a config.json (or its folder), {config: name-or-path, fields to override}, or "
+                        "a mapping of every ModelSpec field")
     cost_model: dict = option({"type": "roofline", "gpu": "h100", "tp": 1}, help="step-latency model: "
                               "{type: unit|linear|roofline|fitted|vidur, ...}")
     cluster: ClusterConfig = option(ClusterConfig(), help="replicas and their KV caches")
