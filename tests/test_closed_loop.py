@@ -177,11 +177,12 @@ def test_random_clients_keep_the_invariants(n, concurrency, think, timeout, turn
         wl = workload(mapping, seed)
         if wl.clients is None:
             wl.clients = ClientPlan()
-        _, kvs = run(wl.requests, wl.clients, replicas=replicas, num_blocks=blocks, fast_forward=fast_forward,
-                     policy={"name": "prefill_first"}, preemption=preemption, max_model_len=16 * blocks)
+        pool, kvs = run(wl.requests, wl.clients, replicas=replicas, num_blocks=blocks, fast_forward=fast_forward,
+                        policy={"name": "prefill_first"}, preemption=preemption, max_model_len=16 * blocks)
         assert_done_once_and_freed(wl.requests, kvs)
-        if concurrency is not None:
-            assert in_flight_max([r for r in wl.requests if r.status == Status.FINISHED]) <= concurrency
+        if concurrency is not None:  # the feed counts every request in flight, failed ones included
+            feed = pool[0].on_leave.__self__
+            assert feed.max_in_flight <= concurrency and feed.in_flight == 0 and feed.index == n
         if timeout is not None:
             assert all(r.completion_time - r.arrival <= timeout for r in wl.requests if r.status == Status.FINISHED)
         outcomes.append([(r.status, r.arrival, r.completion_time, r.num_output_tokens) for r in wl.requests])
