@@ -109,7 +109,8 @@ class Stage:
 class StagesArrival:
     """Load stages: a list of {rate, duration}, run back to back (inference-perf's `load.stages`)."""
 
-    stages: list[Stage] = option(help="the stages in order, each {rate, duration}; the first starts at 0")
+    stages: list[Stage] = option(help="the stages in order, each {rate: arrivals/s >= 0, duration: s > 0}; the "
+                                      "first starts at 0, each next one where the previous ends")
     process: Literal["poisson", "constant"] = option(
         "poisson", help="within a stage: poisson (exponential gaps) or constant (evenly spaced at the rate)")
 

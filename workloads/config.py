@@ -76,7 +76,7 @@ class WorkloadConfig:
     think_time: float = option(0.0, help="closed loop: mean seconds (exponential; 0: none) a client waits after a "
                                          "reply before its next request (the session's next turn or a new one)")
     timeout: float | None = option(None, help="client timeout in seconds: a request not finished this long after it "
-                                              "was sent is aborted at the next step boundary and counts as failed "
+                                              "arrived is aborted at the next step boundary and counts as failed "
                                               "(status rejected, reason 'timeout'); null: clients wait forever")
 
     def validate(self):
