@@ -162,7 +162,7 @@ class PreemptionConfig:
 @dataclass
 class AdmissionConfig:
     """Admission signals (sim/admission.py): early rejection at arrival (max_predicted_ttft) and
-    per-step admission limits (decode_reserve, tpot_slack); every one off by default."""
+    per-step admission limits (decode_reserve, tpot_slack, pd_backpressure); every one off by default."""
 
     max_predicted_ttft: float | None = option(None, help="reject a request at arrival when its predicted TTFT "
                                               "(prefill tokens queued ahead / recent prefill rate) exceeds this "
@@ -184,6 +184,9 @@ class AdmissionConfig:
     tpot_slack: float | None = option(None, help="while any running request is decoding, admit no new request "
                                       "into a step whose predicted time (cost model) exceeds this fraction of "
                                       "metrics.slo.tpot; null: off")
+    pd_backpressure: int | None = option(None, help="cluster.mode pd: prefill replicas admit no new prompt while "
+                                         "this many prefilled requests or more wait for decode room (the transfer "
+                                         "queue); null: off (the KV they hold still limits the prefill side)")
 
     def validate(self) -> None:
         require(self.max_predicted_ttft is None or self.max_predicted_ttft > 0, "max_predicted_ttft",
@@ -195,6 +198,8 @@ class AdmissionConfig:
         require(self.clip_max_new_tokens >= 0, "clip_max_new_tokens", "an integer >= 0", self.clip_max_new_tokens)
         require(self.tpot_slack is None or self.tpot_slack > 0, "tpot_slack", "a fraction > 0 or null",
                 self.tpot_slack)
+        require(self.pd_backpressure is None or self.pd_backpressure >= 1, "pd_backpressure",
+                "an integer >= 1 or null", self.pd_backpressure)
 
 
 @dataclass

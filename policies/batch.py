@@ -21,7 +21,8 @@ Admission signals (sim/admission.py), off unless the state carries them: the dec
 (SGLang's new_token_ratio: `_reserved` tokens kept for the running requests' future decodes, plus
 each admitted whole prompt's own); the TPOT step cap (no admission into a step predicted longer
 than state.step_cap while a running request decodes); vLLM V0's swapped queue (state.swapped_first:
-no new prompt while a request is swapped out, no swap-in in a step that preempts).
+no new prompt while a request is swapped out, no swap-in in a step that preempts); P/D backpressure
+(state.admit_paused: no admission on a prefill replica while the transfer queue is over its limit).
 
 Prefix caching (state.kv.prefix): `free` counts available blocks (free + evictable). A waiting
 request that can hit the cache is admitted past its cached prefix (`hit`, the same path the replica
@@ -181,6 +182,8 @@ class BatchBuilder:
         if self.seqs_left <= 0 or num_tokens > self.tokens_left or num_tokens <= 0:
             return False
         state = self.state
+        if state.admit_paused:  # P/D backpressure (sim/pd.py PDCluster._backpressure)
+            return False
         if state.swapped_first and not self._swap_order_allows(req):
             return False
         if state.step_cap is not None and not self._within_step_cap(req, num_tokens):

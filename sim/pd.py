@@ -156,6 +156,9 @@ class PDCluster:
         self._hop_seq = itertools.count()
         for replica in self.prefill + self.decode:
             replica.handoff = self
+        # admission.pd_backpressure: prefill replicas admit no prompt while this many wait for decode room
+        self.max_pending = self.prefill[0].settings.pd_backpressure if self.prefill else None
+        self.paused = False
 
     @property
     def links(self) -> list[KVLink]:
@@ -200,8 +203,9 @@ class PDCluster:
         return min(times)
 
     def holds_kv(self, replica: Replica) -> bool:
-        """Whether KV held for a hand-off (or room reserved for one) occupies `replica`'s cache."""
-        return self.held[replica.index] > 0
+        """Whether the hand-off keeps `replica` from running: KV held for a hand-off (or room reserved
+        for one) occupies its cache, or it is a prefill replica whose admissions backpressure paused."""
+        return self.held[replica.index] > 0 or (self.paused and replica.settings.role == "prefill")
 
     def began(self, replica: Replica, plan, start: float) -> None:
         """After a step's begin: note first decode admissions; room may have changed."""
@@ -237,12 +241,29 @@ class PDCluster:
         else:
             self.pending.append(rec)
             self._place(time)
+        self._backpressure()
 
     def _into_pool(self, rec: HandOff, time: float) -> None:
         self._release_src(rec, time)
         rec.in_pool = time
         self.pending.append(rec)
         self._place(time)
+        self._backpressure()
+
+    def _backpressure(self) -> None:
+        """admission.pd_backpressure: pause the prefill replicas' admissions while `max_pending`
+        prefilled requests or more wait for decode room (the transfer queue; seed 000 §6.3: "P/D 架构
+        下游的 slot 状况和 transfer queue"), and wake them when it drains below. Prompts already
+        admitted run on: they hold their whole reservation (reserve_full_prompt)."""
+        if self.max_pending is None:
+            return
+        paused = len(self.pending) >= self.max_pending
+        if paused != self.paused:
+            self.paused = paused
+            for replica in self.prefill:
+                replica.state.admit_paused = paused
+                if not paused:
+                    replica.wake()
 
     def _place(self, time: float) -> None:
         """Reserve decode room for pending requests, oldest first, and start their transfers."""
@@ -253,6 +274,7 @@ class PDCluster:
             if dst is None:
                 return
             pending.popleft()
+            self._backpressure()
             self._reserve(rec, dst, time)
             missing = rec.req.prompt_len - rec.cached_on_decode
             if self.settings.link_mode == "pool":

@@ -58,6 +58,7 @@ class ReplicaSettings:
     schedule_conservativeness: float = 1.0
     clip_max_new_tokens: int = 4096
     step_cap: float | None = None  # TPOT slack: seconds a step may take while requests decode
+    pd_backpressure: int | None = None  # P/D prefill side: pause admissions at this many awaiting decode room
 
 
 class Replica:

@@ -31,3 +31,4 @@ class SchedulerState:
     reserve: DecodeReserve | None = None  # SGLang's reserve for the running requests' future decode tokens
     step_cap: float | None = None  # seconds a step may take while requests decode (TPOT slack)
     step_time: Callable[[StepShape], float] | None = None  # the replica's cost model, for step_cap
+    admit_paused: bool = False  # P/D prefill side: the transfer queue is over admission.pd_backpressure

@@ -164,3 +164,56 @@ def test_fast_forward_changes_nothing_with_the_signals_on(policy, specs, num_blo
     fs, ss = runs[0].recorder.step_table(), runs[1].recorder.step_table()
     for name in fs:
         assert np.array_equal(fs[name], ss[name]), name
+
+
+# -- P/D backpressure -------------------------------------------------------------------------
+class PendingAtPlan:
+    """A prefill policy that notes, per plan, the hand-offs waiting for decode room and what it admitted."""
+
+    def __init__(self, inner, box):
+        self.inner, self.box, self.log = inner, box, []
+        self.name, self.config, self.steady_when_blocked = inner.name, inner.config, inner.steady_when_blocked
+
+    def schedule(self, state):
+        plan = self.inner.schedule(state)
+        self.log.append((len(self.box["cluster"].pending), plan.admitted))
+        return plan
+
+    def reject_reason(self, req, state):
+        return self.inner.reject_reason(req, state)
+
+
+def run_backpressured(limit):
+    """One prefill replica (sarathi, 32 tokens a step, 1 s a step) feeding a decode replica whose 40
+    blocks of 4 tokens hold about two of the requests (prompt 40, 20 outputs) at a time."""
+    from cbsim.policies import make_policy
+    from cbsim.sim.pd import PoolParts
+    from cbsim.sim.replica import ReplicaSettings
+
+    from factories import make_requests, run_pd_cluster
+
+    reqs = make_requests([(0.1 * i, 40, 20) for i in range(12)])
+    cost = load_cost_model({"type": "unit"})
+    settings = ReplicaSettings(max_model_len=10_000, swap_bandwidth=1e9, pd_backpressure=limit)
+    box, policies = {}, []
+
+    def prefill_policy():
+        policies.append(PendingAtPlan(make_policy({"name": "sarathi", "token_budget": 32}), box))
+        return policies[-1]
+
+    prefill = PoolParts(1, prefill_policy, cost, lambda: KVCache(1000, 4, 0, True, 1.0), settings)
+    decode = PoolParts(1, lambda: make_policy({"name": "sarathi", "token_budget": 32}), cost,
+                       lambda: KVCache(40, 4, 0, False, 1.0), settings)
+    _, _, cluster = run_pd_cluster(reqs, prefill, decode, check=lambda replicas, c: box.setdefault("cluster", c))
+    assert all(r.status == Status.FINISHED for r in reqs)
+    return policies[0].log, cluster
+
+
+def test_pd_backpressure_pauses_prefill_admissions_while_the_transfer_queue_is_full():
+    free_log, free_cluster = run_backpressured(None)
+    held_log, held_cluster = run_backpressured(2)
+    assert max(pending for pending, _ in free_log) > 2  # unchecked, prefill runs ahead of decode room
+    assert all(pending < 2 for pending, admitted in held_log if admitted)  # no admission at 2 waiting
+    waits = [rec.reserved - rec.prefilled for rec in held_cluster.records.values()]
+    free_waits = [rec.reserved - rec.prefilled for rec in free_cluster.records.values()]
+    assert max(waits) < max(free_waits)  # prefilled KV waits less for decode room
