@@ -140,7 +140,8 @@ def _register_optional_commands() -> None:
     import importlib
 
     for module in ("cbsim.profiler.profile_cli", "cbsim.profiler.fit_cli", "cbsim.workloads.cli",
-                   "cbsim.sweep_cli", "cbsim.regress_cli", "cbsim.compare_cli", "cbsim.calibrate_cli", "cbsim.catalog_cli"):
+                   "cbsim.sweep_cli", "cbsim.regress_cli", "cbsim.compare_cli", "cbsim.calibrate_cli", "cbsim.catalog_cli",
+                   "cbsim.tune_cli"):
         try:
             importlib.import_module(module).register(app)
         except ModuleNotFoundError as err:

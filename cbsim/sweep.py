@@ -202,7 +202,7 @@ def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | No
     spec = load_sweep(spec_or_path, root)
     points = sweep_points(spec)
     points_dir = Path(out_dir) / "points" if out_dir is not None else None
-    records = _load_finished(points, points_dir, retry_failed)
+    records = load_finished(points, points_dir, retry_failed)
     todo = [p for p in points if p.id not in records]
     done = len(points) - len(todo)
     if on_start is not None:
@@ -218,27 +218,36 @@ def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | No
             on_point(record, done, len(points))
 
     if todo:
-        run = _run_ray if backend == "ray" else _run_local
-        run(todo, workers, collect, address)
+        run_parallel(todo, run_point, collect, workers, backend, address)
     table = results_table(spec, points, records)
     if out_dir is not None:
         save_table(table, out_dir)
     return table
 
 
-def _run_local(points: list[Point], workers: int | None, collect, address=None) -> None:
-    workers = min(workers or os.cpu_count() or 1, len(points))
+def run_parallel(items: list, func: Callable[[Any], dict], collect: Callable[[dict], None],
+                 workers: int | None = None, backend: Literal["local", "ray"] = "local",
+                 address: str | None = None) -> None:
+    """Call `func(item)` for every item and `collect` each result in this process as it arrives:
+    in this process (workers 1), a local process pool, or Ray tasks. `func` must be a picklable
+    module-level function that never raises (a failure is a result); sweeps and tunes share it."""
+    run = _run_ray if backend == "ray" else _run_local
+    run(items, func, workers, collect, address)
+
+
+def _run_local(items: list, func, workers: int | None, collect, address=None) -> None:
+    workers = min(workers or os.cpu_count() or 1, len(items))
     if workers <= 1:
-        for point in points:
-            collect(run_point(point))
+        for item in items:
+            collect(func(item))
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for future in as_completed([pool.submit(run_point, p) for p in points]):
+        for future in as_completed([pool.submit(func, item) for item in items]):
             collect(future.result())
 
 
-def _run_ray(points: list[Point], workers: int | None, collect, address: str | None = None) -> None:
-    """The same point function as Ray tasks; joins `address` or starts a local Ray (`workers` CPUs)."""
+def _run_ray(items: list, func, workers: int | None, collect, address: str | None = None) -> None:
+    """The same function as Ray tasks; joins `address` or starts a local Ray (`workers` CPUs)."""
     try:
         import ray
     except ImportError as err:
@@ -248,8 +257,8 @@ def _run_ray(points: list[Point], workers: int | None, collect, address: str | N
         ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
                  log_to_driver=False)
     try:
-        task = ray.remote(run_point)
-        pending = [task.remote(p) for p in points]
+        task = ray.remote(func)
+        pending = [task.remote(item) for item in items]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             collect(ray.get(ready[0]))
@@ -258,8 +267,9 @@ def _run_ray(points: list[Point], workers: int | None, collect, address: str | N
             ray.shutdown()
 
 
-def _load_finished(points: list[Point], points_dir: Path | None, retry_failed: bool) -> dict[str, dict]:
-    """Records of points already finished under points_dir (ok ones, and failed ones unless retried)."""
+def load_finished(points: list, points_dir: Path | None, retry_failed: bool) -> dict[str, dict]:
+    """Records of points (anything with an `id`) already finished under points_dir/<id>.json (ok
+    ones, and failed ones unless retried); sweeps and tunes share it."""
     if points_dir is None or not points_dir.is_dir():
         return {}
     records = {}
