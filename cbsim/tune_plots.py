@@ -23,15 +23,22 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def pareto_plot(table: pd.DataFrame, metrics: list[str], path: Path, title: str = "") -> Path:
+def pareto_plot(table: pd.DataFrame, slo: dict[str, float], path: Path, title: str = "",
+                stages: list[str] | None = None) -> Path:
+    """One panel per SLO metric (its limit dashed), points coloured by the stage that ran them
+    (in `stages` order)."""
     ok = table[table["goodput_per_gpu"].notna()]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
+    order = list(stages or []) + [s for s in ok["stage"].unique() if s not in (stages or [])]
+    fig, axes = plt.subplots(1, len(slo), figsize=(5.2 * len(slo), 4.2), squeeze=False)
+    for ax, (metric, limit) in zip(axes[0], slo.items()):
         column = f"{metric}_at_capacity"
         rows = ok[ok[column].notna()]
         xs, ys = rows[column].astype(float).tolist(), rows["goodput_per_gpu"].astype(float).tolist()
-        for stage, group in rows.groupby("stage", sort=False):
-            ax.scatter(group[column], group["goodput_per_gpu"], s=28, alpha=0.8, label=stage)
+        for stage in order:
+            group = rows[rows["stage"] == stage]
+            if len(group):
+                ax.scatter(group[column], group["goodput_per_gpu"], s=28, alpha=0.8, label=stage)
+        ax.axvline(limit, color="crimson", lw=0.8, ls=":", label="SLO limit")
         front = pareto_front(list(zip(xs, ys)))
         ax.plot([xs[i] for i in front], [ys[i] for i in front], color="0.4", lw=1, ls="--", label="Pareto front")
         chosen = rows[rows["chosen"]]
@@ -39,7 +46,8 @@ def pareto_plot(table: pd.DataFrame, metrics: list[str], path: Path, title: str 
             ax.scatter(chosen[column], chosen["goodput_per_gpu"], marker="*", s=260, color="crimson",
                        edgecolor="black", zorder=5, label="chosen")
             ax.annotate(str(chosen["candidate"].iloc[0]), (chosen[column].iloc[0], chosen["goodput_per_gpu"].iloc[0]),
-                        textcoords="offset points", xytext=(6, 6), fontsize=8)
+                        textcoords="offset points", xytext=(-8, 8), ha="right", fontsize=8)
+        ax.margins(x=0.08, y=0.08)
         ax.set_xlabel(f"{metric} at capacity (s)" if not metric.startswith(("num_", "throughput")) else metric)
         ax.set_ylabel("goodput per GPU (req/s)")
         ax.grid(alpha=0.3)

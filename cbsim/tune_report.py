@@ -202,7 +202,7 @@ def _num(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
     return str(value)
 
 
@@ -220,5 +220,6 @@ def write_outputs(result: TuneResult, out_dir: str | Path, plots: bool = True) -
     if plots:
         from .tune_plots import pareto_plot
 
-        files["pareto"] = pareto_plot(table, list(result.spec.slo), out / "pareto.png", title=result.spec.name)
+        files["pareto"] = pareto_plot(table, result.spec.slo, out / "pareto.png", title=result.spec.name,
+                                      stages=[o.stage.name for o in result.stages])
     return files

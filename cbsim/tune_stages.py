@@ -283,6 +283,13 @@ def _at_capacity(record: dict, metric: str):
     return max(values) if values else None
 
 
+def _partial_label(value: dict) -> str:
+    names = {"max_num_partial_prefills": "partial", "max_long_partial_prefills": "long",
+             "long_prefill_token_threshold": "threshold", "strict_fcfs": "strict_fcfs"}
+    return ", ".join(f"{value[key]} {name}" if key != "strict_fcfs" else f"strict_fcfs {value[key]}"
+                     for key, name in names.items() if key in value) or "{}"
+
+
 def _pd_label(value) -> str:
     if value == "colocated":
         return "colocated"
@@ -320,7 +327,7 @@ STAGES: list[Stage] = [
           applies=lambda ctx: None if _chunk_key(ctx) else f"policy {ctx.config.policy['name']} has no chunk size"),
     Stage("partial_prefills", "4: partial/long-prefill limits", "mappings of " + ", ".join(PARTIAL_KEYS),
           _mapping_of(PARTIAL_KEYS), lambda v, ctx: {f"policy.{k}": x for k, x in v.items()}, _partial_defaults,
-          applies=_has("max_num_partial_prefills")),
+          label=_partial_label, applies=_has("max_num_partial_prefills")),
     Stage("admission", "5: admission headroom (reserve the full input vs a watermark)",
           "mappings of " + ", ".join(ADMISSION_KEYS), _mapping_of(tuple(ADMISSION_KEYS)),
           lambda v, ctx: {ADMISSION_KEYS[k]: x for k, x in v.items()}, _admission_defaults, when=_admission_when),
