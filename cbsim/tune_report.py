@@ -159,11 +159,12 @@ def report_markdown(result: TuneResult, table: pd.DataFrame) -> str:
     lines += ["", "Coordinate descent: each stage fixes its best before the next, so knobs are tuned one at a "
               "time in the seed's order, not jointly.", "", "## Stages", ""]
     for o in result.stages:
-        lines += [f"### {o.stage.name} ({o.stage.step})", "", f"{o.status}: {o.reason}."]
+        lines += [f"### {o.stage.name} ({o.stage.step})", "", f"Knob: {o.stage.help}.", "",
+                  f"{o.status}: {o.reason}."]
         for text in o.dropped:
             lines.append(f"- dropped (the experiment refuses it): {text}")
         if o.candidates and o.status == "searched":
-            metrics = list(spec.slo)
+            metrics = list(dict.fromkeys([*spec.slo, *o.stage.shows]))
             lines += ["", "| candidate | req/s per GPU | capacity | first failing rate | broke first | "
                       + " | ".join(f"{m} at capacity" for m in metrics) + " | preemptions |",
                       "|---" * (6 + len(metrics)) + "|"]

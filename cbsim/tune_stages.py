@@ -57,6 +57,7 @@ class Stage:
     overrides: Callable[[Any, StageContext], dict]  # candidate -> {dotted key: value}
     defaults: Callable[[StageContext], list]
     label: Callable[[Any], str] = lambda value: _flow(value)
+    shows: tuple[str, ...] = ()  # summary metrics the report adds for this stage (what the seed watches)
     applies: Callable[[StageContext], str | None] = lambda ctx: None  # None, or why the knob is absent
     when: Callable[[StageContext], str | None] = lambda ctx: None  # None, or why the seed skips it
 
@@ -316,7 +317,7 @@ STAGES: list[Stage] = [
     Stage("token_budget", "2: sweep the token budget to the knee", "policy.token_budget values",
           _int_or_null(), lambda v, ctx: {"policy.token_budget": v},
           lambda ctx: _first(policy_settings(ctx.config)["token_budget"], [512, 1024, 2048, 4096, 8192]),
-          applies=_has("token_budget")),
+          applies=_has("token_budget"), shows=("throughput_tokens_per_s", "ttft_p99", "itl_p99")),
     Stage("max_num_seqs", "2: the batch limit beside the token budget", "policy.max_num_seqs values (max running "
           "requests)", _int_or_null(null=False), lambda v, ctx: {"policy.max_num_seqs": v},
           lambda ctx: _first(policy_settings(ctx.config)["max_num_seqs"], [64, 256, 1024]),
@@ -324,10 +325,13 @@ STAGES: list[Stage] = [
     Stage("chunk_size", "3: sweep the chunk size", "per-request chunk caps: policy.chunk_size (sarathi, "
           "prefill_first) or policy.chunked_prefill_size (sglang); null = no cap",
           _int_or_null(), lambda v, ctx: {f"policy.{_chunk_key(ctx)}": v}, _chunk_defaults,
-          applies=lambda ctx: None if _chunk_key(ctx) else f"policy {ctx.config.policy['name']} has no chunk size"),
-    Stage("partial_prefills", "4: partial/long-prefill limits", "mappings of " + ", ".join(PARTIAL_KEYS),
+          applies=lambda ctx: None if _chunk_key(ctx) else f"policy {ctx.config.policy['name']} has no chunk size",
+          shows=("throughput_tokens_per_s", "itl_p99")),
+    Stage("partial_prefills", "4: partial/long-prefill limits", "mappings of " + ", ".join(PARTIAL_KEYS)
+          + "; short_p_mean shows short prompts overtaking long ones, ttft_p99 (long prompts are its tail) "
+          "shows whether long ones starve",
           _mapping_of(PARTIAL_KEYS), lambda v, ctx: {f"policy.{k}": x for k, x in v.items()}, _partial_defaults,
-          label=_partial_label, applies=_has("max_num_partial_prefills")),
+          label=_partial_label, applies=_has("max_num_partial_prefills"), shows=("short_p_mean", "ttft_p99")),
     Stage("admission", "5: admission headroom (reserve the full input vs a watermark)",
           "mappings of " + ", ".join(ADMISSION_KEYS), _mapping_of(tuple(ADMISSION_KEYS)),
           lambda v, ctx: {ADMISSION_KEYS[k]: x for k, x in v.items()}, _admission_defaults, when=_admission_when),

@@ -131,6 +131,34 @@ def test_report_explains_every_stage(tmp_path):
     assert list(table["rank"]) == list(range(1, len(table) + 1))
 
 
+def test_pd_stage_splits_the_budget(tmp_path):
+    path = write_tune(tmp_path, gpus={"count": 2}, set={"cluster.replicas": 2},
+                      stages={**SKIP, "token_budget": [], "chunk_size": [], "partial_prefills": [],
+                              "pd": ["colocated", {"prefill": 1, "decode": 1}]})
+    result = run_tune(path, tmp_path / "out", workers=1)
+    files = write_outputs(result, tmp_path / "out", plots=False)
+    outcome = next(o for o in result.stages if o.stage.name == "pd")
+    assert outcome.status == "searched" and [c.label for c in outcome.candidates] == ["colocated", "1P + 1D GPUs"]
+    split = outcome.candidates[1].point.config
+    assert split.cluster.mode == "pd" and split.cluster.prefill.replicas == 1 and split.cluster.decode.replicas == 1
+    assert all(c.record["num_gpus"] == 2 and c.record["status"] == "ok" for c in outcome.candidates)
+    table = __import__("pandas").read_parquet(files["table"])
+    assert set(table["mode"]) == {"colocated", "pd"}
+    assert "1P + 1D GPUs" in files["report"].read_text()
+
+
+def test_defaults_the_cost_model_refuses_skip_the_stage(tmp_path):
+    """The linear cost model has no tp: every default TP candidate is refused, the stage is skipped."""
+    path = write_tune(tmp_path, stages={**SKIP, "parallelism": None, "token_budget": [64, 256], "chunk_size": [],
+                                        "partial_prefills": []})
+    spec = yaml.safe_load(path.read_text())
+    del spec["stages"]["parallelism"]
+    path.write_text(yaml.safe_dump(spec))
+    outcome = run_tune(path, tmp_path / "out", workers=1).stages[0]
+    assert outcome.stage.name == "parallelism" and outcome.status == "skipped"
+    assert outcome.dropped and "cost_model.tp" in outcome.dropped[0]
+
+
 @pytest.mark.parametrize("changes, key", [
     ({"stages": {"token_budget": [0]}}, "stages.token_budget[0]"),
     ({"stages": {"warp_speed": [1]}}, "stages.warp_speed"),
