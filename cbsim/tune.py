@@ -302,15 +302,17 @@ def _evaluated(spec: TuneSpec, base: ExperimentConfig, chosen: dict, runner: Poi
 
 
 def check_candidates(spec: TuneSpec, base: ExperimentConfig) -> None:
-    """Every listed candidate applied to the base alone must load (where its knob exists in the
-    base's policy): a bad value stops the tune before anything runs."""
+    """Every listed candidate applied to the base alone must load: a bad value stops the tune before
+    anything runs. A policy knob the base's policy lacks is not an error here (the policy stage may
+    pick a policy that has it; else the stage is skipped and says why)."""
     ctx = StageContext(base, spec.gpus.count, spec.slo, lambda: {}, {})
     for stage in STAGES:
-        if not spec.stages.get(stage.name) or stage.applies(ctx):
-            continue
-        for i, value in enumerate(spec.stages[stage.name]):
+        absent = stage.applies(ctx)
+        for i, value in enumerate(spec.stages.get(stage.name) or []):
             try:
                 candidate_config(base, stage.overrides(value, ctx))
             except ConfigError as err:
+                if absent and err.path.startswith("policy"):
+                    continue
                 raise ConfigError(f"stages.{stage.name}[{i}]", f"{err.expected} (at {err.path})", err.got,
                                   spec.source, err.has_got) from None

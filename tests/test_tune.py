@@ -168,6 +168,9 @@ def test_defaults_the_cost_model_refuses_skip_the_stage(tmp_path):
     ({"gpus": {"count": 0}}, "gpus.count"),
     ({"set": {"policy.token_budget": -3}}, "set.policy.token_budget"),
     ({"search": {"rel_tol": 0}}, "search.rel_tol"),
+    ({"stages": {"policy": ["sarathi", "warp"]}}, "stages.policy[1]"),
+    ({"stages": {"pd": [{"prefill": 3, "decode": 1}]}}, "stages.pd[0]"),
+    ({"stages": {"queue_policy": [{"router": "nearest"}]}}, "stages.queue_policy[0]"),
 ])
 def test_bad_tune_file_names_file_and_key(tmp_path, changes, key):
     path = write_tune(tmp_path, **changes)
