@@ -238,8 +238,8 @@ def run_stage(stage: Stage, spec: TuneSpec, base: ExperimentConfig, chosen: dict
         return StageOutcome(stage, "skipped", "the experiment refuses every default candidate", dropped=dropped)
     incumbent = capacity_point(config, spec)
     if stage.name != "parallelism" and incumbent.id not in {c.point.id for c in candidates}:
-        label = f"{stage.label(stage.defaults(ctx)[0])} (incumbent)"  # defaults start with the current value
-        candidates.insert(0, Candidate(label, None, dict(chosen), incumbent))  # a stage never loses ground
+        current = stage.defaults(ctx)[0]  # default lists start with the incumbent's value
+        candidates.insert(0, Candidate(f"{stage.label(current)} (incumbent)", current, dict(chosen), incumbent))
     reason = "candidates listed in the tune file" if listed is not None else "default candidates"
     if len(candidates) == 1:
         return StageOutcome(stage, "fixed", reason + " (one candidate: fixed without a search)", candidates,

@@ -175,7 +175,8 @@ def report_markdown(result: TuneResult, table: pd.DataFrame) -> str:
                          r.get("binding") or ("-" if r.get("status") == "ok" else r.get("error") or "failed")]
                 cells += [_num(worst(r, m)) for m in metrics] + [_num(worst(r, "num_preemptions"))]
                 lines.append("| " + " | ".join(cells) + " |")
-            lines += ["", f"Chosen: **{o.winner.label}**: {o.why}."]
+            knee = knee_text(o.candidates)
+            lines += ["", f"Chosen: **{o.winner.label}**: {o.why}." + (f" {knee}" if knee else "")]
         elif o.winner is not None:
             lines.append(f"Set to {o.winner.label}.")
         lines.append("")
@@ -184,6 +185,22 @@ def report_markdown(result: TuneResult, table: pd.DataFrame) -> str:
               "- `tune.csv`, `tune.parquet`: every distinct candidate, ranked", "- `pareto.png`: goodput per GPU "
               "against each SLO metric at capacity", ""]
     return "\n".join(lines)
+
+
+def knee_text(candidates: list[Candidate]) -> str:
+    """Where the first SLO to break flips from the TTFT side to the TPOT/ITL side as a numeric knob
+    grows (seed step 2's knee), or '' when it does not flip."""
+    from .tune_stages import slo_family
+
+    numeric = sorted((c.value, c) for c in candidates
+                     if isinstance(c.value, int) and not isinstance(c.value, bool) and c.record)
+    sides = [(value, slo_family(c.record.get("binding") or "")) for value, c in numeric]
+    sides = [(v, side) for v, side in sides if side]
+    for (low, a), (high, b) in zip(sides, sides[1:]):
+        if a == "ttft" and b == "decode":
+            return (f"The knee: up to {low} the TTFT side breaks first (too little prefill per step), from {high} "
+                    "the TPOT/ITL side (prefill chunks slow the decodes).")
+    return ""
 
 
 def _limit_text(record: dict) -> str:

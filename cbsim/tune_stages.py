@@ -259,18 +259,18 @@ def _pd_defaults(ctx: StageContext) -> list:
 
 
 def _pd_when(ctx: StageContext) -> str | None:
-    families = {_family(metric) for metric in ctx.slo}
+    families = {slo_family(metric) for metric in ctx.slo}
     if not {"ttft", "decode"} <= families:
         return "the SLO does not bound both TTFT and TPOT/ITL, so there is no trade-off for P/D to remove"
     budget = ctx.history.get("token_budget") or []
-    binding = {_family(row["record"].get("binding") or "") for row in budget if row["record"]} - {None}
+    binding = {slo_family(row["record"].get("binding") or "") for row in budget if row["record"]} - {None}
     if binding and not {"ttft", "decode"} <= binding:
         return ("chunking meets TTFT and TPOT/ITL together: every token budget tried is limited by the same "
                 f"side ({', '.join(sorted(b for b in binding if b))}), so the seed's step 7 keeps colocation")
     return None
 
 
-def _family(metric: str) -> str | None:
+def slo_family(metric: str) -> str | None:
     if metric.startswith(TTFT_FAMILY):
         return "ttft"
     if metric.startswith(DECODE_FAMILY):
