@@ -255,7 +255,13 @@ def _pd_defaults(ctx: StageContext) -> list:
     n = ctx.gpus
     splits = range(1, n) if n <= 4 else sorted({n // 4, n // 2, 3 * n // 4})
     pools = [{"prefill": k, "decode": n - k} for k in splits if k % tp == 0 and (n - k) % tp == 0 and k > 0]
-    return ["colocated"] + pools
+    wider = []  # P and D may want different parallelism (seed step 7): each pool at twice the TP once
+    if 2 * tp <= 8:
+        for split in pools:
+            for pool in ("prefill", "decode"):
+                if split[pool] % (2 * tp) == 0:
+                    wider.append({**split, f"{pool}_tp": 2 * tp})
+    return ["colocated"] + pools + wider
 
 
 def _pd_when(ctx: StageContext) -> str | None:
@@ -294,9 +300,9 @@ def _partial_label(value: dict) -> str:
 def _pd_label(value) -> str:
     if value == "colocated":
         return "colocated"
-    tp = "".join(f" {pool[0].upper()} tp{value[f'{pool}_tp']}" for pool in ("prefill", "decode")
-                 if f"{pool}_tp" in value)
-    return f"{value['prefill']}P + {value['decode']}D GPUs{tp}"
+    pools = [f"{value[pool]}{pool[0].upper()}" + (f" tp{value[f'{pool}_tp']}" if f"{pool}_tp" in value else "")
+             for pool in ("prefill", "decode")]
+    return " + ".join(pools) + " GPUs"
 
 
 def _flow(value) -> str:
