@@ -136,55 +136,62 @@ def _set(data: dict, key: str, value) -> None:
 
 def report_markdown(result: TuneResult, table: pd.DataFrame) -> str:
     """report.md: the setting, the answer, then per stage its candidates, capacities and the winner."""
-    spec, best = result.spec, result.best
-    compute = sum(r.get("wall_seconds") or 0 for r in result.records.values())
-    price = f", {spec.gpus.price_per_gpu_hour:g} per GPU-hour" if spec.gpus.price_per_gpu_hour else ""
-    lines = [f"# cbsim tune: {spec.name}", "",
-             f"- base: `{spec.base if isinstance(spec.base, str) else 'inline'}`"
-             + (f" with {', '.join(f'{k}={v}' for k, v in spec.set.items())}" if spec.set else ""),
-             "- SLO (capacity: the highest rate meeting all): " + ", ".join(f"{k} <= {v:g}" for k, v in spec.slo.items()),
-             f"- GPU budget: {spec.gpus.count} x {result.base.cost_model.get('gpu', 'the cost model GPU')}{price}",
-             f"- search: rate from {spec.search.lo or 'the base rate'}, tolerance {spec.search.rel_tol:g}, seeds "
-             f"{spec.search.seeds}; {len(result.records)} capacity searches, {compute:.0f} s of compute",
-             "", "## Chosen", "",
-             f"**{_num(best.record.get('rate'))} req/s on {best.record['num_gpus']} GPUs = "
-             f"{_num(_per_gpu(best.record))} req/s per GPU**"
-             + (f" ({_num(table.loc[table['chosen'], 'requests_per_dollar'].iloc[0])} requests per dollar)"
-                if spec.gpus.price_per_gpu_hour else "") + "; " + _limit_text(best.record), ""]
+    lines = _report_header(result, table)
     lines += ["| stage | set to | why |", "|---|---|---|"]
     for o in result.stages:
         value = o.winner.label if o.winner else "(unchanged)"
-        why = o.why if o.winner else o.reason
-        lines.append(f"| {o.stage.name} | {value} | {why} |")
+        lines.append(f"| {o.stage.name} | {value} | {o.why if o.winner else o.reason} |")
     lines += ["", "Coordinate descent: each stage fixes its best before the next, so knobs are tuned one at a "
               "time in the seed's order, not jointly.", "", "## Stages", ""]
     for o in result.stages:
-        lines += [f"### {o.stage.name} ({o.stage.step})", "", f"Knob: {o.stage.help}.", "",
-                  f"{o.status}: {o.reason}."]
-        for text in o.dropped:
-            lines.append(f"- dropped (the experiment refuses it): {text}")
-        if o.candidates and o.status == "searched":
-            metrics = list(dict.fromkeys([*spec.slo, *o.stage.shows]))
-            lines += ["", "| candidate | req/s per GPU | capacity | first failing rate | broke first | "
-                      + " | ".join(f"{m} at capacity" for m in metrics) + " | preemptions |",
-                      "|---" * (6 + len(metrics)) + "|"]
-            for c in o.candidates:
-                r = c.record
-                mark = "**" if c is o.winner else ""
-                cells = [f"{mark}{c.label}{mark}", _num(_per_gpu(r)), _num(r.get("rate")), _num(r.get("fail_rate")),
-                         r.get("binding") or ("-" if r.get("status") == "ok" else r.get("error") or "failed")]
-                cells += [_num(worst(r, m)) for m in metrics] + [_num(worst(r, "num_preemptions"))]
-                lines.append("| " + " | ".join(cells) + " |")
-            knee = knee_text(o.candidates)
-            lines += ["", f"Chosen: **{o.winner.label}**: {o.why}." + (f" {knee}" if knee else "")]
-        elif o.winner is not None:
-            lines.append(f"Set to {o.winner.label}.")
-        lines.append("")
+        lines += _stage_section(o, result.spec.slo)
     lines += ["## Outputs", "", "- `best.yaml`: the chosen experiment at its capacity rate (`cbsim run best.yaml`)",
               "- `best_flags.txt`: the same as `vllm serve` / SGLang flags, with what they cannot express",
               "- `tune.csv`, `tune.parquet`: every distinct candidate, ranked", "- `pareto.png`: goodput per GPU "
               "against each SLO metric at capacity", ""]
     return "\n".join(lines)
+
+
+def _report_header(result: TuneResult, table: pd.DataFrame) -> list[str]:
+    spec, best = result.spec, result.best
+    compute = sum(r.get("wall_seconds") or 0 for r in result.records.values())
+    price = f", {spec.gpus.price_per_gpu_hour:g} per GPU-hour" if spec.gpus.price_per_gpu_hour else ""
+    per_dollar = ""
+    if spec.gpus.price_per_gpu_hour:
+        per_dollar = f" ({_num(table.loc[table['chosen'], 'requests_per_dollar'].iloc[0])} requests per dollar)"
+    return [f"# cbsim tune: {spec.name}", "",
+            f"- base: `{spec.base if isinstance(spec.base, str) else 'inline'}`"
+            + (f" with {', '.join(f'{k}={v}' for k, v in spec.set.items())}" if spec.set else ""),
+            "- SLO (capacity: the highest rate meeting all): " + ", ".join(f"{k} <= {v:g}" for k, v in spec.slo.items()),
+            f"- GPU budget: {spec.gpus.count} x {result.base.cost_model.get('gpu', 'the cost model GPU')}{price}",
+            f"- search: rate from {spec.search.lo or 'the base rate'}, tolerance {spec.search.rel_tol:g}, seeds "
+            f"{spec.search.seeds}; {len(result.records)} capacity searches, {compute:.0f} s of compute",
+            "", "## Chosen", "",
+            f"**{_num(best.record.get('rate'))} req/s on {best.record['num_gpus']} GPUs = "
+            f"{_num(_per_gpu(best.record))} req/s per GPU**{per_dollar}; {_limit_text(best.record)}", ""]
+
+
+def _stage_section(o, slo: dict) -> list[str]:
+    """One stage: its knob, why it ran (or not), a row per candidate, the winner and why."""
+    lines = [f"### {o.stage.name} ({o.stage.step})", "", f"Knob: {o.stage.help}.", "", f"{o.status}: {o.reason}."]
+    lines += [f"- dropped (the experiment refuses it): {text}" for text in o.dropped]
+    if o.candidates and o.status == "searched":
+        metrics = list(dict.fromkeys([*slo, *o.stage.shows]))
+        lines += ["", "| candidate | req/s per GPU | capacity | first failing rate | broke first | "
+                  + " | ".join(f"{m} at capacity" for m in metrics) + " | preemptions |",
+                  "|---" * (6 + len(metrics)) + "|"]
+        for c in o.candidates:
+            r = c.record
+            mark = "**" if c is o.winner else ""
+            cells = [f"{mark}{c.label}{mark}", _num(_per_gpu(r)), _num(r.get("rate")), _num(r.get("fail_rate")),
+                     r.get("binding") or ("-" if r.get("status") == "ok" else r.get("error") or "failed")]
+            cells += [_num(worst(r, m)) for m in metrics] + [_num(worst(r, "num_preemptions"))]
+            lines.append("| " + " | ".join(cells) + " |")
+        knee = knee_text(o.candidates)
+        lines += ["", f"Chosen: **{o.winner.label}**: {o.why}." + (f" {knee}" if knee else "")]
+    elif o.winner is not None:
+        lines.append(f"Set to {o.winner.label}.")
+    return lines + [""]
 
 
 def knee_text(candidates: list[Candidate]) -> str:
