@@ -194,6 +194,17 @@ def test_cli_exits_2_on_a_bad_tune_file(tmp_path):
     assert "stages.token_budget" in result.output and str(path) in result.output
 
 
+def test_cli_runs_then_resumes(tmp_path):
+    path = write_tune(tmp_path, stages={**SKIP, "token_budget": [64, 256], "chunk_size": [], "partial_prefills": []})
+    args = ["tune", str(path), "--out", str(tmp_path / "out"), "--workers", "1", "--no-plots"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "token_budget = " in first.output and "2 capacity searches run" in first.output
+    assert (tmp_path / "out" / "best.yaml").is_file() and not (tmp_path / "out" / "pareto.png").exists()
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "0 capacity searches run" in second.output
+
+
 def test_flags_of_a_sarathi_and_an_sglang_deployment():
     sarathi = load_config({**BASE, "cost_model": {"type": "roofline", "gpu": "h100", "tp": 2},
                            "cluster": {"replicas": 2},
