@@ -112,14 +112,20 @@ class Point:
 
 
 def load_sweep(source, root: str | Path | None = None) -> SweepSpec:
-    """Parse a sweep from a YAML path, a mapping or a SweepSpec. A relative `base` path resolves
-    against the sweep file's folder, else against `root` (default: the current directory)."""
-    if isinstance(source, SweepSpec):
+    """Parse a sweep from a YAML path, a mapping or a SweepSpec (load_spec_file)."""
+    return load_spec_file(SweepSpec, source, root, "sweep")
+
+
+def load_spec_file(kind: type, source, root: str | Path | None, noun: str):
+    """Parse a file of dataclass `kind` (a sweep or tune spec with `base` and `source`) from a YAML
+    path, a mapping or an instance. A relative `base` path resolves against the file's folder, else
+    against `root` (default: the current directory)."""
+    if isinstance(source, kind):
         return source
     file = str(source) if isinstance(source, (str, Path)) else None
     data = read_yaml(source) if file else source
     try:
-        spec = parse(SweepSpec, data)
+        spec = parse(kind, data)
     except ConfigError as err:
         raise err.in_file(file) if file else err
     folder = Path(file).parent if file else Path(root or ".")
@@ -127,7 +133,7 @@ def load_sweep(source, root: str | Path | None = None) -> SweepSpec:
         base = Path(spec.base).expanduser()
         base = base if base.is_absolute() else (folder / base).resolve()
         if not base.is_file():
-            raise ConfigError("base", "an existing experiment YAML (relative to the sweep file)", spec.base, file)
+            raise ConfigError("base", f"an existing experiment YAML (relative to the {noun} file)", spec.base, file)
         spec = replace(spec, base=str(base))
     spec.source = file
     return spec

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ExperimentConfig, check_name, load_config, read_yaml
+from .config import ExperimentConfig, check_name, load_config
 from .errors import ConfigError
 from .schema import option, parse, require
+from .sweep import load_spec_file
 from .tune_stages import STAGE_NAMES, STAGES
 
 
@@ -108,23 +109,7 @@ class TuneSpec:
 def load_tune(source, root: str | Path | None = None) -> TuneSpec:
     """Parse a tune file (YAML path, mapping or TuneSpec); a relative `base` resolves against the
     tune file's folder, else `root` (default: the current directory)."""
-    if isinstance(source, TuneSpec):
-        return source
-    file = str(source) if isinstance(source, (str, Path)) else None
-    data = read_yaml(source) if file else source
-    try:
-        spec = parse(TuneSpec, data)
-    except ConfigError as err:
-        raise err.in_file(file) if file else err
-    folder = Path(file).parent if file else Path(root or ".")
-    if isinstance(spec.base, str):
-        base = Path(spec.base).expanduser()
-        base = base if base.is_absolute() else (folder / base).resolve()
-        if not base.is_file():
-            raise ConfigError("base", "an existing experiment YAML (relative to the tune file)", spec.base, file)
-        spec = replace(spec, base=str(base))
-    spec.source = file
-    return spec
+    return load_spec_file(TuneSpec, source, root, "tune")
 
 
 def base_config(spec: TuneSpec) -> ExperimentConfig:
