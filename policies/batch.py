@@ -18,7 +18,7 @@ Victims (state.victim), each the minimum of a key over the candidates, ties to t
   cached when it lets go, so a re-admission hits them): the KV that is cheapest to rebuild.
 
 Admission signals (sim/admission.py), off unless the state carries them: the decode reserve
-(SGLang's new_token_ratio: `_reserved` tokens kept for the running requests' future decodes, plus
+(SGLang's new_token_ratio: `reserved_tokens` kept for the running requests' future decodes, plus
 each admitted whole prompt's own); the TPOT step cap (no admission into a step predicted longer
 than state.step_cap while a running request decodes); vLLM V0's swapped queue (state.swapped_first:
 no new prompt while a request is swapped out, no swap-in in a step that preempts); P/D backpressure
@@ -63,7 +63,9 @@ class BatchBuilder:
         self._hits: dict[int, list] = {}  # request id -> cached path it would hit (memo)
         self._refs: dict = {}  # prefix node -> references this plan adds (+) or drops (-)
         reserve = state.reserve
-        self._reserved = reserve.running_tokens(state.running) if reserve is not None else 0.0  # decode reserve
+        # decode reserve: future tokens of the running requests (x ratio) and of this plan's whole prompts (x 1)
+        self._running_future = sum(map(reserve.future, state.running)) if reserve is not None else 0
+        self._admitted_future = 0
         self._admitted_reqs: list[Request] = []  # for the step-time cap's shape
 
     # -- queries -------------------------------------------------------------------------
@@ -193,9 +195,10 @@ class BatchBuilder:
         tokens = req.num_computed_tokens + num_tokens
         if self.kv.reserve_full_prompt:
             tokens = max(tokens, req.num_tokens)
-        target = self.kv.blocks_for(max(tokens, reserve_tokens))
+        alloc = max(tokens, reserve_tokens)
+        target = self.kv.blocks_for(alloc)
         extra = target - req.num_blocks
-        if extra > self.free - self.kv.watermark_blocks - self._reserve_blocks(req):
+        if extra > self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
             return False
         self._take(req, num_tokens, target, extra)
         self._admitted(req, num_tokens)
@@ -209,11 +212,12 @@ class BatchBuilder:
         tokens = self.computed(req) + num_tokens
         if self.kv.reserve_full_prompt:
             tokens = max(tokens, req.num_tokens)
-        target = self.kv.blocks_for(max(tokens, reserve_tokens))
+        alloc = max(tokens, reserve_tokens)
+        target = self.kv.blocks_for(alloc)
         refs = self._refs
         claimed = sum(prefix.unit_blocks for node in path if node.refs + refs.get(node, 0) == 0)
         extra = target - held
-        if extra + claimed > self.free - self.kv.watermark_blocks - self._reserve_blocks(req):
+        if extra + claimed > self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
             return False
         for node in path:
             refs[node] = refs.get(node, 0) + 1
@@ -226,16 +230,27 @@ class BatchBuilder:
     def _admitted(self, req: Request, num_tokens: int) -> None:
         self.admitted.append(req.id)
         if self.state.reserve is not None and num_tokens >= self.need(req):  # a whole prompt reserves its decodes
-            self._reserved += self.state.reserve.future(req)
+            self._admitted_future += self.state.reserve.future(req)
         if self.state.step_cap is not None:
             self._admitted_reqs.append(req)
 
-    def _reserve_blocks(self, req: Request) -> int:
-        """Blocks kept for future decodes: the running requests' (x ratio) and `req`'s own."""
+    @property
+    def reserved_tokens(self) -> float:
+        """Decode reserve: tokens kept free for future decodes (0 when off)."""
+        reserve = self.state.reserve
+        return self._running_future * reserve.ratio + self._admitted_future if reserve is not None else 0.0
+
+    def _reserve_blocks(self, req: Request, alloc_tokens: int) -> int:
+        """Blocks an admission of `req` (allocating `alloc_tokens` tokens' blocks) must leave free for
+        future decodes: the reserve, and `req`'s own whole input and min(outputs left, clip) beyond its
+        allocation (SGLang add_one_req's total_tokens). A request alone on the cache always fits:
+        its input and outputs fit (Replica.reject_reason)."""
         reserve = self.state.reserve
         if reserve is None:
             return 0
-        return self.kv.blocks_for(math.ceil(self._reserved + reserve.future(req)))
+        blocks_for = self.kv.blocks_for
+        own = blocks_for(max(alloc_tokens, req.num_tokens + reserve.future(req))) - blocks_for(alloc_tokens)
+        return own + blocks_for(math.ceil(self.reserved_tokens))
 
     def _swap_order_allows(self, req: Request) -> bool:
         """vLLM V0 _schedule_default: prompts wait while any request is swapped out; swapped
@@ -317,7 +332,7 @@ class BatchBuilder:
         self._out.add(victim.id)
         self.preempted.append(victim.id)
         if self.state.reserve is not None:  # its future decodes need no room now (SGLang preempt_to_schedule)
-            self._reserved -= self.state.reserve.future(victim) * self.state.reserve.ratio
+            self._running_future -= self.state.reserve.future(victim)
         if self.prefix is None:
             self.free += victim.num_blocks
             return

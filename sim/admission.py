@@ -122,10 +122,6 @@ class DecodeReserve:
         """Future decode tokens `req` is expected to write, clipped (unscaled)."""
         return max(min(req.output_len - req.num_output_tokens, self.clip), 0)
 
-    def running_tokens(self, running: Iterable[Request]) -> float:
-        """Tokens reserved for the running requests' future decodes (the adder's starting offset)."""
-        return sum(self.future(r) for r in running) * self.ratio
-
     def after_step(self, preempted: bool, decoded: bool, running: Iterable[Request]) -> None:
         """Update the ratio after planning a step: jump after a preemption, else decay if it decodes."""
         if preempted:

@@ -27,7 +27,7 @@ class SchedulerState:
     # model; filled by the replica, for cost-aware policies (dynamic chunking); None: unknown
     chunk_cost: Callable[[int, int], float] | None = None
     # admission signals (sim/admission.py), each None or False when off:
-    swapped_first: bool = False  # vLLM V0: no new prompt while a request is swapped out, no swap-in in a preempting step
+    swapped_first: bool = False  # vLLM V0: no prompt while a request is swapped out, no swap-in in a preempting step
     reserve: DecodeReserve | None = None  # SGLang's reserve for the running requests' future decode tokens
     step_cap: float | None = None  # seconds a step may take while requests decode (TPOT slack)
     step_time: Callable[[StepShape], float] | None = None  # the replica's cost model, for step_cap
