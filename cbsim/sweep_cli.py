@@ -29,14 +29,10 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     rerun resumes where a killed sweep stopped."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from cbsim.errors import ConfigError
     from cbsim.preflight import check_writable
     from cbsim.sweep import load_sweep, run_sweep
 
-    if backend not in ("local", "ray"):
-        raise ConfigError("--backend", "local or ray", backend)
-    if workers is not None and workers < 1:
-        raise ConfigError("--workers", "an integer >= 1 (default: the CPU count)", workers)
+    check_parallel_options(backend, workers)
     spec = load_sweep(file)
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
@@ -127,3 +123,13 @@ def _policy(text: str):
     if not isinstance(value, (str, dict)):
         raise ConfigError("--policy", "a policy name or a YAML mapping {name: ..., options}", text)
     return value
+
+
+def check_parallel_options(backend: str, workers: int | None) -> None:
+    """--backend and --workers of the commands that run points in parallel (sweep, tune)."""
+    from cbsim.errors import ConfigError
+
+    if backend not in ("local", "ray"):
+        raise ConfigError("--backend", "local or ray", backend)
+    if workers is not None and workers < 1:
+        raise ConfigError("--workers", "an integer >= 1 (default: the CPU count)", workers)

@@ -27,15 +27,12 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
     stage by stage in the seed's tuning order; finished capacity searches are kept, so a rerun resumes."""
     import time
 
-    from cbsim.errors import ConfigError
     from cbsim.preflight import check_writable
+    from cbsim.sweep_cli import check_parallel_options
     from cbsim.tune import load_tune, run_tune
     from cbsim.tune_report import write_outputs
 
-    if backend not in ("local", "ray"):
-        raise ConfigError("--backend", "local or ray", backend)
-    if workers is not None and workers < 1:
-        raise ConfigError("--workers", "an integer >= 1 (default: the CPU count)", workers)
+    check_parallel_options(backend, workers)
     spec = load_tune(file)
     target = out or Path("results") / "tune" / spec.name
     check_writable(target, "--out" if out else "name")
