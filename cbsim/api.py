@@ -179,7 +179,8 @@ def preemption_admission_settings(cfg: ExperimentConfig) -> dict:
     return dict(swap_space=None if pre.swap_space_gib is None else pre.swap_space_gib * 2**30,
                 swapped_queue=pre.swapped_queue, decode_reserve=adm.decode_reserve,
                 schedule_conservativeness=adm.schedule_conservativeness,
-                clip_max_new_tokens=adm.clip_max_new_tokens, step_cap=step_cap, pd_backpressure=adm.pd_backpressure)
+                clip_max_new_tokens=adm.clip_max_new_tokens, step_cap=step_cap, pd_backpressure=adm.pd_backpressure,
+                max_queued_requests=adm.max_queued_requests)
 
 
 def pool_config(cfg: ExperimentConfig, pool: str) -> ExperimentConfig:

@@ -161,8 +161,8 @@ class PreemptionConfig:
 
 @dataclass
 class AdmissionConfig:
-    """Admission signals (sim/admission.py): early rejection at arrival (max_predicted_ttft) and
-    per-step admission limits (decode_reserve, tpot_slack, pd_backpressure); every one off by default."""
+    """Admission signals (sim/admission.py): rejection at arrival (max_predicted_ttft, max_queued_requests)
+    and per-step admission limits (decode_reserve, tpot_slack, pd_backpressure); every one off by default."""
 
     max_predicted_ttft: float | None = option(None, help="reject a request at arrival when its predicted TTFT "
                                               "(prefill tokens queued ahead / recent prefill rate) exceeds this "
@@ -187,6 +187,9 @@ class AdmissionConfig:
     pd_backpressure: int | None = option(None, help="cluster.mode pd: prefill replicas admit no new prompt while "
                                          "this many prefilled requests or more wait for decode room (the transfer "
                                          "queue); null: off (the KV they hold still limits the prefill side)")
+    max_queued_requests: int | None = option(None, help="overload: reject a request arriving while this many wait "
+                                             "at its replica (SGLang --max-queued-requests, 'The request queue is "
+                                             "full.'); null: no limit")
 
     def validate(self) -> None:
         require(self.max_predicted_ttft is None or self.max_predicted_ttft > 0, "max_predicted_ttft",
@@ -200,6 +203,8 @@ class AdmissionConfig:
                 self.tpot_slack)
         require(self.pd_backpressure is None or self.pd_backpressure >= 1, "pd_backpressure",
                 "an integer >= 1 or null", self.pd_backpressure)
+        require(self.max_queued_requests is None or self.max_queued_requests >= 1, "max_queued_requests",
+                "an integer >= 1 or null", self.max_queued_requests)
 
 
 @dataclass

@@ -16,6 +16,13 @@ cost model, and that seed fades like any old observation.
 Rejecting before the prefill runs is the point (Mooncake's early rejection): a request that would
 miss its TTFT anyway should not take prefill time from the ones that can still make it.
 
+Overload (`queue_full_reason`, admission.max_queued_requests): a request arriving while that many
+requests wait at the replica (its waiting queue, preempted ones included, and those routed there at
+the same instant) is rejected, as SGLang's --max-queued-requests aborts it with "The request queue is
+full." (python/sglang/srt/managers/scheduler.py Scheduler._abort_on_queued_limit: rejected unless
+len(waiting_queue) + 1 <= max_queued_requests; its priority variant, which may abort a waiting
+request instead, is not modelled).
+
 Per-step admission limits, applied by BatchBuilder.admit (policies/batch.py) to every policy:
 - `DecodeReserve` (admission.decode_reserve): SGLang's new_token_ratio. KV an admission may use is
   free + evictable - watermark - the running requests' expected future decode tokens, each
@@ -82,6 +89,13 @@ class TTFTPredictor:
             return ""
         return (f"{REASON_PREFIX} predicted TTFT {predicted:.3g} s exceeds max_predicted_ttft {self.limit:g} s "
                 f"({tokens_ahead} prefill tokens queued ahead + {prompt_len} own at {self.rate:.0f} tokens/s)")
+
+
+def queue_full_reason(queued: int, limit: int) -> str:
+    """Why a request arriving with `queued` requests waiting is rejected (empty if there is room)."""
+    if queued + 1 <= limit:
+        return ""
+    return f"{REASON_PREFIX} the request queue is full ({queued} waiting, max_queued_requests {limit})"
 
 
 # SGLang's defaults (python/sglang/srt/environ.py, formerly global_config.py): SGLANG_INIT_NEW_TOKEN_RATIO,

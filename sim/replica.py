@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead
+from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead, queue_full_reason
 from .clock import delay_to
 from .cost import CostModel
 from .durations import CLOCK_LIMIT, check_run, check_step
@@ -59,6 +59,7 @@ class ReplicaSettings:
     clip_max_new_tokens: int = 4096
     step_cap: float | None = None  # TPOT slack: seconds a step may take while requests decode
     pd_backpressure: int | None = None  # P/D prefill side: pause admissions at this many awaiting decode room
+    max_queued_requests: int | None = None  # overload: reject an arrival when this many wait (sim/admission.py)
 
 
 class Replica:
@@ -143,6 +144,8 @@ class Replica:
         if not reason and self.admission is not None:
             ahead = prefill_tokens_ahead((self.incoming, self.waiting, self.running))
             reason = self.admission.reject_reason(ahead, req.prompt_len)
+        if not reason and self.settings.max_queued_requests is not None:
+            reason = queue_full_reason(len(self.incoming) + len(self.waiting), self.settings.max_queued_requests)
         return reason
 
     def enqueue(self, req: Request) -> None:

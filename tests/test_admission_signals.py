@@ -227,3 +227,23 @@ def test_pd_backpressure_pauses_prefill_admissions_while_the_transfer_queue_is_f
     waits = [rec.reserved - rec.prefilled for rec in held_cluster.records.values()]
     free_waits = [rec.reserved - rec.prefilled for rec in free_cluster.records.values()]
     assert max(waits) < max(free_waits)  # prefilled KV waits less for decode room
+
+
+# -- overload: SGLang's max_queued_requests -------------------------------------------------------
+def test_a_full_queue_rejects_arrivals():
+    from cbsim.sim.admission import REASON_PREFIX, queue_full_reason
+
+    assert queue_full_reason(1, 2) == "" and queue_full_reason(2, 2).startswith(REASON_PREFIX)
+    # five prompts at t=0 and one at t=5 (unit cost: 1 s a step; 100 tokens a step): two may wait,
+    # the other three arriving with them are rejected; the late one finds the queue empty again
+    reqs = [Request(i, 0.0, 100, 2) for i in range(5)] + [Request(5, 5.0, 100, 2)]
+    run = run_policy({"name": "sarathi", "token_budget": 100, "max_num_seqs": 1}, reqs,
+                     settings={"max_queued_requests": 2})
+    assert [r.status for r in run.requests] == [Status.FINISHED] * 2 + [Status.REJECTED] * 3 + [Status.FINISHED]
+    assert "request queue is full" in run.requests[2].reject_reason
+
+
+def test_max_queued_requests_counts_as_admission_rejections():
+    res = run_experiment(KV_PRESSURE, overrides=["admission.max_queued_requests=4", "workload.num_requests=200"])
+    s = res.summary
+    assert s["num_rejected_admission"] == s["num_rejected"] > 0
