@@ -244,9 +244,10 @@ class BatchBuilder:
         """Blocks an admission of `req` (allocating `alloc_tokens` tokens' blocks) must leave free for
         future decodes: the reserve, and `req`'s own whole input and min(outputs left, clip) beyond its
         allocation (SGLang add_one_req's total_tokens). A request alone on the cache always fits:
-        its input and outputs fit (Replica.reject_reason)."""
+        its input and outputs fit (Replica.reject_reason). A request whose KV is here already (P/D:
+        landed, its room reserved at the hand-off) needs none."""
         reserve = self.state.reserve
-        if reserve is None:
+        if reserve is None or req.num_blocks:
             return 0
         blocks_for = self.kv.blocks_for
         own = blocks_for(max(alloc_tokens, req.num_tokens + reserve.future(req))) - blocks_for(alloc_tokens)

@@ -80,6 +80,17 @@ def test_a_victim_gives_back_its_reserve():
     assert b.reserved_tokens == 0 and b.admit(waiting, 64)
 
 
+def test_a_request_whose_kv_is_here_already_needs_no_reserve():
+    # P/D decode side: a landed request holds its prompt's blocks; R's reserve (14 blocks of the 12 free)
+    # keeps a new prompt out but not it
+    state, _, waiting = reserve_state(300)
+    landed = Request(2, 0.0, 64, 10, num_computed_tokens=64, num_output_tokens=1, status=Status.WAITING)
+    state.kv.grow(landed, 5)
+    state.waiting.appendleft(landed)
+    b = BatchBuilder(state, 512, 8)
+    assert not b.admit(waiting, 64) and b.admit(landed, 1)
+
+
 def test_a_request_alone_is_admitted_whatever_its_reserve():
     # 4 blocks of 16 and a prompt of 1 token with 63 outputs: its whole life fits (4 blocks), so the
     # reserve of its own outputs never keeps it out (nor does static's max_len reservation count twice)
