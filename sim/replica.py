@@ -97,6 +97,7 @@ class Replica:
         self.step_end: float | None = None  # end of the step (or fast-forwarded run) in progress, if any
         self._swap_out_booked = 0.0  # bytes this step's victims swap out (already on the host link)
         self._wake = None
+        self._cut = None  # closed loop: triggered by an arrival routed here during a fast-forwarded run
         self._resume_at = None
         self.process = env.process(self.run())
 
@@ -158,7 +159,11 @@ class Replica:
             return
         req.status = Status.WAITING
         self.incoming.append(req)
+        if self.on_leave is not None and self._wake is not None and not self._wake.triggered:
+            self._resume_at = req.arrival  # closed loop: start at the exact arrival, not SimPy's rounded clock
         self.wake()
+        if self._cut is not None and not self._cut.triggered and req.arrival < self.step_end:
+            self._cut.succeed(req.arrival)
 
     def wake(self) -> None:
         """Resume the loop if it sleeps (a new request, a landed one, or KV a hand-off released)."""
@@ -198,8 +203,6 @@ class Replica:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
             self._take_arrivals(start)
-            if self.settings.client_timeout is not None:
-                self._expire(start)
             if self.landed:
                 self._take_landed(start)
             if not self.waiting and not self.running:
@@ -248,12 +251,21 @@ class Replica:
             else:
                 ends, final, extra = run
                 end = self.step_end = float(ends[-1])
-                yield env.timeout(delay_to(env.now, end))
-                self._commit_run(ends, final, extra, plan.hold_finished)
+                if self.on_leave is None:
+                    yield env.timeout(delay_to(env.now, end))
+                else:  # closed loop: a request sent here mid-run cuts the run short
+                    ends, final, extra = yield from self._cuttable_run(ends, final, extra)
+                    end = float(ends[-1])
+                if len(ends) == 1:
+                    self.commit(plan, end)
+                else:
+                    self._commit_run(ends, final, extra, plan.hold_finished)
             self.step_end = None
             if self.handoff is not None:  # after a run too: its last step's room counts, as after one step
                 self.handoff.committed(self, plan, end)
             self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
+            if self.settings.client_timeout is not None:  # clients that gave up by now leave at this boundary
+                self._expire(end)
             if self.on_leave is not None:  # closed loop: every request leaving at this instant leaves first
                 yield env.timeout(0)
 
@@ -520,9 +532,10 @@ class Replica:
 
     # -- client timeouts ------------------------------------------------------------------
     def _expire(self, now: float) -> None:
-        """Abort every request whose client gave up by `now` (client_timeout after its arrival), at this
-        step boundary, as vLLM aborts a disconnected request between steps: it leaves the queue or the
-        batch and its KV blocks (and any host copy) are freed."""
+        """Abort every request whose client gave up by `now` (client_timeout after its arrival), at the
+        end of a step, as vLLM aborts a disconnected request between steps: it leaves the queue or the
+        batch and its KV blocks (and any host copy) are freed. (Only a step's end can pass a deadline:
+        a replica without work has no request to expire, and one that wakes has only fresh ones.)"""
         limit = self.settings.client_timeout
         late = [r for r in self.running if r.arrival + limit <= now] + [r for r in self.waiting
                                                                          if r.arrival + limit <= now]
@@ -546,6 +559,26 @@ class Replica:
     def _time_out(req: Request, limit: float) -> None:
         req.status = Status.REJECTED
         req.reject_reason = f"timeout: not finished {limit:g} s after arrival"
+
+    def _cuttable_run(self, ends: np.ndarray, final: np.ndarray, extra: np.ndarray):
+        """Closed loop: wait out a fast-forwarded run, unless a request routed here arrives during it
+        (a reply elsewhere sent it); then only the run's steps that start before that arrival run,
+        exactly what stepping one by one would do. Returns the (ends, final, extra) that ran."""
+        env = self.env
+        self._cut = env.event()
+        done = env.timeout(delay_to(env.now, float(ends[-1])))
+        yield done | self._cut
+        if self._cut.triggered:
+            keep = 1 + int(np.searchsorted(ends[:-1], self._cut.value, side="left"))  # steps starting before it
+            if keep < len(ends):
+                ends, extra = ends[:keep], extra[:keep]
+                final = self._held_blocks(keep)[1][keep - 1]
+                self.step_end = float(ends[-1])
+                yield env.timeout(delay_to(env.now, self.step_end))
+            elif not done.processed:  # (a Timeout counts as triggered from its creation)
+                yield done
+        self._cut = None
+        return ends, final, extra
 
     def _next_deadline(self) -> float:
         """When the client of the earliest request here gives up (inf without a timeout)."""

@@ -18,11 +18,12 @@ from cbsim.sim.simulation import simulate
 from cbsim.workloads import ClientPlan, build_run, parse_workload
 
 SARATHI = {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8}
+LINEAR = {"type": "linear", "base": 0.013, "per_token": 0.0007, "per_kv_token": 3e-6}  # times that never tie
 FIXED = {"prompt_len": {"type": "fixed", "value": 40}, "output_len": {"type": "fixed", "value": 12}}
 
 
 def run(requests, clients, *, replicas=1, num_blocks=400, fast_forward=True, prefix=False, policy=SARATHI,
-        preemption="recompute", max_model_len=100_000):
+        preemption="recompute", max_model_len=100_000, cost=None):
     settings = ReplicaSettings(max_model_len=max_model_len, fast_forward=fast_forward, swap_bandwidth=1e9,
                                preemption_mode=preemption)
     kvs = []
@@ -31,7 +32,7 @@ def run(requests, clients, *, replicas=1, num_blocks=400, fast_forward=True, pre
         kvs.append(KVCache(num_blocks, 16, 0, False, 1024.0, prefix_caching=prefix, hash_block_size=16))
         return kvs[-1]
 
-    recorder, pool = simulate(requests, lambda: make_policy(policy), load_cost_model({"type": "unit"}), make_kv,
+    recorder, pool = simulate(requests, lambda: make_policy(policy), load_cost_model(cost or {"type": "unit"}), make_kv,
                               settings, replicas=replicas, max_time=1e5, clients=clients)
     return pool, kvs
 
@@ -76,7 +77,7 @@ def test_timeouts_under_load_keep_the_invariants(fast_forward, preemption):
     assert_done_once_and_freed(requests, kvs)
     timed_out = [r for r in requests if r.reject_reason.startswith("timeout")]
     assert timed_out and len(timed_out) < len(requests)
-    assert all(r.completion_time - r.arrival <= 40.0 for r in requests if r.status == Status.FINISHED)
+    assert all(r.completion_time <= r.arrival + 40.0 for r in requests if r.status == Status.FINISHED)
 
 
 def test_fast_forward_stops_at_a_deadline():
@@ -134,6 +135,20 @@ def test_closed_loop_experiment_hits_the_prefix_cache_and_is_deterministic():
     assert len(later_turns) >= 8 and a.summary["num_timed_out"] == 0
 
 
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_closed_loop_fast_forward_changes_nothing_with_a_roofline_model(replicas):
+    cfg = {"name": "ff", "seed": 1, "model": "llama-3-8b", "cost_model": {"type": "roofline", "gpu": "h100"},
+           "cluster": {"replicas": replicas, "kv_cache": {"block_size": 16, "num_blocks": 4000}},
+           "policy": {"name": "sarathi", "token_budget": 512, "max_num_seqs": 64},
+           "workload": {"num_requests": 150, "max_concurrency": 12, "think_time": 0.3, "timeout": 0.8,
+                        "prompt_len": {"type": "lognormal", "median": 800, "sigma": 1.0, "max": 4000},
+                        "output_len": {"type": "uniform", "min": 20, "max": 200}}}
+    fast = run_experiment(cfg)
+    slow = run_experiment({**cfg, "sim": {"fast_forward": False}})
+    assert fast.requests.equals(slow.requests)
+    assert fast.summary["num_timed_out"] > 0
+
+
 def in_flight_max_table(table) -> int:
     events = sorted([(t, 1) for t in table["arrival"]] + [(t, -1) for t in table["completion_time"]])
     return int(np.max(np.cumsum([e for _, e in events])))
@@ -163,8 +178,10 @@ from hypothesis import strategies as st  # noqa: E402
 @pytest.mark.slow
 @given(n=st.integers(1, 30), concurrency=st.one_of(st.none(), st.integers(1, 6)), think=st.sampled_from([0.0, 3.0]),
        timeout=st.one_of(st.none(), st.floats(5.0, 200.0)), turns=st.integers(1, 3), replicas=st.integers(1, 2),
-       blocks=st.integers(12, 80), preemption=st.sampled_from(["recompute", "swap"]), seed=st.integers(0, 50))
-def test_random_clients_keep_the_invariants(n, concurrency, think, timeout, turns, replicas, blocks, preemption, seed):
+       blocks=st.integers(12, 80), preemption=st.sampled_from(["recompute", "swap"]), seed=st.integers(0, 50),
+       cost=st.sampled_from([None, LINEAR]))
+def test_random_clients_keep_the_invariants(n, concurrency, think, timeout, turns, replicas, blocks, preemption, seed,
+                                            cost):
     mapping = {"num_requests": n, "max_concurrency": concurrency, "think_time": think if concurrency else 0.0,
                "timeout": timeout, "prompt_len": {"type": "uniform", "min": 1, "max": 120},
                "output_len": {"type": "uniform", "min": 1, "max": 60},
@@ -178,13 +195,13 @@ def test_random_clients_keep_the_invariants(n, concurrency, think, timeout, turn
         if wl.clients is None:
             wl.clients = ClientPlan()
         pool, kvs = run(wl.requests, wl.clients, replicas=replicas, num_blocks=blocks, fast_forward=fast_forward,
-                        policy={"name": "prefill_first"}, preemption=preemption, max_model_len=16 * blocks)
+                        policy={"name": "prefill_first"}, preemption=preemption, max_model_len=16 * blocks, cost=cost)
         assert_done_once_and_freed(wl.requests, kvs)
         if concurrency is not None:  # the feed counts every request in flight, failed ones included
             feed = pool[0].on_leave.__self__
             assert feed.max_in_flight <= concurrency and feed.in_flight == 0 and feed.index == n
         if timeout is not None:
-            assert all(r.completion_time - r.arrival <= timeout for r in wl.requests if r.status == Status.FINISHED)
+            assert all(r.completion_time <= r.arrival + timeout for r in wl.requests if r.status == Status.FINISHED)
         outcomes.append([(r.status, r.arrival, r.completion_time, r.num_output_tokens) for r in wl.requests])
     assert outcomes[0] == outcomes[1]  # fast-forward changes nothing, deadlines and client sends included
 

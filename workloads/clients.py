@@ -8,8 +8,9 @@ holds requests drawn at a rate behind a semaphore), each later turn `think` seco
 previous turn's reply. Sessions start in the order of their planned times. Every send time is
 decided by the simulation's own events and think times drawn before the run (indexed by request,
 not by client), so a run is as deterministic as an open-loop one; requests leaving at one instant
-all leave before any replica plans at that instant (the replicas yield once after a commit), and
-sends due at one instant go out in request-id order, so fast-forward changes nothing.
+all leave before any replica plans at that instant (the replicas yield once after a commit),
+sends due at one instant go out in request-id order, and a request sent to a replica during a
+fast-forwarded run cuts the run at its arrival, so fast-forward changes nothing.
 
 A request's `arrival` becomes the time it reaches the scheduler: the client's send time plus the
 engine's front-end delay when the run models one (`client_arrival` holds the send times then).
@@ -72,7 +73,8 @@ class ClientFeed:
         self.sessions = sorted(sessions, key=lambda s: (self.planned[s[0]], s[0]))
         self.turn = {rid: (s, k) for s in range(len(self.sessions)) for k, rid in enumerate(self.sessions[s])}
         self.next_session = 0
-        self.pending: list[tuple[float, int]] = []  # (send time, request id): ties go by id, whatever order
+        self.pending: list[tuple[float, int]] = []  # (arrival at the scheduler, request id): ties go by id
+        self.send_time: dict[int, float] = {}  # request id -> when its client sends it
         self.in_flight = 0
         self.max_in_flight = 0
         self._wake = None
@@ -92,7 +94,9 @@ class ClientFeed:
         return 0.0 if self.plan.think is None else float(self.plan.think[rid])
 
     def _schedule(self, time: float, rid: int) -> None:
-        heapq.heappush(self.pending, (time, rid))
+        """Plan `rid`'s send at `time` (client clock); it reaches the scheduler a front-end delay later."""
+        self.send_time[rid] = time
+        heapq.heappush(self.pending, (time + self.delay[rid], rid))
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -110,19 +114,16 @@ class ClientFeed:
     @property
     def next_time(self) -> float:
         """When the next planned send reaches the scheduler (inf: none planned)."""
-        if not self.pending:
-            return math.inf
-        time, rid = self.pending[0]
-        return time + self.delay[rid]
+        return self.pending[0][0] if self.pending else math.inf
 
     def deliver_until(self, time: float) -> None:
         """Send every planned request that reaches the scheduler by `time`."""
         while self.pending and self.next_time <= time:
-            send, rid = heapq.heappop(self.pending)
+            arrival, rid = heapq.heappop(self.pending)
             req = self.by_id[rid]
-            req.arrival = send + self.delay[rid]
+            req.arrival = arrival
             if self.plan.client_arrival is not None:
-                self.plan.client_arrival[rid] = send
+                self.plan.client_arrival[rid] = self.send_time[rid]
             self.index += 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -149,16 +150,7 @@ class ClientFeed:
 
     # -- wiring --------------------------------------------------------------------------
     def attach(self, replicas) -> None:
-        """Hear from every replica when a request leaves, and bound each replica's fast-forward by
-        the other replicas' next step boundaries: a request leaving there may send one here."""
+        """Hear from every replica when a request leaves (a reply elsewhere may send a request to a
+        replica in the middle of a fast-forwarded run: the replica then cuts the run short)."""
         for replica in replicas:
             replica.on_leave = self.leave
-            others = [r for r in replicas if r is not replica]
-            replica.horizon = lambda others=others: min([self.next_time, *(self._boundary(r) for r in others)])
-
-    def _boundary(self, replica) -> float:
-        """When `replica` may next let a request leave: the end of its step in progress, inf when it
-        has no work, now when it is about to plan (no fast-forward past that)."""
-        if replica.step_end is not None:
-            return replica.step_end
-        return math.inf if replica.is_idle else self.env.now
