@@ -10,9 +10,10 @@ through the inverse of the cumulative intensity Lambda(t) is a Poisson process o
 
 Load stages (`stages`, like inference-perf's load stages) are one run whose rate changes at fixed
 times: stage k holds rate_k for duration_k seconds from the end of stage k-1, the first stage
-starting at 0 with an arrival (a quiet first stage, rate 0, delays it to the first busy stage). Their count is what the stages hold (at most n); nothing after the
-last stage. One simulation runs them all, so the KV cache, the prefix cache and the backlog of one
-stage are there when the next begins.
+starting at 0 with an arrival (a quiet first stage, rate 0, delays it to the first busy stage).
+Their count is what the stages hold (at most n); nothing after the last stage. One simulation runs
+them all, so the KV cache, the prefix cache and the backlog of one stage are there when the next
+begins.
 """
 from __future__ import annotations
 

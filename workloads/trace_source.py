@@ -33,7 +33,8 @@ from .tokens import token_counter
 from .traces import (LENGTH_ONLY_FORMATS, TEXT_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace,
                      spread_slots)
 
-CLEANING = UNREADABLE + ("zero length", SHORT_CONVERSATION, NO_REPLY)  # rules the user did not choose: their drops are warned about
+# rules the user did not choose: their drops are warned about
+CLEANING = UNREADABLE + ("zero length", SHORT_CONVERSATION, NO_REPLY)
 
 
 def drop_warnings(dropped: dict[str, int] | None) -> list[str]:
