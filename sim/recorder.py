@@ -9,6 +9,12 @@ keeps it every step is one run; a prefill-only step, a preemption or a move to a
 ends it). A run is (request id, first step, last step, tokens) and a token's time is the end of
 its step, so every token time and every inter-token gap can be reconstructed exactly from the
 step table, at a memory cost of one run instead of hundreds of tokens.
+
+Three integer aggregates describe what a step's attention read and computed, for the efficiency
+columns computed afterwards (sim/step_efficiency.py): the decode rows' contexts summed (padding
+rows included: they run like decode rows), the prefill rows' histories summed (KV tokens already
+cached that each chunk reads), and the prefill rows' causal query-key pairs summed. They are exact
+integers; a prefill row (c, h) has c * h + c * (c + 1) / 2 pairs.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import numpy as np
 from .growable import Column
 from .request import Request
 
-STEP_COLUMNS = {  # compact types: ~48 bytes a step
+STEP_COLUMNS = {  # compact types: ~68 bytes a step
     "replica": np.int16,
     "start": np.float64,
     "end": np.float64,
@@ -30,7 +36,11 @@ STEP_COLUMNS = {  # compact types: ~48 bytes a step
     "kv_blocks_used": np.int32,
     "preemptions": np.int16,
     "swap_bytes": np.float64,
+    "decode_context_tokens": np.int64,  # sum of the decode rows' context lengths (KV tokens they read)
+    "prefill_history_tokens": np.int32,  # sum of h over prefill rows (c, h)
+    "prefill_attention_pairs": np.int64,  # sum of c * h + c * (c + 1) / 2 over prefill rows
 }
+AGGREGATES = ("decode_context_tokens", "prefill_history_tokens", "prefill_attention_pairs")  # 0 unless given
 
 
 class Recorder:
@@ -49,12 +59,14 @@ class Recorder:
 
     def add_step(self, replica: int, start: float, end: float, prefill_tokens: int, decode_tokens: int,
                  padding_tokens: int, num_seqs: int, kv_blocks_used: int, preemptions: int,
-                 swap_bytes: float) -> int:
+                 swap_bytes: float, decode_context_tokens: int = 0, prefill_history_tokens: int = 0,
+                 prefill_attention_pairs: int = 0) -> int:
         """Append one step row; returns its global step index (called once per simulated step)."""
         index = len(self._start)
         a = self._appends  # in STEP_COLUMNS order; spelled out, this runs once per step
         a[0](replica), a[1](start), a[2](end), a[3](prefill_tokens), a[4](decode_tokens)
         a[5](padding_tokens), a[6](num_seqs), a[7](kv_blocks_used), a[8](preemptions), a[9](swap_bytes)
+        a[10](decode_context_tokens), a[11](prefill_history_tokens), a[12](prefill_attention_pairs)
         return index
 
     def set_end(self, step: int, end: float) -> None:
@@ -62,11 +74,12 @@ class Recorder:
         self.columns["end"].set(step, end)
 
     def add_steps(self, **rows) -> int:
-        """Append many step rows at once (scalars broadcast); returns the first new index."""
+        """Append many step rows at once (scalars broadcast; an aggregate left out is 0); returns the
+        first new index."""
         first = self.num_steps
         count = len(rows["start"])
         for name, column in self.columns.items():
-            value = rows[name]
+            value = rows.get(name, 0) if name in AGGREGATES else rows[name]
             if isinstance(value, np.ndarray):
                 column.extend(value)
             else:

@@ -327,9 +327,11 @@ class Replica:
         shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes)
         if self.state.reserve is not None:
             self.state.reserve.after_step(bool(plan.preempted), num_decode > 0, self.running)
+        history, pairs = _prefill_reads(prefill) if prefill else (0, 0)  # what attention read (step_efficiency.py)
         self.step = self.recorder.add_step(
             self.index, now, math.nan, sum(c for c, _ in prefill), num_decode, num_padding,
-            len(prefill) + len(decode), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes)
+            len(prefill) + len(decode), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes,
+            sum(decode), history, pairs)
         if self.shapes is not None:
             self.shapes.append(shape)
         return shape, swap_bytes
@@ -645,10 +647,12 @@ class Replica:
         running = self.running
         used = self.kv.used_blocks + extra
         self.recorder.set_end(self.step, float(ends[0]))
+        contexts = sum(r.num_computed_tokens for r in running) + len(running)  # the first step's, summed
         first = self.recorder.add_steps(
             replica=self.index, start=ends[:-1], end=ends[1:], prefill_tokens=0,
             decode_tokens=len(running), padding_tokens=0, num_seqs=len(running), kv_blocks_used=used[1:],
-            preemptions=0, swap_bytes=0.0)
+            preemptions=0, swap_bytes=0.0,
+            decode_context_tokens=contexts + len(running) * np.arange(1, count, dtype=np.int64))
         last = first + count - 2
         token, grow, step, previous = self.recorder.token, self.kv.grow, self.step, self.prev_step
         for req, blocks in zip(running, final.tolist()):
@@ -673,3 +677,12 @@ class Replica:
         return (f"replica {self.index}: policy {self.policy.name} scheduled nothing with {len(self.waiting)} waiting "
                 f"and {len(self.running)} running at t={self.env.now}; free KV blocks {self.kv.free_blocks}; "
                 f"head of queue: {head}")
+
+
+def _prefill_reads(prefill: list) -> tuple[int, int]:
+    """(sum of h, sum of causal query-key pairs c * h + c * (c + 1) / 2) over prefill rows (c, h)."""
+    history = pairs = 0
+    for c, h in prefill:
+        history += h
+        pairs += c * h + c * (c + 1) // 2
+    return history, pairs
