@@ -216,9 +216,14 @@ class RooflineCost(CostModel):
         layer = gemm + attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
         lm_head = self._lm_seconds(rows) if rows > 0 else 0.0
         embed = self._embed_bytes * tokens / self._bw
-        allreduce = self._num_allreduce * allreduce_seconds(
+        return layer * self._layers + lm_head + embed + self.collective_time(tokens) + self._step_overhead
+
+    def collective_time(self, tokens: float) -> float:
+        """Seconds a step of `tokens` tokens spends in all-reduces (2 per layer, +1 for the embedding,
+        when tp > 1; 0 on one GPU): the term `_seconds` adds. Asked after the run for the steps table
+        (sim/step_efficiency.py)."""
+        return self._num_allreduce * allreduce_seconds(
             self._allreduce_bytes_per_token * tokens, self.tp, self._link, self.topology)
-        return layer * self._layers + lm_head + embed + allreduce + self._step_overhead
 
     def _gemm_seconds(self, tokens: float) -> float:
         """One layer's GEMMs at `tokens` rows (a Python float, never an array); for an MoE model the
