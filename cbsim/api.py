@@ -320,6 +320,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     """
     from cbsim.sim import metrics
     from cbsim.sim.client_view import client_view
+    from cbsim.sim.step_efficiency import hardware_of, with_efficiency
+    from cbsim.sim.summary import usage_summary
     from cbsim.workloads import build_run, parse_workload
 
     cfg = load_config(config, overrides)
@@ -338,7 +340,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     wall = time.perf_counter() - started
     if progress is not None:
         progress.say(f"simulated {len(requests):,} requests in {wall:.1f} s; computing metrics")
-    steps = metrics.step_frame(recorder)
+    steps = with_efficiency(metrics.step_frame(recorder), hardware_of(cfg, pool, pools))  # MFU, HBM, collectives
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
     if client_arrival is not None:
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
@@ -353,6 +355,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
     summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
     kvs = [replica.kv for replica in pool]
+    summary.update(usage_summary(steps, {r.index: r.kv.num_blocks for r in pool}))  # KV usage, MFU for sweeps
     if any(kv.prefix is not None for kv in kvs):  # prefix caching on: hit columns and summary keys
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)

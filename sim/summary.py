@@ -95,3 +95,39 @@ def _interference_summary(df: pd.DataFrame, itl: ITLDistribution, stall_factor: 
         "stall_seconds_total": json_number((stalls["length"] * stalls["count"]).sum()),
         "stall_max": json_number(stalls["length"].max()) if len(stalls) else None,
     }
+
+
+def usage_summary(steps_df: pd.DataFrame, kv_blocks: dict) -> dict:
+    """KV usage and step efficiency over the run, each weighted by step duration (busy time).
+
+    kv_usage_mean / kv_usage_p99: blocks used over the replica's cache (a fraction; the p99 is the
+    usage the busy time stays at or below 99 % of the time); mfu_mean, hbm_util_mean: the mean of
+    the step columns (sim/step_efficiency.py), so total FLOPs over total peak FLOPs of the busy time;
+    collective_share: all-reduce seconds over busy seconds. None where undefined (no step, no known
+    GPU or cache size, a cost model that does not price all-reduces)."""
+    duration = steps_df["duration"].to_numpy(dtype=np.float64)
+    capacity = steps_df["replica"].map(kv_blocks or {}).to_numpy(dtype=np.float64)
+    usage = steps_df["kv_blocks_used"].to_numpy(dtype=np.float64) / np.where(capacity > 0, capacity, np.nan)
+    out = {"kv_usage_mean": _weighted_mean(usage, duration), "kv_usage_p99": _weighted_quantile(usage, duration, 0.99)}
+    for key, column in (("mfu_mean", "mfu"), ("hbm_util_mean", "hbm_util"), ("collective_share", "collective_s")):
+        values = steps_df[column].to_numpy(dtype=np.float64) if column in steps_df else np.full(len(duration), np.nan)
+        if column == "collective_s":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = values / duration
+        out[key] = _weighted_mean(values, duration)
+    return out
+
+
+def _weighted_mean(values: np.ndarray, weights: np.ndarray):
+    ok = np.isfinite(values) & np.isfinite(weights) & (weights > 0)
+    return json_number(np.average(values[ok], weights=weights[ok])) if ok.any() else None
+
+
+def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float):
+    """The smallest value whose cumulative weight reaches q of the total (inverted CDF)."""
+    ok = np.isfinite(values) & np.isfinite(weights) & (weights > 0)
+    if not ok.any():
+        return None
+    order = np.argsort(values[ok], kind="stable")
+    cumulative = np.cumsum(weights[ok][order])
+    return json_number(values[ok][order][np.searchsorted(cumulative, q * cumulative[-1], side="left")])

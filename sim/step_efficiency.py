@@ -1,0 +1,224 @@
+"""Per-step efficiency, computed after the run from the step table: the FLOPs and HBM bytes a step
+moved, MFU, HBM-bandwidth utilisation, and the seconds it spent in all-reduces.
+
+Invariant: nothing here runs during the simulation. The recorder keeps only integer aggregates of
+each step's shape (sim/recorder.py); the formulas below turn them into model FLOPs and bytes for
+the replica's model, and divide by the step's duration and the replica's GPUs' datasheet peaks.
+Every column is NaN where it cannot be known (no GPU, a 0 s step, a cost model that does not say
+its all-reduce time on more than one GPU).
+
+A step of one replica (all its GPUs together), with T = prefill + decode + padding tokens, P the
+prefill attention pairs, D the decode contexts summed, H the prefill histories summed, Tp the
+prefill tokens, S = num_seqs - padding (rows that may sample), L layers:
+
+    flops = 2 N T + 2 hidden vocab S + L (a_p P + a_d D + a_k (Tp + H))
+    hbm_bytes = W(T) + kv_bytes_per_token (D + Tp + H)
+    mfu = flops / (duration peak gpus);  hbm_util = hbm_bytes / (duration bandwidth gpus)
+
+N: parameters one token passes through, less the embedding and LM head (ModelSpec.active_params;
+MoE: the top-k experts). The LM head is charged on every row that may sample: an upper bound, as
+a prefill chunk that does not end its prompt samples nothing. Attention, per layer: GQA a_p = a_d =
+4 heads head_dim, a_k = 0; MLA as vLLM runs it (the roofline's forms): decode absorbed, a_d = 2 heads
+(2 kv_lora_rank + qk_rope), prefill naive, a_p = 2 heads (qk_nope + qk_rope + v), plus a_k = 2
+kv_lora_rank heads (qk_nope + v) to decompress each key a chunk reads. W(T): every GPU's weights
+read once (ModelSpec.weight_bytes x tp), less the embedding table (only T rows are gathered) and,
+for MoE, the routed experts a step of T tokens leaves untouched (E (1 - k/E)^T of E per MoE layer in
+expectation, as the roofline). KV: K and V of every layer (MLA: the latent, whole on each GPU),
+each decode row reading its context, each prefill chunk its history and itself; writes and
+activations are not counted. Sliding-window layers cap D at rows x window, P at Tp x window and H at
+rows x window (upper bounds, exact when no row crosses the window). Padding rows count as decode
+rows: the GPU runs them. The peak is the GEMMs' precision (FP8 for fp8 weights on a GPU with FP8
+tensor cores, as the roofline), so MFU compares with the datasheet figure a kernel could reach.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("flops", "hbm_bytes", "mfu", "hbm_util", "collective_s")
+
+
+@dataclass(frozen=True)
+class StepHardware:
+    """What one replica's steps ran on."""
+
+    model: object  # a cbsim.profiler.specs.ModelSpec
+    peak_flops: float  # FLOP/s of one GPU at the GEMMs' precision
+    hbm_bandwidth: float  # bytes/s of one GPU
+    gpus: int  # GPUs of the replica (its tensor-parallel degree)
+    collective_time: Callable[[float], float] | None = None  # tokens -> all-reduce seconds of a step
+
+
+def with_efficiency(steps: pd.DataFrame, hardware: dict) -> pd.DataFrame:
+    """`steps` with the COLUMNS appended in place (no copy of the others); `hardware`: replica
+    index -> StepHardware or None."""
+    for name, values in efficiency_columns(steps, hardware).items():
+        steps[name] = values
+    return steps
+
+
+def efficiency_columns(steps: pd.DataFrame, hardware: dict) -> dict[str, np.ndarray]:
+    """The COLUMNS (float64, one value a step) for each replica's steps by its hardware."""
+    out = {name: np.full(len(steps), np.nan) for name in COLUMNS}
+    replica = steps["replica"].to_numpy()
+    groups: dict = {}  # replicas on the same hardware (a colocated cluster: all of them) are computed at once
+    for index, hw in hardware.items():
+        if hw is not None:
+            groups.setdefault(hw, []).append(index)
+    for hw, indices in groups.items():
+        mine = np.isin(replica, indices)
+        if mine.all():
+            out.update(_replica_columns(steps, hw))
+        elif mine.any():
+            for name, values in _replica_columns(steps[mine], hw).items():
+                out[name][mine] = values
+    return out
+
+
+def _replica_columns(s: pd.DataFrame, hw: StepHardware) -> dict[str, np.ndarray]:
+    flops, nbytes = step_flops(s, hw.model), step_bytes(s, hw.model, hw.gpus)
+    duration = s["duration"].to_numpy(dtype=np.float64)
+    busy = np.where(duration > 0, duration, np.nan)
+    tokens = _tokens(s)
+    return {"flops": flops, "hbm_bytes": nbytes,
+            "mfu": flops / (busy * hw.peak_flops * hw.gpus),
+            "hbm_util": nbytes / (busy * hw.hbm_bandwidth * hw.gpus),
+            "collective_s": _collective(tokens, hw.collective_time, hw.gpus)}
+
+
+def _tokens(s: pd.DataFrame) -> np.ndarray:
+    """Tokens through the GEMMs: prefill, decode and padding rows."""
+    return (s["prefill_tokens"].to_numpy(np.float64) + s["decode_tokens"].to_numpy(np.float64)
+            + s["padding_tokens"].to_numpy(np.float64))
+
+
+def _collective(tokens: np.ndarray, collective_time, gpus: int) -> np.ndarray:
+    """collective_time per step, asked once per distinct token count; without one, 0 on one GPU
+    (nothing to reduce) and NaN on more."""
+    if collective_time is None:
+        return np.full(len(tokens), 0.0 if gpus == 1 else np.nan)
+    unique, inverse = np.unique(tokens, return_inverse=True)
+    return np.array([collective_time(float(t)) for t in unique], dtype=np.float64)[inverse]
+
+
+# ---------------------------------------------------------------- FLOPs
+
+
+def step_flops(s: pd.DataFrame, m) -> np.ndarray:
+    """Model FLOPs of each step (module docstring): linear layers, LM head, attention."""
+    tokens = _tokens(s)
+    sampled = s["num_seqs"].to_numpy(np.float64) - s["padding_tokens"].to_numpy(np.float64)
+    head = 2.0 * m.hidden * m.vocab
+    linear = 2.0 * (m.active_params() - _embedding_and_head(m)) * tokens
+    return linear + head * sampled + m.num_layers * _attention_flops(s, m)
+
+
+def _embedding_and_head(m) -> int:
+    return (1 if m.tie_word_embeddings else 2) * m.vocab * m.hidden
+
+
+def _attention_flops(s: pd.DataFrame, m) -> np.ndarray:
+    """One layer's attention FLOPs of each step (sliding-window layers capped, weighted by their share)."""
+    pairs, decode, keys = _reads(s, None)
+    full = _attention_form(m, pairs, decode, keys)
+    if not m.sliding_window:
+        return full
+    share = m.sliding_layers / m.num_layers
+    return (1.0 - share) * full + share * _attention_form(m, *_reads(s, m.sliding_window))
+
+
+def _attention_form(m, pairs, decode, keys) -> np.ndarray:
+    if not m.is_mla:
+        return 4.0 * m.num_heads * m.head_dim * (pairs + decode)
+    heads = m.num_heads
+    absorbed = 2.0 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+    naive = 2.0 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    decompress = 2.0 * m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return absorbed * decode + naive * pairs + decompress * keys
+
+
+def _reads(s: pd.DataFrame, window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prefill pairs, decode keys, prefill keys read: Tp + H) of each step; with a window, each
+    capped at what a query can see (upper bounds: exact when no row crosses the window)."""
+    prefill = s["prefill_tokens"].to_numpy(np.float64)
+    pairs = s["prefill_attention_pairs"].to_numpy(np.float64)
+    decode = s["decode_context_tokens"].to_numpy(np.float64)
+    history = s["prefill_history_tokens"].to_numpy(np.float64)
+    if window is not None:
+        decode_rows = s["decode_tokens"].to_numpy(np.float64) + s["padding_tokens"].to_numpy(np.float64)
+        prefill_rows = s["num_seqs"].to_numpy(np.float64) - decode_rows
+        pairs = np.minimum(pairs, prefill * window)
+        decode = np.minimum(decode, decode_rows * window)
+        history = np.minimum(history, prefill_rows * window)
+    return pairs, decode, prefill + history
+
+
+# ---------------------------------------------------------------- bytes
+
+
+def step_bytes(s: pd.DataFrame, m, gpus: int) -> np.ndarray:
+    """HBM bytes each step reads on all the replica's GPUs: weights once, and the KV it attends to."""
+    _, decode, keys = _reads(s, None)
+    kv = m.kv_bytes_per_token(gpus) * gpus * (decode + keys)
+    if m.sliding_window:
+        share = m.sliding_layers / m.num_layers
+        _, decode_w, keys_w = _reads(s, m.sliding_window)
+        kv = (1.0 - share) * kv + share * m.kv_bytes_per_token(gpus) * gpus * (decode_w + keys_w)
+    return weights_read(m, gpus, _tokens(s)) + kv
+
+
+def weights_read(m, gpus: int, tokens: np.ndarray) -> np.ndarray:
+    """Weight bytes a step of `tokens` tokens reads over `gpus` GPUs: all of them but the embedding
+    table and, for MoE, the routed experts it leaves untouched (uniform top-k routing)."""
+    width = 2 if m.weight_dtype in ("fp8", "int4") else m.weight_bits / 8  # the embedding stays 16-bit
+    embedding = 0 if m.tie_word_embeddings else m.vocab_per_gpu(gpus) * gpus * m.hidden * width
+    whole = float(m.weight_bytes(gpus) * gpus - embedding)
+    tokens = np.asarray(tokens, dtype=np.float64)
+    if not m.is_moe:
+        return np.full(len(tokens), whole)
+    e, k = float(m.num_experts), float(m.experts_per_token)
+    untouched = e * (1.0 - k / e) ** tokens
+    expert = m.expert_params(1) * m.weight_bits / 8.0
+    return whole - m.num_moe_layers * untouched * expert
+
+
+# ---------------------------------------------------------------- what each replica ran on
+
+
+def hardware_of(cfg, replicas, pools: dict) -> dict:
+    """Replica index -> StepHardware (None where no GPU is known) of a run of `cfg`: the model and
+    GPU its cost model timed (else the experiment's model and cluster.gpu, or the cost model's gpu),
+    its GPUs (cbsim/replica_gpus.py) and its cost model's `collective_time`, if it has one."""
+    from cbsim.api import pool_config
+
+    by_index = {replica.index: replica for replica in replicas}
+    out = {}
+    for pool, indices in pools.items():
+        pool_cfg = cfg if pool == "cluster" else pool_config(cfg, pool)
+        for index in indices:
+            out[index] = _hardware(pool_cfg, by_index[index].cost)
+    return out
+
+
+def _hardware(cfg, cost) -> StepHardware | None:
+    from cbsim.errors import ConfigError
+    from cbsim.profiler.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
+    from cbsim.replica_gpus import gpus_per_replica
+
+    model = getattr(cost, "model", None)
+    gpu = getattr(cost, "gpu", None)
+    try:
+        model = model if isinstance(model, ModelSpec) else model_spec(cfg.model)
+        if not isinstance(gpu, GPUSpec):
+            name = cfg.cluster.gpu or cfg.cost_model.get("gpu") or cost.describe().get("gpu")
+            if name is None:
+                return None
+            gpu = gpu_spec(name)
+    except ConfigError:  # a profile's GPU or model the catalog does not know: no peaks to divide by
+        return None
+    fp8 = model.compute_dtype != "bf16" and model.weight_dtype == "fp8"
+    return StepHardware(model, gpu.peak_flops(fp8), gpu.hbm_bandwidth, gpus_per_replica(cfg, cost),
+                        getattr(cost, "collective_time", None))
