@@ -3,10 +3,13 @@
 Panels (time on every x axis, shared):
 - requests waiting and running (P/D: also the hand-offs holding prefill KV, or on their way);
 - tokens waiting (prompt tokens queued) and KV tokens held;
-- scheduled prefill vs decode tokens per step; step latency (median and max per time bin);
+- scheduled prefill vs decode tokens per step, and the batch's requests;
+- step latency of steps with prefill vs decode-only steps (median and max per time bin);
 - KV blocks used and free (evictable when the cache reports it; P/D prefill: held for hand-off);
 - preemptions and recomputed tokens; prefix-cache hit tokens (only when the run reports them);
-- TTFT and ITL p50/p99 over a trailing window.
+- TTFT, ITL and TPOT p50/p99 over a trailing window (TPOT at each request's completion);
+- MFU and HBM-bandwidth utilisation, and the share of step time in all-reduces (the steps table's
+  efficiency columns, sim/step_efficiency.py; mean per bin weighted by step duration).
 
 Nothing here is recorded during the run: queue levels are rebuilt from each request's times
 (arrival, first step, completion; P/D: prefill done, landing, first decode step) as level
@@ -50,6 +53,7 @@ class PoolView:
     extra_kv: tuple | None = None  # (label, enter, leave, blocks): KV held outside waiting/running
     prefix_hits: tuple | None = None  # (times, tokens)
     itl_title: str = "ITL"  # the prefill pool of a P/D run shows its hand-off times there instead
+    tpot: tuple = (np.zeros(0), np.zeros(0))  # (completion times, TPOT) of the requests decoded here
 
 
 def write_dashboards(results, out_dir) -> list[Path]:
@@ -79,6 +83,11 @@ def _itl_on(results, replicas) -> tuple:
 def _first_token(req: pd.DataFrame) -> tuple:
     done = req["ttft"].notna()
     return req.loc[done, "first_token_time"].to_numpy(), req.loc[done, "ttft"].to_numpy()
+
+
+def _tpot(req: pd.DataFrame) -> tuple:
+    done = req["tpot"].notna() & req["completion_time"].notna()
+    return req.loc[done, "completion_time"].to_numpy(), req.loc[done, "tpot"].to_numpy()
 
 
 def _prefix_hits(steps: pd.DataFrame, req: pd.DataFrame) -> tuple | None:
@@ -112,7 +121,7 @@ def whole_view(results) -> PoolView:
          "running": (req["first_scheduled"], end, None)},
         (req["arrival"], req["first_scheduled"], req["prompt_len"]), _first_token(req),
         _itl_on(results, replicas), _capacity(results, replicas), results.config.cluster.kv_cache.block_size,
-        results.preemptions, None, _prefix_hits(results.steps, req))
+        results.preemptions, None, _prefix_hits(results.steps, req), tpot=_tpot(req))
 
 
 def pool_view(results, pool: str) -> PoolView:
@@ -145,9 +154,10 @@ def pool_view(results, pool: str) -> PoolView:
         ttft = _first_token(req)
         itl, itl_title = _itl_on(results, replicas), "ITL"
     preemptions = results.preemptions[results.preemptions["replica"].isin(replicas)]
+    tpot = _tpot(req) if pool == "decode" else (np.zeros(0), np.zeros(0))  # no token gaps on the prefill pool
     return PoolView(f"{results.config.name}: {pool} pool ({_replicas(len(replicas))})", steps, levels, waiting, ttft,
                     itl, _capacity(results, replicas), results.config.cluster.kv_cache.block_size, preemptions,
-                    extra, _prefix_hits(steps, req), itl_title)
+                    extra, _prefix_hits(steps, req), itl_title, tpot)
 
 
 # ---------------------------------------------------------------- binning helpers
@@ -247,21 +257,32 @@ def _scheduled_panel(ax, view, edges, x):
                     color=COLORS["prefill"], alpha=0.6, linewidth=0, label="prefill tokens / step")
     right.step(x, _per_bin(edges, s["start"], s["decode_tokens"], "mean"), where="post", color=COLORS["decode"],
                label="decode tokens / step (right)")
+    right.step(x, _per_bin(edges, s["start"], s["num_seqs"], "mean"), where="post", color=COLORS["running"],
+               linewidth=0.8, linestyle="--", label="requests / step (right)")
     ax.set_ylim(0, max(1.0, float(np.nanmax(np.r_[s["prefill_tokens"].to_numpy(dtype=float), 0]))) * 1.05)
-    ax.set_title("Scheduled tokens per step (mean per bin)")
-    ax.set_ylabel("prefill", color=COLORS["prefill"])
-    right.set_ylabel("decode", color=COLORS["decode"])
-    right.set_ylim(0, max(1.0, float(np.nanmax(np.r_[s["decode_tokens"].to_numpy(dtype=float), 0]))) * 1.05)
+    ax.set_title("Batch: scheduled tokens and requests per step (mean per bin)")
+    ax.set_ylabel("prefill tokens", color=COLORS["prefill"])
+    right.set_ylabel("decode / requests", color=COLORS["decode"])
+    right.set_ylim(0, max(1.0, float(np.nanmax(np.r_[s["num_seqs"].to_numpy(dtype=float), 0]))) * 1.05)
     return right
 
 
 def _latency_panel(ax, view, edges, x):
+    """Steps that run any prefill vs decode-only steps: median (solid) and max (thin) per bin."""
     s = view.steps
-    ms = s["duration"] * 1e3
-    ax.step(x, _per_bin(edges, s["start"], ms, "p50"), where="post", color=COLORS["p50"], label="median")
-    ax.step(x, _per_bin(edges, s["start"], ms, "max"), where="post", color=COLORS["p99"], linewidth=0.8,
-            label="max")
-    ax.set_title("Step latency (per bin)")
+    prefill = s["prefill_tokens"].to_numpy() > 0
+    counts = []
+    for label, mine, color in (("with prefill", prefill, COLORS["prefill"]),
+                               ("decode only", ~prefill, COLORS["decode"])):
+        part = s[mine]
+        counts.append(f"{int(mine.sum()):,} {label}")
+        if not len(part):
+            continue
+        ms = part["duration"] * 1e3
+        ax.step(x, _per_bin(edges, part["start"], ms, "p50"), where="post", color=color, label=f"{label}: median")
+        ax.step(x, _per_bin(edges, part["start"], ms, "max"), where="post", color=color, linewidth=0.6,
+                alpha=0.6, label=f"{label}: max")
+    ax.set_title(f"Step latency, prefill vs decode-only steps ({'; '.join(counts)})")
     ax.set_ylabel("ms")
 
 
@@ -311,6 +332,40 @@ def _prefix_panel(ax, view, edges, x):
     ax.set_ylabel("tokens")
 
 
+def _weighted_per_bin(edges, steps, column) -> np.ndarray:
+    """Duration-weighted mean of a step column per bin (NaN where no step with a value starts)."""
+    values = steps[column].to_numpy(dtype=np.float64)
+    weights = steps["duration"].to_numpy(dtype=np.float64)
+    ok = np.isfinite(values) & np.isfinite(weights)
+    which = _bin(edges, steps["start"].to_numpy(dtype=np.float64)[ok])
+    total = np.bincount(which, weights[ok], NUM_BINS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, np.bincount(which, values[ok] * weights[ok], NUM_BINS) / total, np.nan)
+
+
+def _efficiency_panel(ax, view, edges, x):
+    """MFU and HBM-bandwidth utilisation (and all-reduce share when priced), in % per bin."""
+    s = view.steps
+    if "mfu" not in s or not np.isfinite(s["mfu"].to_numpy(dtype=np.float64)).any():
+        ax.text(0.5, 0.5, "no GPU known for these steps", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title("Step efficiency")
+        return
+    shares = {"MFU": s["mfu"], "HBM": s["hbm_util"]}
+    if np.nan_to_num(s["collective_s"].to_numpy(dtype=np.float64)).any():
+        shares["all-reduce (% of step time)"] = s["collective_s"] / s["duration"]
+    frame = s[["start", "duration"]].assign(**{k: v.to_numpy() for k, v in shares.items()})
+    colors = iter([COLORS["prefill"], COLORS["decode"], COLORS["moving"]])
+    means = []
+    for label in shares:
+        ax.step(x, _weighted_per_bin(edges, frame, label) * 100, where="post", color=next(colors), label=label)
+        ok = np.isfinite(frame[label]) & (frame["duration"] > 0)
+        mean = np.average(frame.loc[ok, label], weights=frame.loc[ok, "duration"]) if ok.any() else np.nan
+        means.append(f"{label.split(' (')[0]} {mean * 100:.3g}%")
+    ax.set_title("Step efficiency (busy-time mean: " + ", ".join(means) + ")")
+    ax.set_ylabel("% of peak" if len(shares) == 2 else "% of peak / of time")
+    ax.set_ylim(0, 105)
+
+
 def time_unit(seconds) -> tuple[float, str]:
     """(scale, unit) to show latencies given in seconds: ms below 1 s, else s."""
     finite = np.asarray(seconds, dtype=np.float64)
@@ -341,7 +396,9 @@ def plot_dashboard(view: PoolView):
               lambda ax: _scheduled_panel(ax, view, edges, x), lambda ax: _latency_panel(ax, view, edges, x),
               lambda ax: _kv_panel(ax, view, edges, x), lambda ax: _preemption_panel(ax, view, edges, x),
               lambda ax: _percentile_panel(ax, edges, x, view.ttft, "TTFT"),
-              lambda ax: _percentile_panel(ax, edges, x, view.itl, view.itl_title)]
+              lambda ax: _percentile_panel(ax, edges, x, view.itl, view.itl_title),
+              lambda ax: _percentile_panel(ax, edges, x, view.tpot, "TPOT at completion"),
+              lambda ax: _efficiency_panel(ax, view, edges, x)]
     if view.prefix_hits is not None:
         panels.insert(6, lambda ax: _prefix_panel(ax, view, edges, x))
     rows = (len(panels) + 1) // 2

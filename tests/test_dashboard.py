@@ -37,6 +37,11 @@ def test_optional_panels_appear_only_with_their_data():
     plain = dashboard.plot_dashboard(dashboard.whole_view(res))
     titles = [ax.get_title() for ax in plain.axes if ax.get_visible()]
     assert "Prefix-cache hits" not in titles and any(t.startswith("KV cache") for t in titles)
+    assert any(t.startswith("TPOT") for t in titles)
+    assert any(t.startswith("Step latency, prefill vs decode-only steps") for t in titles)
+    efficiency = next(ax for ax in plain.axes if ax.get_title().startswith("Step efficiency"))
+    assert "MFU" in efficiency.get_title()
+    assert [text.get_text() for text in efficiency.get_legend().get_texts()] == ["MFU", "HBM"]  # 1 GPU: no all-reduce
     plt.close(plain)
     res.steps["kv_blocks_evictable"] = 5
     res.steps["prefix_hit_tokens"] = 16
