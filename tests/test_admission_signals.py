@@ -81,7 +81,7 @@ def test_a_victim_gives_back_its_reserve():
 
 
 def test_a_request_whose_kv_is_here_already_needs_no_reserve():
-    # P/D decode side: a landed request holds its prompt's blocks; R's reserve (14 blocks of the 12 free)
+    # P/D decode side: a landed request holds its prompt's blocks; R's reserve (14 blocks of the 11 free)
     # keeps a new prompt out but not it
     state, _, waiting = reserve_state(300)
     landed = Request(2, 0.0, 64, 10, num_computed_tokens=64, num_output_tokens=1, status=Status.WAITING)
