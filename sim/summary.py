@@ -58,7 +58,10 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
 
 
 def _latency_summary(df: pd.DataFrame, itl: ITLDistribution) -> dict:
+    """Request-latency percentiles over the requests that did not fail (a timed-out request may have
+    a first token; like vllm bench serve, failed requests count in no latency), ITL over every gap."""
     out = {}
+    df = df[df["status"] != "rejected"]
     for name, qs in (("ttft", (50, 90, 99)), ("tpot", (50, 90, 99)), ("e2e", (50, 99)), ("queue_delay", (50, 99))):
         for q, v in zip(qs, column_percentiles(df[name], qs)):
             out[f"{name}_p{q}"] = v

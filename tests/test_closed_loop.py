@@ -220,3 +220,17 @@ def test_sharegpt_all_turns_in_a_closed_loop_hit_the_prefix_cache(tmp_path):
     second = [wl.requests[s[1]] for s in wl.clients.sessions]
     assert all(r.arrival >= wl.requests[s[0]].completion_time for r, s in zip(second, wl.clients.sessions))
     assert [kvs[0].prefix.hit_tokens[r.id] for r in second] == [96, 96, 96]
+
+
+def test_timed_out_requests_count_in_no_latency_percentile():
+    """Like vllm bench serve: a failed (timed-out) request's TTFT, though it had a first token, is left out."""
+    data = {"name": "t", "model": "tiny", "cost_model": LINEAR, "policy": SARATHI,
+            "cluster": {"kv_cache": {"num_blocks": 400}},
+            "workload": {"num_requests": 20, "arrival": {"type": "all_at_once"}, "timeout": 0.5, **FIXED},
+            "output": {"plots": False}}
+    results = run_experiment(data)
+    df = results.requests
+    failed = (df["status"] == "rejected") & df["ttft"].notna()
+    assert failed.any()  # some timed out after their first token
+    kept = df.loc[df["status"] != "rejected", "ttft"].dropna().to_numpy()
+    assert results.summary["ttft_p99"] == pytest.approx(np.percentile(kept, 99))
