@@ -49,6 +49,7 @@ class Results:
         """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
         `files` then maps each file written to its size in bytes. `progress` (sim/progress.py) names
         each phase of a long run's writing."""
+        from cbsim.sim.bench_result import bench_result
         from cbsim.sim.dashboard import write_dashboards
         from cbsim.sim.metrics import stall_events
         from cbsim.sim.plots import plot_run
@@ -76,6 +77,8 @@ class Results:
             if "csv" in cfg.output.formats:
                 frame.to_csv(path(f"{name}.csv"), index=False)
         path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        bench = bench_result(self, cfg.metrics.percentiles, details=cfg.output.bench_details)
+        path("bench.json").write_text(json.dumps(bench, indent=2) + "\n")
         if cfg.output.plots:
             say("plotting")
             written += plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,

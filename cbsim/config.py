@@ -230,6 +230,9 @@ class OutputConfig:
                                                       "pandas.read_parquet) and/or csv (~4x larger and ~15x "
                                                       "slower to write: 141 MB of steps.csv against 38 MB of "
                                                       "steps.parquet for 50k requests)")
+    bench_details: bool = option(False, help="bench.json (the schema of vllm bench serve --save-result) also "
+                                 "lists every request's input_lens, output_lens, ttfts, itls, latencies, "
+                                 "start_times and errors, as --save-detailed does")
     shapes: int = option(0, help="write shapes.jsonl with this many step shapes sampled from the run "
                          "(held-out batches for `cbsim profile --batches`); 0 = none")
 

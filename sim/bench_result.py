@@ -87,14 +87,15 @@ def _model_name(cfg) -> str:
 
 def _arrival_keys(cfg) -> dict:
     """request_rate (null when the arrivals are not a rate: a trace, a list), burstiness (vLLM's gamma
-    shape: 1 for Poisson, 1/cv^2 for gamma gaps) and max_concurrency (open loop: null)."""
+    shape: 1 for Poisson, 1/cv^2 for gamma gaps) and max_concurrency (workload.max_concurrency; open loop: null)."""
     from cbsim.workloads import parse_workload
 
-    arrival = parse_workload(cfg.workload, "workload").arrival
+    workload = parse_workload(cfg.workload, "workload")
+    arrival = workload.arrival
     rate = getattr(arrival, "rate", None)
     cv = getattr(arrival, "cv", None)
     burstiness = None if rate is None else (1.0 if cv is None else 1.0 / cv ** 2)
-    return {"request_rate": rate, "burstiness": burstiness, "max_concurrency": None}
+    return {"request_rate": rate, "burstiness": burstiness, "max_concurrency": workload.max_concurrency}
 
 
 def _details(results, df: pd.DataFrame) -> dict:

@@ -39,6 +39,7 @@ def test_keys_and_values_follow_vllm(results):
         (done["prompt_len"].sum() + done["output_tokens"].sum()) / bench["duration"])
     assert bench["request_goodput"] == pytest.approx(done["meets_slo"].sum() / bench["duration"])
     assert bench["burstiness"] == 0.25 and bench["request_rate"] == 50.0  # gamma shape 1 / cv^2
+    assert bench["max_concurrency"] is None  # open loop
     ttft = done["ttft"].to_numpy()
     assert bench["mean_ttft_ms"] == pytest.approx(ttft.mean() * 1e3)
     assert bench["median_ttft_ms"] == pytest.approx(np.median(ttft) * 1e3)
@@ -84,3 +85,12 @@ def test_cbsim_reads_its_bench_json_as_a_vllm_file(results, tmp_path):
 @pytest.mark.parametrize("q,word", [(99, "99"), (99.9, "99.9"), (50.0, "50")])
 def test_percentile_words(q, word):
     assert percentile_word(q) == word
+
+
+def test_a_run_writes_bench_json_with_the_configured_percentiles(tmp_path):
+    cfg = dict(EXPERIMENT, metrics={"percentiles": [50, 99.9]},
+               workload=dict(EXPERIMENT["workload"], max_concurrency=4), output={"plots": False, "bench_details": True})
+    results = run_experiment(cfg, out_dir=tmp_path)
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert "p99.9_itl_ms" in bench and "p90_itl_ms" not in bench and bench["max_concurrency"] == 4
+    assert len(bench["input_lens"]) == len(results.requests) and "bench.json" in results.files
