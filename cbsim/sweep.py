@@ -247,9 +247,42 @@ def _run_local(items: list, func, workers: int | None, collect, address=None) ->
         for item in items:
             collect(func(item))
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         for future in as_completed([pool.submit(func, item) for item in items]):
             collect(future.result())
+
+
+def die_with_parent(parent: int, interval: float = 0.5) -> None:
+    """Run in each pool worker: exit as soon as the process that started the pool is gone (a sweep
+    killed with `kill -9` leaves no worker behind). When the worker is that process's child, Linux
+    is asked to kill it with its parent (prctl PR_SET_PDEATHSIG); in every case (forkserver or spawn
+    workers, other systems) a daemon thread checks every `interval` seconds that the parent lives."""
+    import signal
+    import threading
+
+    if os.getppid() == parent:
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+    def alive() -> bool:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def watch() -> None:
+        while alive():
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
 
 def _run_ray(items: list, func, workers: int | None, collect, address: str | None = None) -> None:

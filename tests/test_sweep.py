@@ -337,3 +337,48 @@ def test_meets_slo_treats_undefined_metrics_and_unfinished_requests_as_violation
     assert not meets_slo({"a": None}, {"a": 1.0})
     assert not meets_slo({"a": float(np.nan)}, {"a": 1.0})
     assert not meets_slo({}, {"a": 1.0})
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads child processes from /proc")
+def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
+    """kill -9 of the parent: its pool workers exit too (issue 14: tie the workers to the parent)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "sweep.py"
+    script.write_text(
+        "from cbsim.sweep import run_sweep\n"
+        "base = {'name': 'k', 'model': 'tiny', 'cost_model': {'type': 'unit'}, 'policy': {'name': 'sarathi'},\n"
+        "        'cluster': {'kv_cache': {'num_blocks': 2000}}, 'output': {'plots': False},\n"
+        "        'workload': {'num_requests': 20000, 'arrival': {'type': 'poisson', 'rate': 50.0},\n"
+        "                     'prompt_len': {'type': 'fixed', 'value': 64}, 'output_len': {'type': 'fixed', 'value': 64}}}\n"
+        "spec = {'base': base, 'grid': {'policy.max_num_seqs': [8, 16, 32, 64]}, 'seeds': [0, 1]}\n"
+        f"run_sweep(spec, out_dir={str(tmp_path / 'out')!r}, workers=2)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1])
+
+    def children() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    found.append(int(entry.name))
+        return found
+
+    deadline = time.time() + 60
+    while len(children()) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    workers = children()
+    assert len(workers) >= 2, "the sweep did not start its workers"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
