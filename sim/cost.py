@@ -4,6 +4,7 @@ The simulator only ever asks "how long does a step of this shape take". `decode_
 the fast path for a run of pure-decode steps in which every context grows by one token per step;
 an implementation that overrides it must return exactly (bit for bit) what `step_time` returns
 for each of those steps, which is what lets the replica skip ahead without changing results.
+`decode_step_time` is the same for one step of such a run, in plain Python (short runs).
 """
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ class CostModel:
         for j in range(steps):
             out[j] = self.step_time(StepShape(decode=tuple(x + j for x in base), tokens_sampled=n))
         return out
+
+    def decode_step_time(self, contexts: list[int], offset: int, context_sum: int) -> float:
+        """Seconds of one pure-decode step whose rows have contexts `contexts` + `offset`
+        (`context_sum`: their sum, offset included): the scalar twin of `decode_run_times`, called
+        step by step over a short decode run. An override must return exactly what `step_time` returns."""
+        return self.step_time(StepShape(decode=tuple(x + offset for x in contexts), tokens_sampled=len(contexts)))
 
     def describe(self) -> dict:
         """A small JSON-able description recorded with the results."""

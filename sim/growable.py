@@ -20,7 +20,11 @@ class Column:
         self.data.append(value)
 
     def extend(self, values) -> None:
-        self.data.frombytes(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        """Append numpy values, or a list of Python numbers (kept as they are)."""
+        if isinstance(values, list):
+            self.data.extend(values)
+        else:
+            self.data.frombytes(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
 
     def fill(self, value, count: int) -> None:
         """Append `count` copies of one value."""

@@ -80,7 +80,7 @@ class Recorder:
         count = len(rows["start"])
         for name, column in self.columns.items():
             value = rows.get(name, 0) if name in AGGREGATES else rows[name]
-            if isinstance(value, np.ndarray):
+            if isinstance(value, (np.ndarray, list)):
                 column.extend(value)
             else:
                 column.fill(value, count)

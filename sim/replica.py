@@ -7,7 +7,8 @@ An idle replica waits on an event that an arrival triggers; there is no polling.
 Fast-forward: when a step is pure decode of every running request, nothing can change the plan
 until the next arrival, the first completion, or running out of KV blocks: each following step is
 the same batch with every context one longer. The replica then advances up to that horizon in one
-vectorised computation (cost.decode_run_times) with results identical to stepping one by one.
+vectorised computation (cost.decode_run_times), or for a short run in a plain loop of O(1) steps
+(cost.decode_step_time), with results identical to stepping one by one.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ from .recorder import Recorder
 from .request import Request, Status
 from .shape import StepShape
 from .state import SchedulerState
+
+
+SCALAR_RUN = 64  # decode runs bounded by this many steps are fast-forwarded in plain Python, not numpy
 
 
 class SchedulerStuck(RuntimeError):
@@ -575,6 +579,8 @@ class Replica:
             if keep < len(ends):
                 ends, extra = ends[:keep], extra[:keep]
                 final = self._held_blocks(keep)[1][keep - 1]
+                if isinstance(ends, list):
+                    final = final.tolist()
                 self.step_end = float(ends[-1])
                 yield env.timeout(delay_to(env.now, self.step_end))
             elif not done.processed:  # (a Timeout counts as triggered from its creation)
@@ -612,6 +618,8 @@ class Replica:
             steps = min(steps, int((horizon - start) / duration) + 2)
         if steps < 2:
             return None
+        if steps <= SCALAR_RUN:
+            return self._scalar_run(steps, start, duration, horizon)
         contexts, held = self._held_blocks(steps)
         extra = held.sum(axis=1)
         extra -= extra[0]
@@ -629,6 +637,62 @@ class Replica:
             runnable = 1 + int(np.searchsorted(ends[: steps - 1], horizon, side="left"))
         return (ends[:runnable], held[runnable - 1], extra[:runnable]) if runnable >= 2 else None
 
+    def _scalar_run(self, steps: int, start: float, duration: float, horizon: float):
+        """`_fast_forward` for a short run (at most SCALAR_RUN steps), in plain Python: the same
+        (ends, final, extra) as lists, step by step, stopping at the horizon (a numpy set-up costs more
+        than such a run). A request crosses into a new block at steps j0, j0 + block_size, ...; the run
+        stops before the step whose crossings need more blocks than are free."""
+        block_size = self.kv.block_size
+        contexts = []
+        crossings = []
+        for req in self.running:
+            context = req.num_computed_tokens + 1
+            contexts.append(context)
+            held = -(-context // block_size)
+            if req.num_blocks > held:
+                held = req.num_blocks
+            j = held * block_size - context + 1  # the first step whose context outgrows the blocks held
+            while j < steps:
+                crossings.append(j)
+                j += block_size
+        free = self.kv.free_blocks
+        if len(crossings) > free:
+            crossings.sort()
+            steps = crossings[free]  # the first step that would need one block more than are free
+            if steps < 2:
+                return None
+        step_time = self.cost.decode_step_time
+        ends = [start + duration]
+        total = sum(contexts)
+        n = len(contexts)
+        end = ends[0]
+        before = self.settings.runs_end_before_horizon
+        if before and not end < horizon:
+            return None
+        for j in range(1, steps):
+            if not before and not end < horizon:  # step j starts at the previous end: not at or after the horizon
+                break
+            seconds = step_time(contexts, j, total + n * j)
+            later = end + seconds
+            if not end < later < CLOCK_LIMIT:
+                check_run("cost_model", end, np.array([seconds]), where=self._step_context())
+            if before and not later < horizon:
+                break
+            ends.append(later)
+            end = later
+        count = len(ends)
+        if count < 2:
+            return None
+        last = count - 1
+        final = [max(-(-(c + last) // block_size), req.num_blocks) for c, req in zip(contexts, self.running)]
+        extra = [0] * count  # blocks held after step j beyond the first step's: crossings up to j
+        for j in crossings:
+            if j < count:
+                extra[j] += 1
+        for j in range(1, count):
+            extra[j] += extra[j - 1]
+        return ends, final, extra
+
     def _held_blocks(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """(decode contexts of the running requests now, [j, i]: KV blocks running request i holds
         after step j + 1 of a decode run, j = 0 being this step)."""
@@ -645,17 +709,24 @@ class Replica:
         beyond those held in the first."""
         count = len(ends)
         running = self.running
-        used = self.kv.used_blocks + extra
+        n = len(running)
+        used = self.kv.used_blocks
+        contexts = sum(r.num_computed_tokens for r in running) + n  # the first step's, summed
+        if isinstance(ends, list):  # a short run (_scalar_run): plain lists, appended as they are
+            used = [used + e for e in extra[1:]]
+            decode_contexts = [contexts + n * j for j in range(1, count)]
+        else:
+            used = used + extra[1:]
+            decode_contexts = contexts + n * np.arange(1, count, dtype=np.int64)
+            final = final.tolist()
         self.recorder.set_end(self.step, float(ends[0]))
-        contexts = sum(r.num_computed_tokens for r in running) + len(running)  # the first step's, summed
         first = self.recorder.add_steps(
             replica=self.index, start=ends[:-1], end=ends[1:], prefill_tokens=0,
-            decode_tokens=len(running), padding_tokens=0, num_seqs=len(running), kv_blocks_used=used[1:],
-            preemptions=0, swap_bytes=0.0,
-            decode_context_tokens=contexts + len(running) * np.arange(1, count, dtype=np.int64))
+            decode_tokens=n, padding_tokens=0, num_seqs=n, kv_blocks_used=used,
+            preemptions=0, swap_bytes=0.0, decode_context_tokens=decode_contexts)
         last = first + count - 2
         token, grow, step, previous = self.recorder.token, self.kv.grow, self.step, self.prev_step
-        for req, blocks in zip(running, final.tolist()):
+        for req, blocks in zip(running, final):
             token(req, step, previous)
             req.num_output_tokens += count
             req.num_computed_tokens += count

@@ -166,6 +166,19 @@ class StepEngine:
             return forward if forward >= host else host
         return forward + host
 
+    def decode_step(self, gpu: float, seqs: int) -> float:
+        """`step_of` for a decode-only step of `seqs` sequences (one token each), without a shape."""
+        if self.none:
+            return gpu
+        forward = gpu * self.scale
+        floor = self.graph_floor if seqs <= self.graph_max else self.eager_floor
+        if forward < floor:
+            forward = floor
+        host = self.per_step + self.per_seq * seqs + self.per_prefill * 0 + self.per_token * seqs
+        if self.overlap:
+            return forward if forward >= host else host
+        return forward + host
+
     def step_many(self, gpu: np.ndarray, seqs: int) -> np.ndarray:
         """`step` over an array of decode-only steps of `seqs` sequences (one token each)."""
         if self.none:

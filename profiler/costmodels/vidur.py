@@ -167,6 +167,11 @@ class VidurCostModel(CostModel):
         gpu = self._gpu(shape.num_prefill_tokens + n, attn, shape.tokens_sampled)
         return self._engine.step_of(gpu, shape)
 
+    def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
+        n = len(contexts)
+        attn = 0.0 + self.attention.decode(n, context_sum)  # step_time's empty prefill sum, then decode
+        return self._engine.decode_step(self._gpu(n, attn, n), n)
+
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.int64)
         n = len(contexts)
