@@ -276,7 +276,7 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
             _, cost, make_kv, settings = build_replica_parts(cfg)
             noise = step_noise(cfg, cost, rng)
     except ConfigError as err:
-        raise err.in_file(cfg.source) if cfg.source else err
+        raise err.in_file(cfg.source)
     try:  # a step or transfer time the guard refuses (sim/durations.py) names the experiment file too
         if cfg.cluster.mode == "pd":
             if clients is not None:
@@ -293,7 +293,7 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
                                       max_time=cfg.sim.max_time, noise=noise, progress=progress, clients=clients)
         return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
     except ConfigError as err:
-        raise err.in_file(cfg.source) if cfg.source else err
+        raise err.in_file(cfg.source)
 
 
 def client_frontend(cfg: ExperimentConfig, requests):
@@ -305,7 +305,7 @@ def client_frontend(cfg: ExperimentConfig, requests):
     try:
         engine = engine_of(cfg.cost_model)
     except ConfigError as err:
-        raise err.in_file(cfg.source) if cfg.source else err
+        raise err.in_file(cfg.source)
     if not engine.has_frontend:
         return engine, None, requests
     client = shift_arrivals(requests, engine.terms)
@@ -334,7 +334,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         workload = build_run(parse_workload(cfg.workload, "workload"), rng, base_dir)
         requests, dropped = workload.requests, workload.dropped
     except ConfigError as err:
-        raise err.in_file(cfg.source) if cfg.source else err
+        raise err.in_file(cfg.source)
     frontend, client_arrival, in_order = client_frontend(cfg, requests)
     if workload.clients is not None:  # closed loop: the clients' send times, decided by the run
         workload.clients.client_arrival = client_arrival

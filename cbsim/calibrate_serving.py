@@ -62,7 +62,7 @@ def simulate_metrics(cfg, engine: dict) -> dict:
     try:
         results = run_experiment(run_cfg)
     except ConfigError as err:
-        raise err.in_file(cfg.source) if cfg.source else err
+        raise err.in_file(cfg.source)
     return simulated_metrics(results)
 
 

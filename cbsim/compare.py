@@ -97,7 +97,7 @@ def experiment_config(experiment, run: MeasuredRun, overrides: list[str] | None)
             notes.append(note)
         cfg = load_config(data)
     except ConfigError as err:
-        raise err.in_file(file) if file else err
+        raise err.in_file(file)
     cfg = replace(cfg, output=replace(cfg.output, dir=None))
     cfg.source = file
     return cfg, notes

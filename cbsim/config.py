@@ -377,7 +377,7 @@ def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
         config.source = file
         validate_sections(config)
     except ConfigError as err:
-        raise err.in_file(file) if file else err
+        raise err.in_file(file)
     return config
 
 

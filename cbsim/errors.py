@@ -17,10 +17,13 @@ class ConfigError(ValueError):
         got = f", got {self.got!r}" if self.has_got else ""
         return f"{where}{self.path}: expected {self.expected}{got}"
 
-    def in_file(self, file: str) -> "ConfigError":
-        """The same error, now naming the file it came from; an error that already names a file (a
-        trace or profile the experiment points to) keeps that file, where the bad content is."""
-        return ConfigError(self.path, self.expected, self.got, self.file or file, self.has_got)
+    def in_file(self, file: str | None) -> "ConfigError":
+        """The same error, now naming the file it came from (itself when `file` is None); an error
+        that already names a file (a trace or profile the experiment points to) keeps that file,
+        where the bad content is."""
+        if not file or self.file:
+            return self
+        return ConfigError(self.path, self.expected, self.got, file, self.has_got)
 
     def under(self, prefix: str) -> "ConfigError":
         """The same error with its key path nested under `prefix`."""

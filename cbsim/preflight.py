@@ -45,7 +45,7 @@ def preflight(cfg: ExperimentConfig) -> dict[str, int] | None:
                     if gb_s is not None:
                         probe_transfer(f"cluster.link.{key}", gb_s * 1e9, link.latency_s, whole)
     except ConfigError as err:
-        raise err.in_file(cfg.source) if cfg.source else err
+        raise err.in_file(cfg.source)
     return dropped
 
 

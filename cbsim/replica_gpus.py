@@ -24,7 +24,7 @@ def gpus_per_replica(cfg: ExperimentConfig, cost=None) -> int:
         try:
             cost = load_cost_model(cfg.cost_model, model_spec(cfg.model, "model"))
         except ConfigError as err:
-            raise err.in_file(cfg.source) if cfg.source else err
+            raise err.in_file(cfg.source)
     return int(cost.describe().get("tp") or 1)
 
 

@@ -127,7 +127,7 @@ def load_spec_file(kind: type, source, root: str | Path | None, noun: str):
     try:
         spec = parse(kind, data)
     except ConfigError as err:
-        raise err.in_file(file) if file else err
+        raise err.in_file(file)
     folder = Path(file).parent if file else Path(root or ".")
     if isinstance(spec.base, str):
         base = Path(spec.base).expanduser()
