@@ -1,0 +1,75 @@
+"""The fast path changes nothing: random workloads through every policy, stepped one by one and
+fast-forwarded (short runs in plain Python, long runs with numpy, or both), give identical step
+tables and identical per-request times, bit for bit.
+
+Cost models: `linear` (the base class's decode_step_time, via step_time) and `vidur` with and
+without a serving engine (its own O(1) decode_step_time and vectorised decode_run_times)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cbsim.sim.replica as replica_module
+from cbsim.policies import make_policy
+from cbsim.profiler.costmodels import load_cost_model
+from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.request import Request
+from cbsim.sim.simulation import simulate
+
+POLICIES = {
+    "static": {"name": "static", "max_num_seqs": 6},
+    "orca": {"name": "orca", "max_num_seqs": 8},
+    "prefill_first": {"name": "prefill_first", "max_num_seqs": 8},
+    "sarathi": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8},
+    "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8},
+    "sglang": {"name": "sglang", "max_num_seqs": 8},
+    "chunked_only": {"name": "chunked_only", "token_budget": 64, "max_num_seqs": 8},
+}
+COSTS = {
+    "linear": {"type": "linear", "base": 0.01, "per_token": 0.001},
+    "vidur": {"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "none"},
+    "vidur-engine": {"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "vllm-v1"},
+}
+MAX_MODEL_LEN = 400
+# (arrival gap, prompt, output): bursts (gap 0) and pauses, long decodes so that runs are long and short
+WORKLOADS = st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.01, 0.2, 1.0, 5.0]), st.integers(1, 200),
+                               st.integers(1, 150)), min_size=1, max_size=14)
+_COST_MODELS: dict = {}
+
+
+def cost_model(name: str):
+    if name not in _COST_MODELS:
+        _COST_MODELS[name] = load_cost_model(COSTS[name])
+    return _COST_MODELS[name]
+
+
+def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool):
+    requests, t = [], 0.0
+    for i, (gap, prompt, output) in enumerate(specs):
+        t += gap
+        requests.append(Request(i, t, prompt, output))
+    settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward, swap_bandwidth=1e9)
+    recorder, _ = simulate(requests, lambda: make_policy(POLICIES[policy]), cost_model(cost),
+                           lambda: KVCache(num_blocks, 16, 1, False, 1024.0), settings_, max_time=1e6)
+    return requests, recorder
+
+
+@settings(max_examples=120)
+@given(st.sampled_from(sorted(POLICIES)), st.sampled_from(sorted(COSTS)), WORKLOADS, st.integers(26, 200),
+       st.sampled_from([0, 8, 64, 10**9]))
+def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run):
+    stepped = run(policy, cost, specs, num_blocks, fast_forward=False)
+    with pytest.MonkeyPatch.context() as patch:  # 0: numpy runs only; 10**9: plain-Python runs only
+        patch.setattr(replica_module, "SCALAR_RUN", scalar_run)
+        fast = run(policy, cost, specs, num_blocks, fast_forward=True)
+    for a, b in zip(stepped[0], fast[0]):
+        assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled) == \
+            (b.status, b.first_token_time, b.completion_time, b.num_preemptions, b.first_scheduled), a.id
+    slow_steps, fast_steps = stepped[1].step_table(), fast[1].step_table()
+    for name in slow_steps:
+        assert np.array_equal(slow_steps[name], fast_steps[name]), name
+    for name, column in stepped[1].run_table().items():  # every token's step, hence its time
+        assert np.array_equal(column, fast[1].run_table()[name]), name
