@@ -88,7 +88,8 @@ class Results:
             written += write_dashboards(self, out)
         if cfg.output.trace:
             say("writing trace.json")
-            write_chrome_trace(self.steps, path("trace.json"), cfg.metrics.trace_max_steps)
+            write_chrome_trace(self.steps, path("trace.json"), cfg.metrics.trace_max_steps, self.requests,
+                               self.transfers, cfg.metrics.trace_max_requests)
         if self.shapes:
             with open(path("shapes.jsonl"), "w") as handle:
                 for shape in self.shapes:

@@ -33,6 +33,9 @@ class MetricsConfig:
     percentiles: list[float] = option([50, 90, 99], help="percentiles of bench.json (p<q>_ttft_ms, ...), as "
                                       "vllm bench serve --metric-percentiles; numpy's linear method, like every "
                                       "percentile in cbsim")
+    trace_max_requests: int = option(1000, help="the trace also draws a lane per request (queue, prefill, decode, "
+                                     "KV transfers) for at most this many of the requests arriving within the "
+                                     "traced steps, the first by arrival; 0 = none")
     trace_max_steps: int = option(50_000, help="the Perfetto trace (output.trace) holds at most this many steps, "
                                   "the first ones (~18 MB; 0 = none)")
 
@@ -42,4 +45,5 @@ class MetricsConfig:
         require(self.cdf_max_points >= 2, "cdf_max_points", "an integer >= 2", self.cdf_max_points)
         require(bool(self.percentiles) and all(0 <= q <= 100 for q in self.percentiles), "percentiles",
                 "a non-empty list of numbers in [0, 100]", self.percentiles)
+        require(self.trace_max_requests >= 0, "trace_max_requests", "an integer >= 0", self.trace_max_requests)
         require(self.trace_max_steps >= 0, "trace_max_steps", "an integer >= 0", self.trace_max_steps)

@@ -144,3 +144,32 @@ def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
     loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
     assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
     assert "rate 40, seed 0: simulated" in loud.stderr and quiet.stderr == "" and loud.stdout == quiet.stdout
+
+
+def test_the_trace_has_a_lane_per_request(tmp_path):
+    """Perfetto lanes (sim/request_lanes.py): queue, prefill, decode back to back on each request's
+    track, KV hops of a P/D hand-off on it too, capped by metrics.trace_max_requests."""
+    import json
+
+    from cbsim.sim.request_lanes import REQUESTS_PID
+
+    results = run_experiment("experiments/pd_vs_colocated.yaml", overrides=[
+        "workload.num_requests=12", "output.trace=true", "output.plots=false", "metrics.trace_max_requests=10"],
+        out_dir=tmp_path)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    lanes = [e for e in events if e.get("pid") == REQUESTS_PID and e["ph"] == "X"]
+    by_request: dict = {}
+    for e in lanes:
+        by_request.setdefault(e["tid"], {})[e["name"]] = e
+    first = results.requests.sort_values(["arrival", "request_id"]).head(10)["request_id"]
+    assert sorted(by_request) == sorted(first)  # the first ten by arrival, no more
+    for spans in by_request.values():
+        queue, prefill, decode = spans["queue"], spans["prefill"], spans["decode"]
+        assert queue["ts"] + queue["dur"] == pytest.approx(prefill["ts"], abs=0.01)  # microseconds, rounded
+        assert prefill["ts"] + prefill["dur"] == pytest.approx(decode["ts"], abs=0.01)
+        assert "transfer p2p" in spans
+    run_experiment("experiments/pd_vs_colocated.yaml", overrides=[
+        "workload.num_requests=12", "output.trace=true", "output.plots=false", "metrics.trace_max_requests=0"],
+        out_dir=tmp_path / "none")
+    events = json.loads((tmp_path / "none" / "trace.json").read_text())["traceEvents"]
+    assert not any(e.get("pid") == REQUESTS_PID for e in events)
