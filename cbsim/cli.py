@@ -62,6 +62,7 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     except ConfigError as err:
         raise err.in_file(str(file)) if not out else err
     results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress())
+    typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:
         typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
@@ -73,6 +74,27 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     for line in drop_warnings(results.summary.get("dropped_rows")):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")
+
+
+def resolved_line(cfg, kv_blocks: dict | None) -> str:
+    """What the run resolved its settings to: 'resolved: roofline (gpu h100, tp 1), engine vllm-v1,
+    KV 28,181 x 16 tokens per replica, 1 replica, sarathi' (P/D: each pool's block counts)."""
+    from cbsim.profiler.costmodels.registry import engine_of
+
+    cost = cfg.cost_model
+    where = ", ".join(f"{k} {cost[k]}" for k in ("gpu", "tp", "profile") if cost.get(k) is not None)
+    engine = engine_of(cost).name
+    blocks = "/".join(f"{n:,}" for n in sorted(set((kv_blocks or {}).values()))) or "?"
+    if cfg.cluster.mode == "pd":
+        from .config import pool_policy
+
+        pools = ", ".join(f"{pool}: {getattr(cfg.cluster, pool).replicas} x {pool_policy(cfg, pool)['name']}"
+                          for pool in ("prefill", "decode"))
+        layout = f"P/D ({pools})"
+    else:
+        layout = f"{cfg.cluster.replicas} x {cfg.policy['name']}"
+    return (f"resolved: {cost['type']}{f' ({where})' if where else ''}, engine {engine}, "
+            f"KV {blocks} x {cfg.cluster.kv_cache.block_size} tokens per replica, {layout}")
 
 
 def summary_text(key: str, value) -> str:

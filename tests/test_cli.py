@@ -128,3 +128,14 @@ def test_printed_summary_shows_units():
     assert summary_text("throughput_tokens_per_s", 1976.0) == "1976 tokens/s"
     assert summary_text("slo_attainment", 1) == "100 %" and summary_text("num_finished", 500) == "500"
     assert summary_text("ttft_p99", None) == "None"
+
+
+def test_run_prints_what_it_resolved(tmp_path):
+    from cbsim.cli import resolved_line
+    from cbsim.config import load_config
+
+    cfg = load_config("experiments/quickstart.yaml")
+    assert resolved_line(cfg, {0: 28181}) == ("resolved: roofline (gpu h100, tp 1), engine vllm-v1, "
+                                              "KV 28,181 x 16 tokens per replica, 1 x sarathi")
+    pd_cfg = load_config("experiments/pd_vs_colocated.yaml")
+    assert "P/D (prefill: 2 x prefill_first, decode: 1 x sarathi)" in resolved_line(pd_cfg, {0: 5, 1: 5, 2: 7})
