@@ -149,6 +149,12 @@ class VidurCostModel(CostModel):
             fixed = fixed + self._lm_head.at(rows) * self._lm_ratio
         return per_layer, fixed
 
+    def collective_time(self, tokens: float) -> float:
+        """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
+        per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
+        table (sim/step_efficiency.py)."""
+        return self.num_layers * self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
+
     def _prefill_attention(self, shape: StepShape) -> float:
         total = 0.0
         for c, h in shape.prefill:
