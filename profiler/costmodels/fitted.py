@@ -128,6 +128,12 @@ class FittedCostModel(CostModel):
         lm = self._lm0 + self._lm1 * rows if rows else 0.0
         return self.num_layers * layer + lm + self.step_overhead
 
+    def collective_time(self, tokens: float) -> float:
+        """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
+        per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
+        table (sim/step_efficiency.py)."""
+        return self.num_layers * self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
+
     # --- interface ---------------------------------------------------------------------
 
     def layer_time(self, shape: StepShape) -> float:
