@@ -77,3 +77,21 @@ SOURCES = MappingProxyType({
     "mi325x": "AMD Instinct MI325X data sheet: FP16/BF16 1,307.4 and FP8 2,614.9 TFLOPS dense, 256GB HBM3E at "
               "6 TB/s, Infinity Fabric as MI300X, PCIe Gen5 x16 128 GB/s; network as MI300X",
 })
+
+# GPUs of one node sharing its intra-node link (NVSwitch, xGMI), i.e. the largest TP group the node
+# models of collectives.py cover; a larger group spans nodes over inter_node_bandwidth. Each from the
+# platform document named: DGX A100 (A100 SXM4 40/80GB), DGX H100 and DGX H200 user guides: 8 GPUs
+# on NVSwitch; NVIDIA HGX B200 datasheet: 8 GPUs; AMD Instinct MI300X / MI325X platform (data
+# sheets; Azure ND MI300X v5): 8 OAM GPUs on Infinity Fabric. PCIe cards and bridged H100 NVL pairs
+# have no standard node: they take DEFAULT_GPUS_PER_NODE, which is no hardware fact but the group
+# size the single-node models already accepted (tp <= 8), so their existing configs stay as they are.
+GPUS_PER_NODE = MappingProxyType({
+    "a100": 8, "h100": 8, "h200": 8, "a100-40gb-sxm": 8, "b200": 8, "mi300x": 8, "mi325x": 8,
+})
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def gpus_per_node(gpu) -> int:
+    """The catalog's GPUs per node for a GPU (a GPUSpec or a name), else DEFAULT_GPUS_PER_NODE."""
+    name = gpu if isinstance(gpu, str) else gpu.name
+    return GPUS_PER_NODE.get(name.strip().lower(), DEFAULT_GPUS_PER_NODE)

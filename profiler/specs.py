@@ -21,7 +21,7 @@ from typing import Literal
 from cbsim.errors import ConfigError
 from cbsim.schema import option, parse, require
 
-TP_DEGREES = (1, 2, 4, 8)
+TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # beyond 8: across nodes (roofline gpus_per_node)
 GiB = 1 << 30
 
 

@@ -23,8 +23,40 @@ and hop times and the fraction of datasheet bandwidth H100 reached on the same k
 NVLS (in-switch reduction on H100 NVSwitch) is not modelled apart: the H100 DGX table is fitted
 by the ring with one bus bandwidth within 2-10 % at >= 16 MiB for 2, 4 and 8 GPUs.
 
+Across nodes (a TP group larger than `gpus_per_node`; multinode_allreduce_seconds): N nodes of G GPUs
+each (n = N G), every GPU with its own NIC of line rate R (GPUSpec.inter_node_bandwidth), as on DGX
+A100/H100/H200/B200 and Azure ND/NDv5 nodes. NCCL runs a ring through all n ranks, each channel
+entering and leaving a node through a different NIC, so the bytes that cross the network are spread
+over the node's G NICs and the ring's bus bandwidth is the slower of the NVLink bus bandwidth B and
+the node's network bandwidth G R e; and a tree (a chain inside each node, a double binary tree
+between nodes):
+
+    ring: base + 2 (n - N) * hop + 2 N * net_ring_hop + 2 (n - 1) / n * S / min(B, G R e)
+    tree: base + 2 ((G - 1) * hop + ceil(log2 N) * net_tree_hop) + 2 S / min(B, G R e)
+
+The tree's bytes are NCCL's own model of them (tuning.cc: a tree's algorithm bandwidth is half its
+bus bandwidth, like a long ring), so across nodes it wins only on latency. On 2 nodes a real NCCL
+tree can beat the network bound somewhat (NVIDIA/nccl#837: 54-57 GB/s bus bandwidth over 2 x 200
+Gb/s NICs per node); that is not modelled. Latencies follow NCCL's own tuning model
+(NVIDIA/nccl src/graph/tuning.cc at b6475625: a ring all-reduce takes 2 (nRanks - 1) steps of which
+nInterSteps = 2 nNodes cross the network; a tree 2 ((nRanks/nNodes - 1) intra + log2(nNodes) inter)),
+with its network step latencies for the LL128 protocol, hwLat[NET]: ring 4.0 us, tree 8.5 us (LL:
+2.7 and 5.0, Simple: 14 and 28): NCCL's model constants, not fitted here on any measurement. e = 0.94
+is the fraction of a NIC's line rate NCCL moves: NVIDIA's nccl-tests maintainers give 46-48 GB/s per
+400 Gb/s NDR NIC (NVIDIA/nccl-tests#290) and ~24 GB/s per 200 Gb/s HDR NIC "on perfect setups"
+(NVIDIA/nccl-tests#160: with rings "the busbw is going to reflect exactly what's going through the
+NICs"). A GPU whose node has fewer NICs than GPUs takes its share as inter_node_bandwidth (4 x 200
+Gb/s for 8 GPUs: 12.5 GB/s). Not modelled: NVLS / NVLS-tree and IB SHARP in-network reduction, PXN,
+rail topologies and congestion; the base and hop stay the intra-node fits. Checked against public
+nccl-tests numbers in the README (.notes/multinode.md): within -15 % .. +3 % at large messages.
+
+MoE expert all-to-all (alltoall_seconds): each GPU sends S bytes spread evenly over the n GPUs'
+experts; (G - 1) / n of them stay on its node (NVLink), (n - G) / n leave through its NIC, and the
+slower of the two sets the time: base + (net_ring_hop if N > 1 else hop) + max(S (G - 1) / n / B,
+S (n - G) / n / (R e)).
+
 Invariant: `allreduce_seconds` is a pure function of Python scalars; it is increasing in the
-message size and never below `base`.
+message size and never below `base`. A group within one node takes exactly `allreduce_seconds`.
 
 Calibration (`python benchmarks/fit_gemm_collectives.py`, log-ratio least squares over every
 row): Vidur's measured all-reduce medians, shared/data/vidur/data/profiling/network/
@@ -137,3 +169,50 @@ def allreduce_seconds(size: float, n: int, link: LinkModel, topology: str,
         return tree
     return ring if ring <= tree else tree
 
+
+
+NET_RING_HOP = 4.0e-6  # s, NCCL tuning.cc hwLat[NET][RING][LL128] (see the module docstring)
+NET_TREE_HOP = 8.5e-6  # s, NCCL tuning.cc hwLat[NET][TREE][LL128]
+NET_EFFICIENCY = 0.94  # of a NIC's line rate: 46-48 GB/s per 400 Gb/s NDR NIC (NVIDIA/nccl-tests#290)
+
+
+def _intra_bandwidth(n: int, link: LinkModel, topology: str) -> float:
+    """Bus bandwidth of a ring among `n` GPUs of one node (allreduce_seconds' rule)."""
+    if topology == "xgmi_mesh":
+        return link.bandwidth * (n - 1) / MESH_PEERS
+    direct = topology == "nvswitch" or (topology == "nvlink_pairwise" and n == 2)
+    return link.bandwidth if direct else link.pcie_bandwidth
+
+
+def multinode_allreduce_seconds(size: float, n: int, per_node: int, link: LinkModel, topology: str,
+                                net_bandwidth: float, algorithm: Algorithm = "auto") -> float:
+    """All-reduce of `size` bytes among `n` GPUs placed `per_node` to a node, each GPU with a NIC of
+    `net_bandwidth` bytes/s one way; a group within one node is `allreduce_seconds` exactly."""
+    if n <= per_node:
+        return allreduce_seconds(size, n, link, topology, algorithm)
+    nodes = n // per_node
+    net = per_node * net_bandwidth * NET_EFFICIENCY
+    bw = min(_intra_bandwidth(per_node, link, topology), net) if per_node > 1 else net
+    ring = (link.base + 2 * (n - nodes) * link.hop + 2 * nodes * NET_RING_HOP
+            + 2.0 * (n - 1) / n * size / bw)
+    tree = (link.base + 2 * ((per_node - 1) * link.hop + math.ceil(math.log2(nodes)) * NET_TREE_HOP)
+            + 2.0 * size / bw)
+    if algorithm == "ring":
+        return ring
+    if algorithm == "tree":
+        return tree
+    return ring if ring <= tree else tree
+
+
+def alltoall_seconds(size: float, n: int, per_node: int, link: LinkModel, topology: str,
+                     net_bandwidth: float) -> float:
+    """One all-to-all (MoE dispatch or combine) in which each of `n` GPUs sends `size` bytes spread
+    evenly over all n GPUs; the share that leaves the node goes through the GPU's own NIC."""
+    if n <= 1 or size <= 0:
+        return 0.0
+    local = min(per_node, n)
+    on_node = size * (local - 1) / n
+    off_node = size * (n - local) / n
+    intra = on_node / _intra_bandwidth(local, link, topology) if local > 1 else 0.0
+    inter = off_node / (net_bandwidth * NET_EFFICIENCY) if off_node > 0 else 0.0
+    return link.base + (NET_RING_HOP if n > local else link.hop) + max(intra, inter)

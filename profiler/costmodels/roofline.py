@@ -10,7 +10,10 @@ KV bytes it reads. Norms, RoPE, the activation and residual adds stream their by
 `layer_overhead` covers their kernels' fixed cost. Times num_layers; plus the embedding, the LM
 head (only sampled rows compute logits; same GEMM rule), 2 all-reduces per layer (+1 for the
 embedding) when tp > 1, NCCL-like by topology (collectives.py, fitted on Vidur's all-reduce
-tables; `topology:` defaults to the GPU's); then the serving engine around the kernels (engine.py; with `engine: none`, a constant
+tables; `topology:` defaults to the GPU's). A TP group larger than `gpus_per_node` (default: the
+GPU catalog's, 8) spans tp / gpus_per_node nodes: its all-reduces run NCCL's ring or tree across
+the nodes, the network step bounded by the node's NICs (GPUSpec.inter_node_bandwidth; collectives.py
+names the sources); a group within one node is priced exactly as before. Then the serving engine around the kernels (engine.py; with `engine: none`, a constant
 `step_overhead` of 300 µs for the engine's CPU work, as before that component existed). KV swap bytes are not charged:
 the replica adds host-link time itself.
 
@@ -24,7 +27,8 @@ Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.
   expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
   busiest expert gets `moe_imbalance` times the mean). Dense first layers (first_k_dense) keep
   their MLP. Experts are split tp ways like the MLP, or with `expert_parallel` spread whole over
-  the TP group's GPUs (no data-parallel attention, all-to-all or EP across nodes yet).
+  the TP group's GPUs (no data-parallel attention or all-to-all yet; across nodes the same all-reduce
+  combines them, priced across the nodes).
 - MLA (DeepSeek-V2/V3) as vLLM runs it: the GEMMs are q (or q_a, q_b), kv_a, kv_b (applied per
   query token) and O; attention reads kv_lora_rank + qk_rope_head_dim elements per cached token and
   layer, whole on every GPU. Decode uses the absorbed form, 2 * heads * (2 kv_lora_rank +
@@ -59,8 +63,9 @@ from cbsim.schema import option, require
 from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
-from ..specs import GPUSpec, ModelSpec, gpu_spec
-from .collectives import Topology, allreduce_seconds, link_model
+from ..gpus import gpus_per_node as catalog_gpus_per_node
+from ..specs import TP_DEGREES, GPUSpec, ModelSpec, gpu_spec
+from .collectives import Topology, allreduce_seconds, link_model, multinode_allreduce_seconds
 from .engine import NO_ENGINE, Engine, engine_option, load_engine
 from .gemm_efficiency import gemm_curve
 from .registry import register_cost_model
@@ -83,7 +88,8 @@ class RooflineCost(CostModel):
     class Config:
         gpu: str | dict = option("h100", help="GPU: a preset (a100, h100, h200), a catalog name (`cbsim gpus`: b200, "
                                  "l40s, mi300x, ...), or a mapping of GPUSpec fields")
-        tp: int = option(1, help="tensor-parallel degree: 1, 2, 4 or 8")
+        tp: int = option(1, help="tensor-parallel degree: 1, 2, 4, 8 (one node), or 16, 32, 64 across nodes "
+                         "(see gpus_per_node)")
         gemm_efficiency: Literal["auto"] | float = option(
             "auto", help="auto: shape-dependent GEMM curve fitted on Vidur's tables (gemm_efficiency.py); "
             "a number: one fraction of dense bf16 peak for every GEMM (0.72 before the curve)")
@@ -102,12 +108,18 @@ class RooflineCost(CostModel):
         expert_parallel: bool = option(
             False, help="MoE: the TP group's GPUs each hold num_experts / tp whole experts (vLLM "
             "--enable-expert-parallel without data parallelism) instead of a 1/tp slice of every expert")
+        gpus_per_node: int | None = option(
+            None, help="GPUs of one node on its NVLink/xGMI fabric (default: the GPU catalog's, 8 for DGX/HGX and "
+            "MI300X platforms; 8 elsewhere); a larger tp spans tp / gpus_per_node nodes over the GPUs' NICs "
+            "(gpu inter_node_bandwidth)")
         engine: Any = engine_option()
 
         def validate(self) -> None:
             gpu_spec(self.gpu, "gpu")
             require(self.moe_imbalance >= 1.0, "moe_imbalance", "a number >= 1", self.moe_imbalance)
-            require(self.tp in (1, 2, 4, 8), "tp", "one of 1, 2, 4, 8", self.tp)
+            require(self.tp in TP_DEGREES, "tp", "one of " + ", ".join(map(str, TP_DEGREES)), self.tp)
+            require(self.gpus_per_node is None or (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1),
+                    "gpus_per_node", "an integer >= 1 or null", self.gpus_per_node)
             for key in ("gemm_efficiency", "attention_efficiency", "memory_efficiency"):
                 value = getattr(self, key)
                 if value == "auto":
@@ -120,7 +132,8 @@ class RooflineCost(CostModel):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, gemm_efficiency: float | str = "auto",
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
-                 topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False):
+                 topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False,
+                 gpus_per_node: int | None = None):
         model.check_tp(tp, "cost_model.tp")
         if expert_parallel:
             require(model.is_moe and model.num_experts % tp == 0, "cost_model.expert_parallel",
@@ -128,6 +141,7 @@ class RooflineCost(CostModel):
                     f"{model.num_experts} experts, tp {tp})", expert_parallel)
         self.model, self.gpu, self.tp = model, gpu, tp
         self.topology = topology or gpu.topology
+        self.gpus_per_node = _placement(gpu, tp, self.topology, gpus_per_node)
         if step_overhead is None:
             step_overhead = NO_ENGINE_STEP_OVERHEAD if engine.is_none else 0.0
         self.engine = engine
@@ -135,6 +149,8 @@ class RooflineCost(CostModel):
         self.factors = {"gemm_efficiency": gemm_efficiency, "attention_efficiency": attention_efficiency,
                         "memory_efficiency": memory_efficiency, "layer_overhead": layer_overhead,
                         "step_overhead": step_overhead, "topology": self.topology}
+        if tp > self.gpus_per_node:  # only a multi-node placement adds the key (single-node describe() unchanged)
+            self.factors["gpus_per_node"] = self.gpus_per_node
         if model.is_moe:
             self.factors["moe_imbalance"] = moe_imbalance
             self.factors["expert_parallel"] = expert_parallel
@@ -148,7 +164,7 @@ class RooflineCost(CostModel):
         return cls(model, gpu_spec(config.gpu, "cost_model.gpu"), config.tp, config.gemm_efficiency,
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
                    config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance,
-                   config.expert_parallel)
+                   config.expert_parallel, config.gpus_per_node)
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
         """Fold the model, the GPU and the factors into per-feature constants (all Python floats).
@@ -222,8 +238,11 @@ class RooflineCost(CostModel):
         """Seconds a step of `tokens` tokens spends in all-reduces (2 per layer, +1 for the embedding,
         when tp > 1; 0 on one GPU): the term `_seconds` adds. Asked after the run for the steps table
         (sim/step_efficiency.py)."""
-        return self._num_allreduce * allreduce_seconds(
-            self._allreduce_bytes_per_token * tokens, self.tp, self._link, self.topology)
+        size = self._allreduce_bytes_per_token * tokens
+        if self.tp > self.gpus_per_node:
+            return self._num_allreduce * multinode_allreduce_seconds(
+                size, self.tp, self.gpus_per_node, self._link, self.topology, self.gpu.inter_node_bandwidth)
+        return self._num_allreduce * allreduce_seconds(size, self.tp, self._link, self.topology)
 
     def _gemm_seconds(self, tokens: float) -> float:
         """One layer's GEMMs at `tokens` rows (a Python float, never an array); for an MoE model the
@@ -317,6 +336,23 @@ class RooflineCost(CostModel):
     def describe(self) -> dict:
         return {"type": self.name, "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, **self.factors,
                 "engine": self.engine.describe()}
+
+
+def _placement(gpu: GPUSpec, tp: int, topology: str, gpus_per_node: int | None) -> int:
+    """GPUs per node of a TP group (the catalog's unless given), checked: a group that spans nodes
+    fills whole nodes and needs the GPU's network bandwidth; the 8-GPU node models cap a node at 8
+    GPUs except on NVSwitch."""
+    per_node = catalog_gpus_per_node(gpu) if gpus_per_node is None else gpus_per_node
+    key = "cost_model.gpus_per_node"
+    require(isinstance(per_node, int) and not isinstance(per_node, bool) and per_node >= 1, key,
+            "an integer >= 1", per_node)
+    require(topology == "nvswitch" or per_node <= 8, key,
+            f"at most 8 on a {topology} node (its all-reduce model covers 8 GPUs)", per_node)
+    if tp > per_node:
+        require(tp % per_node == 0, key, f"a divisor of tp ({tp}) when the group spans nodes", per_node)
+        require(gpu.inter_node_bandwidth > 0, key, f"at least tp ({tp}) unless the GPU has an inter_node_bandwidth "
+                f"({gpu.name} has none: give gpu as a mapping with one)", per_node)
+    return per_node
 
 
 def _fp8_compute(model: ModelSpec, gpu: GPUSpec) -> bool:
