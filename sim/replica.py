@@ -711,32 +711,44 @@ class Replica:
         running = self.running
         n = len(running)
         used = self.kv.used_blocks
-        contexts = sum(r.num_computed_tokens for r in running) + n  # the first step's, summed
+        recorder = self.recorder
+        recorder.set_end(self.step, float(ends[0]))
+        last = recorder.num_steps + count - 2  # the run's last step (rows are appended below)
+        # per request: Recorder.token at this step then tokens_bulk over the rest, inlined (one pass)
+        close_run, grow, previous = recorder.close_run, self.kv.grow, self.prev_step
+        contexts = n  # the first step's decode contexts, summed
+        finished = False
+        for req, blocks in zip(running, final if isinstance(final, list) else final.tolist()):
+            computed = req.num_computed_tokens
+            contexts += computed
+            if req.run_tokens and req.last_token_step == previous:
+                req.run_tokens += count
+            else:
+                close_run(req)
+                req.run_start_step = self.step
+                req.run_tokens = count
+            req.last_token_step = last
+            outputs = req.num_output_tokens + count
+            req.num_output_tokens = outputs
+            req.num_computed_tokens = computed + count
+            if blocks > req.num_blocks:
+                grow(req, blocks)
+            if outputs >= req.output_len:
+                finished = True
         if isinstance(ends, list):  # a short run (_scalar_run): plain lists, appended as they are
             used = [used + e for e in extra[1:]]
             decode_contexts = [contexts + n * j for j in range(1, count)]
         else:
             used = used + extra[1:]
             decode_contexts = contexts + n * np.arange(1, count, dtype=np.int64)
-            final = final.tolist()
-        self.recorder.set_end(self.step, float(ends[0]))
-        first = self.recorder.add_steps(
+        recorder.add_steps(
             replica=self.index, start=ends[:-1], end=ends[1:], prefill_tokens=0,
             decode_tokens=n, padding_tokens=0, num_seqs=n, kv_blocks_used=used,
             preemptions=0, swap_bytes=0.0, decode_context_tokens=decode_contexts)
-        last = first + count - 2
-        token, grow, step, previous = self.recorder.token, self.kv.grow, self.step, self.prev_step
-        for req, blocks in zip(running, final):
-            token(req, step, previous)
-            req.num_output_tokens += count
-            req.num_computed_tokens += count
-            if blocks > req.num_blocks:
-                grow(req, blocks)
-        self.recorder.tokens_bulk(running, first, last)
         self.prev_step = last
         if self.state.reserve is not None:
             self.state.reserve.decay_steps(count - 1)
-        if any(r.num_output_tokens >= r.output_len for r in running):
+        if finished:
             self._release_finished(hold_finished, float(ends[-1]))
         if self.shapes is not None:
             base = self.shapes[-1].decode

@@ -119,7 +119,7 @@ class Grid:
     The vectorised path fixes `a` and varies `b` (a decode run: constant batch, growing context).
     """
 
-    __slots__ = ("a", "b", "z", "a_slopes", "a0", "b0", "_a", "_b", "_z", "_a_slopes", "_s", "_rows")
+    __slots__ = ("a", "b", "z", "a_slopes", "a0", "b0", "_a", "_b", "_z", "_a_slopes", "_s", "_rows", "_cells")
 
     def __init__(self, a, b, z):
         a = np.asarray(a, dtype=np.float64)
@@ -135,6 +135,7 @@ class Grid:
         self.a0, self.b0 = self.a[0], self.b[0]
         self._s = float(slopes_of(b, z[-1])[-1]) / self.a[-1]
         self._rows: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._cells: dict[float, list[float]] = {}  # a -> the row's values at the b knots (scalar path)
 
     def _row_index(self, a: float) -> tuple[int, float]:
         """(row, offset) for a row between knots, or (-1, a / a_last) beyond the last row."""
@@ -151,14 +152,19 @@ class Grid:
         return self.z[i][j] + da * self.a_slopes[i][j]
 
     def at(self, a: float, b: float) -> float:
-        """z at one point (plain Python arithmetic)."""
-        i, da = self._row_index(a)
+        """z at one point (plain Python arithmetic; the row at `a` is remembered, as it is pure in a)."""
+        cells = self._cells.get(a)
+        if cells is None:
+            if len(self._cells) >= ROW_CACHE:
+                self._cells.clear()
+            i, da = self._row_index(a)
+            cells = self._cells[a] = [self._cell(i, da, j) for j in range(len(self.b))]
         if b < self.b0:
             b = self.b0
         j = bisect_right(self.b, b) - 1
-        r0 = self._cell(i, da, j)
-        if j + 1 < len(self.b):
-            r1 = self._cell(i, da, j + 1)
+        r0 = cells[j]
+        if j + 1 < len(cells):
+            r1 = cells[j + 1]
             slope = (r1 - r0) / (self.b[j + 1] - self.b[j])
         else:
             slope = (a if a > self.a0 else self.a0) * self._s
