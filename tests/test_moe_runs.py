@@ -1,0 +1,62 @@
+"""MoE and MLA replicas run under every policy (issue 11): each request finishes or is rejected with a
+reason, KV stays within the cache, tokens are conserved, and results are deterministic and the same
+with and without fast-forward. Catalog models on the roofline: Mixtral-8x7B with expert parallelism
+over TP2, and DeepSeek-V2-Lite (MLA + MoE)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cbsim.api import run_experiment
+
+POLICIES = [{"name": "static", "max_num_seqs": 8}, {"name": "orca", "max_num_seqs": 16, "token_budget": None},
+            {"name": "prefill_first", "chunk_size": 256}, {"name": "sarathi", "token_budget": 256},
+            {"name": "splitfuse", "token_budget": 256}, {"name": "chunked_only", "chunk_size": 256},
+            {"name": "sglang", "chunked_prefill_size": 256}]
+MODELS = [("mixtral-8x7b", {"type": "roofline", "gpu": "h100", "tp": 2, "expert_parallel": True}),
+          ("deepseek-v2-lite", {"type": "roofline", "gpu": "h100", "tp": 1})]
+
+
+def experiment(model, cost, policy, fast_forward=True):
+    return {"name": "moe", "seed": 1, "model": model, "cost_model": cost, "policy": policy,
+            "cluster": {"kv_cache": {"num_blocks": 300, "block_size": 16}},
+            "workload": {"num_requests": 24, "arrival": {"type": "poisson", "rate": 40.0},
+                         "prompt_len": {"type": "uniform", "min": 16, "max": 600},
+                         "output_len": {"type": "uniform", "min": 1, "max": 60}},
+            "sim": {"fast_forward": fast_forward}, "output": {"plots": False}}
+
+
+def check(results):
+    df, steps = results.requests, results.steps
+    assert set(df["status"]) <= {"finished", "rejected"}
+    assert (df.loc[df["status"] == "rejected", "reject_reason"] != "").all()
+    done = df[df["status"] == "finished"]
+    assert (done["output_tokens"] == done["output_len"]).all()
+    assert (steps["kv_blocks_used"] <= 300).all() and (steps["end"] > steps["start"]).all()
+    needed = (done["prompt_len"] + done["output_len"] - 1).sum()
+    assert steps["prefill_tokens"].sum() + steps["decode_tokens"].sum() >= needed
+    assert results.summary["mfu_mean"] is None or 0 < results.summary["mfu_mean"] < 1
+
+
+def same(a, b):
+    for name in ("requests", "steps"):
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
+
+
+@pytest.mark.parametrize("policy", POLICIES[3:4])
+@pytest.mark.parametrize("model,cost", MODELS)
+def test_moe_and_mla_replicas_keep_the_invariants(model, cost, policy):
+    results = run_experiment(experiment(model, cost, policy))
+    check(results)
+    same(results, run_experiment(experiment(model, cost, policy)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("model,cost", MODELS)
+def test_every_policy_on_moe_and_mla(model, cost, policy):
+    fast = run_experiment(experiment(model, cost, policy))
+    check(fast)
+    same(fast, run_experiment(experiment(model, cost, policy, fast_forward=False)))
+    assert np.isfinite(fast.steps["duration"]).all()
