@@ -253,17 +253,17 @@ class Replica:
                 yield env.timeout(delay_to(env.now, end))
                 self.commit(plan, end)
             else:
-                ends, final, extra = run
+                ends, extra = run
                 end = self.step_end = float(ends[-1])
                 if self.on_leave is None:
                     yield env.timeout(delay_to(env.now, end))
                 else:  # closed loop: a request sent here mid-run cuts the run short
-                    ends, final, extra = yield from self._cuttable_run(ends, final, extra)
+                    ends, extra = yield from self._cuttable_run(ends, extra)
                     end = float(ends[-1])
                 if len(ends) == 1:
                     self.commit(plan, end)
                 else:
-                    self._commit_run(ends, final, extra, plan.hold_finished)
+                    self._commit_run(ends, extra, plan.hold_finished)
             self.step_end = None
             if self.handoff is not None:  # after a run too: its last step's room counts, as after one step
                 self.handoff.committed(self, plan, end)
@@ -566,10 +566,10 @@ class Replica:
         req.status = Status.REJECTED
         req.reject_reason = f"timeout: not finished {limit:g} s after arrival"
 
-    def _cuttable_run(self, ends: np.ndarray, final: np.ndarray, extra: np.ndarray):
+    def _cuttable_run(self, ends, extra):
         """Closed loop: wait out a fast-forwarded run, unless a request routed here arrives during it
         (a reply elsewhere sent it); then only the run's steps that start before that arrival run,
-        exactly what stepping one by one would do. Returns the (ends, final, extra) that ran."""
+        exactly what stepping one by one would do. Returns the (ends, extra) that ran."""
         env = self.env
         self._cut = env.event()
         done = env.timeout(delay_to(env.now, float(ends[-1])))
@@ -578,15 +578,12 @@ class Replica:
             keep = 1 + int(np.searchsorted(ends[:-1], self._cut.value, side="left"))  # steps starting before it
             if keep < len(ends):
                 ends, extra = ends[:keep], extra[:keep]
-                final = self._held_blocks(keep)[1][keep - 1]
-                if isinstance(ends, list):
-                    final = final.tolist()
                 self.step_end = float(ends[-1])
                 yield env.timeout(delay_to(env.now, self.step_end))
             elif not done.processed:  # (a Timeout counts as triggered from its creation)
                 yield done
         self._cut = None
-        return ends, final, extra
+        return ends, extra
 
     def _next_deadline(self) -> float:
         """When the client of the earliest request here gives up (inf without a timeout)."""
@@ -597,8 +594,8 @@ class Replica:
 
     # -- fast-forward over identical decode steps ----------------------------------------
     def _fast_forward(self, plan, shape, start, duration, swap_bytes):
-        """(end times, blocks each request holds at the end, blocks held beyond the first step's) of 2+
-        identical decode steps from this one, or None to step once.
+        """(end times, blocks held beyond the first step's) of 2+ identical decode steps from this
+        one, or None to step once.
 
         The run ends with the first completion, before KV runs out, and before the first step
         that would start at or after the next outside event (an arrival). Cost models are monotone
@@ -635,11 +632,11 @@ class Replica:
             runnable = int(np.searchsorted(ends, horizon, side="left"))
         else:  # step j >= 2 starts at ends[j-2]; it may run only if that is before the next outside event
             runnable = 1 + int(np.searchsorted(ends[: steps - 1], horizon, side="left"))
-        return (ends[:runnable], held[runnable - 1], extra[:runnable]) if runnable >= 2 else None
+        return (ends[:runnable], extra[:runnable]) if runnable >= 2 else None
 
     def _scalar_run(self, steps: int, start: float, duration: float, horizon: float):
         """`_fast_forward` for a short run (at most SCALAR_RUN steps), in plain Python: the same
-        (ends, final, extra) as lists, step by step, stopping at the horizon (a numpy set-up costs more
+        (ends, extra) as lists, step by step, stopping at the horizon (a numpy set-up costs more
         than such a run). A request crosses into a new block at steps j0, j0 + block_size, ...; the run
         stops before the step whose crossings need more blocks than are free."""
         block_size = self.kv.block_size
@@ -683,15 +680,13 @@ class Replica:
         count = len(ends)
         if count < 2:
             return None
-        last = count - 1
-        final = [max(-(-(c + last) // block_size), req.num_blocks) for c, req in zip(contexts, self.running)]
         extra = [0] * count  # blocks held after step j beyond the first step's: crossings up to j
         for j in crossings:
             if j < count:
                 extra[j] += 1
         for j in range(1, count):
             extra[j] += extra[j - 1]
-        return ends, final, extra
+        return ends, extra
 
     def _held_blocks(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """(decode contexts of the running requests now, [j, i]: KV blocks running request i holds
@@ -703,10 +698,10 @@ class Replica:
         needed = -(-(contexts[None, :] + growth[:, None]) // self.kv.block_size)
         return contexts, np.maximum(needed, reserved[None, :])
 
-    def _commit_run(self, ends: np.ndarray, final: np.ndarray, extra: np.ndarray, hold_finished: bool) -> None:
-        """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens;
-        `final`: the blocks each running request holds at the end, `extra[j]`: blocks held after step j
-        beyond those held in the first."""
+    def _commit_run(self, ends, extra, hold_finished: bool) -> None:
+        """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens and
+        the blocks its last step's context needs; `extra[j]`: blocks held after step j beyond those
+        held in the first."""
         count = len(ends)
         running = self.running
         n = len(running)
@@ -718,7 +713,8 @@ class Replica:
         close_run, grow, previous = recorder.close_run, self.kv.grow, self.prev_step
         contexts = n  # the first step's decode contexts, summed
         finished = False
-        for req, blocks in zip(running, final if isinstance(final, list) else final.tolist()):
+        block_size = self.kv.block_size
+        for req in running:
             computed = req.num_computed_tokens
             contexts += computed
             if req.run_tokens and req.last_token_step == previous:
@@ -731,6 +727,7 @@ class Replica:
             outputs = req.num_output_tokens + count
             req.num_output_tokens = outputs
             req.num_computed_tokens = computed + count
+            blocks = -(-(computed + count) // block_size)  # for its last step's context, computed + count
             if blocks > req.num_blocks:
                 grow(req, blocks)
             if outputs >= req.output_len:
