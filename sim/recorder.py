@@ -76,14 +76,16 @@ class Recorder:
     def add_steps(self, **rows) -> int:
         """Append many step rows at once (scalars broadcast; an aggregate left out is 0); returns the
         first new index."""
-        first = self.num_steps
+        first = len(self._start)
         count = len(rows["start"])
-        for name, column in self.columns.items():
+        for name, column in self.columns.items():  # once per fast-forwarded run: the columns' arrays directly
             value = rows.get(name, 0) if name in AGGREGATES else rows[name]
-            if isinstance(value, (np.ndarray, list)):
+            if isinstance(value, list):
+                column.data.extend(value)
+            elif isinstance(value, np.ndarray):
                 column.extend(value)
             else:
-                column.fill(value, count)
+                column.data.extend([value] * count)
         return first
 
     def token(self, req: Request, step: int, previous_step: int) -> None:

@@ -84,6 +84,7 @@ class VidurCostModel(CostModel):
         self.attention = make_attention(profile["attention"], monotone)
         self.allreduce = AllReduce(profile["allreduce"], monotone) if profile.get("allreduce") else None
         self._token_terms: dict[tuple[int, int], tuple[float, float]] = {}  # steps repeat their sizes
+        self._prefill_terms: dict[tuple[int, int], float] = {}  # (c, h) -> one chunk's attention; chunks repeat
 
     @classmethod
     def from_config(cls, config: "VidurCostModel.Config", model=None) -> "VidurCostModel":
@@ -157,8 +158,14 @@ class VidurCostModel(CostModel):
 
     def _prefill_attention(self, shape: StepShape) -> float:
         total = 0.0
+        memo = self._prefill_terms
         for c, h in shape.prefill:
-            total += self.attention.prefill(c, h)
+            seconds = memo.get((c, h))
+            if seconds is None:
+                if len(memo) >= TOKEN_TERMS_CACHE:
+                    memo.clear()
+                seconds = memo[c, h] = self.attention.prefill(c, h)
+            total += seconds
         return total
 
     def layer_time(self, shape: StepShape) -> float:
