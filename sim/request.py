@@ -32,6 +32,8 @@ class Request:
     output_len: int
     prefix_hashes: tuple[int, ...] | None = None
     priority: int = 0  # larger is more important
+    tenant: str | None = None  # who sent it (fair sharing, policies/fairness.py); None: no tenant
+    adapter: str | None = None  # the LoRA adapter it asks for (recorded, not yet scheduled on); None: base model
     # progress
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

@@ -61,16 +61,29 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
         rows = cfg.requests
         requests = make_requests(np.array([r.arrival for r in rows], dtype=np.float64),
                                  np.array([r.prompt_len for r in rows]), np.array([r.output_len for r in rows]),
-                                 priority=np.array([r.priority for r in rows]))
+                                 priority=np.array([r.priority for r in rows]),
+                                 tenants=[r.tenant for r in rows], adapters=[r.adapter for r in rows])
     elif cfg.source == "trace":
-        *columns, groups, dropped, lengths = _from_trace(cfg, rng, base_dir, path)
-        requests, sessions = make_requests(*columns), _renumber(groups, columns[0])
+        *columns, groups, dropped, lengths, labels = _from_trace(cfg, rng, base_dir, path)
+        requests, sessions = make_requests(*columns, **labels), _renumber(groups, columns[0])
         if lengths != "file":
             notes["token_lengths"] = lengths
     else:
         *columns, groups = _synthetic(cfg, rng, base_dir, path)
         requests, sessions = make_requests(*columns), _renumber(groups, columns[0])
-    return Workload(requests, dropped, notes, _clients(cfg, requests, sessions, rng))
+    clients = _clients(cfg, requests, sessions, rng)
+    if cfg.tenants:
+        _draw_tenants(cfg.tenants, requests, rng)
+    return Workload(requests, dropped, notes, clients)
+
+
+def _draw_tenants(mix: dict, requests: list[Request], rng: np.random.Generator) -> None:
+    """Each request's tenant, drawn with probability weight / sum in id order (drawn last, so a
+    workload draws everything else exactly as without a mix)."""
+    names = list(mix)
+    weights = np.array([float(mix[n]) for n in names])
+    for req, k in zip(requests, rng.choice(len(names), size=len(requests), p=weights / weights.sum())):
+        req.tenant = str(names[k])
 
 
 def _clients(cfg: WorkloadConfig, requests: list[Request], sessions, rng: np.random.Generator) -> ClientPlan | None:
@@ -90,13 +103,16 @@ def _renumber(groups: list[list[int]] | None, arrival: np.ndarray) -> list[list[
 
 
 def make_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
-                  hashes: list[tuple[int, ...]] | None = None, priority: np.ndarray | None = None) -> list[Request]:
-    """Requests from parallel arrays, stably sorted by arrival and numbered in that order."""
+                  hashes: list[tuple[int, ...]] | None = None, priority: np.ndarray | None = None,
+                  tenants: list | None = None, adapters: list | None = None) -> list[Request]:
+    """Requests from parallel arrays, stably sorted by arrival and numbered in that order
+    (`tenants`, `adapters`: a string or None per row)."""
     order = np.argsort(arrival, kind="stable")
     return [
         Request(id=i, arrival=float(arrival[k]), prompt_len=int(prompt_len[k]), output_len=int(output_len[k]),
                 prefix_hashes=None if hashes is None else hashes[k],
-                priority=0 if priority is None else int(priority[k]))
+                priority=0 if priority is None else int(priority[k]),
+                tenant=None if tenants is None else tenants[k], adapter=None if adapters is None else adapters[k])
         for i, k in enumerate(order)
     ]
 
@@ -136,7 +152,9 @@ def _from_trace(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | 
     prompt, hashes = trace.prompt_len, trace.prefix_hashes
     if cfg.shared_prefix is not None:
         prompt, hashes = system_prompts(cfg.shared_prefix, prompt, rng)
-    return arrival, prompt, trace.output_len, hashes, _trace_sessions(trace), dict(trace.dropped), trace.token_lengths
+    labels = {"tenants": trace.tenants, "adapters": trace.adapters}
+    return (arrival, prompt, trace.output_len, hashes, _trace_sessions(trace), dict(trace.dropped), trace.token_lengths,
+            labels)
 
 
 def _trace_sessions(trace) -> list[list[int]] | None:

@@ -41,6 +41,8 @@ class ExplicitRequest:
     prompt_len: int = option(help="prompt tokens (>= 1)")
     output_len: int = option(help="output tokens to generate (>= 1)")
     priority: int = option(0, help="scheduling priority; larger is more important")
+    tenant: str | None = option(None, help="the tenant that sent it (fair queueing); null: none")
+    adapter: str | None = option(None, help="the LoRA adapter it asks for (recorded in the request table); null: none")
 
     def validate(self):
         require(self.arrival >= 0, "arrival", "a time >= 0", self.arrival)
@@ -68,6 +70,9 @@ class WorkloadConfig:
     trace: TraceConfig | None = option(None, help="a real trace to replay (see its own keys)")
     shared_prefix: SharedPrefixConfig | None = option(
         None, help="synthetic shared prefixes (system prompts or multi-turn) filling prefix_hashes")
+    tenants: dict | None = option(
+        None, help="synthetic only: {tenant: weight}: each request's tenant is drawn with probability weight / sum "
+                   "(from the run's generator, after everything else is drawn); null: no tenants")
     max_concurrency: int | None = option(
         None, help="closed loop: at most N requests in flight (like vllm bench serve --max-concurrency); a request "
                    "is sent at its arrival time or when a client is free, whichever is later (without 'arrival': "
@@ -86,6 +91,11 @@ class WorkloadConfig:
                 self.think_time)
         require(self.timeout is None or (math.isfinite(self.timeout) and self.timeout > 0), "timeout",
                 "seconds > 0 or null", self.timeout)
+        require(self.tenants is None or len(self.tenants) > 0, "tenants", "a non-empty {tenant: weight} mapping",
+                self.tenants)
+        for name, weight in (self.tenants or {}).items():
+            ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
+            require(ok and weight > 0, f"tenants.{name}", "a weight > 0", weight)
 
     @property
     def closed_loop(self) -> bool:
@@ -183,10 +193,10 @@ def check_workload(cfg: WorkloadConfig, path: str = "workload") -> None:
 
 
 def _check_requests(cfg: WorkloadConfig, path: str) -> None:
-    for name in ("num_requests", "arrival", "prompt_len", "output_len", "trace", "shared_prefix"):
+    for name in ("num_requests", "arrival", "prompt_len", "output_len", "trace", "shared_prefix", "tenants"):
         if getattr(cfg, name) is not None:
-            raise ConfigError(f"{path}.{name}", "nothing beside an explicit 'requests' list (it is used as is)",
-                              has_got=False)
+            raise ConfigError(f"{path}.{name}", "nothing beside an explicit 'requests' list (it is used as is; "
+                              "give each request its tenant)", has_got=False)
     require(len(cfg.requests) > 0, f"{path}.requests", "a non-empty list", cfg.requests)
 
 
@@ -194,6 +204,9 @@ def _check_trace(cfg: WorkloadConfig, path: str) -> None:
     if cfg.num_requests is not None:
         raise ConfigError(f"{path}.num_requests", "null with a trace (use trace.max_requests or trace.sample)",
                           cfg.num_requests)
+    if cfg.tenants is not None:
+        raise ConfigError(f"{path}.tenants", "no tenant mix beside 'trace' (a generic CSV/JSONL trace gives each "
+                          "row's tenant in its 'tenant' column)", has_got=False)
     for name in ("prompt_len", "output_len"):
         if getattr(cfg, name) is not None:
             raise ConfigError(f"{path}.{name}", "no length distribution beside 'trace' (the trace gives lengths; "

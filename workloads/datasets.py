@@ -18,7 +18,9 @@ missing column, a malformed row) is a ConfigError naming the file, the key and t
   requests (0 response tokens) are later dropped as zero length.
 - generic_csv / generic_jsonl: `arrival_s`, `prompt_len`, `output_len`, and optionally
   `prefix_hashes` (a block hash chain: a JSON list in JSONL, space-separated integers or a JSON list
-  in a CSV cell) and `session_id` (any value; rows of one session are one conversation's turns).
+  in a CSV cell), `session_id` (any value; rows of one session are one conversation's turns), and
+  `tenant` and `adapter` (any value, read as a string; empty or missing: none) for fair queueing
+  (policies/fairness.py) and the request table.
 - vllm_bench: the JSON `vllm bench serve --save-result --save-detailed` writes; its `input_lens` and
   `output_lens` (the lengths the benchmark actually sent and received) are replayed exactly, in the
   file's order. No timestamps (its requests were drawn from a rate; set workload.arrival).
@@ -39,6 +41,7 @@ from .traces import TraceData, _json_number, _numbers, _read_csv, _rows
 SHORT_CONVERSATION = "fewer than two turns"
 NO_REPLY = "turn without a reply"
 GENERIC_COLUMNS = ("arrival_s", "prompt_len", "output_len")
+LABEL_COLUMNS = ("tenant", "adapter")  # optional string columns of the generic formats
 
 
 def read_sharegpt_json(path: Path, key: str, counter: TokenCounter | None, turns: str = "first") -> TraceData:
@@ -101,14 +104,28 @@ def read_burstgpt(path: Path, key: str, counter=None) -> TraceData:
 
 
 def read_generic_csv(path: Path, key: str, counter=None) -> TraceData:
-    """One request per row: arrival_s, prompt_len, output_len[, prefix_hashes][, session_id]."""
+    """One request per row: arrival_s, prompt_len, output_len[, prefix_hashes][, session_id][, tenant][, adapter]."""
     frame = _read_csv(path, key, GENERIC_COLUMNS)
     hashes = None
     if "prefix_hashes" in frame.columns:
         hashes = [_csv_hashes(cell, row + 2, key, path) for row, cell in enumerate(frame["prefix_hashes"])]
     sessions = _sessions(frame["session_id"].tolist()) if "session_id" in frame.columns else None
+    labels = {f"{c}s": _labels(frame[c].tolist()) for c in LABEL_COLUMNS if c in frame.columns}
     return _rows(str(path), _numbers(frame, "arrival_s"), _numbers(frame, "prompt_len"),
-                 _numbers(frame, "output_len"), hashes, sessions)
+                 _numbers(frame, "output_len"), hashes, sessions, **labels)
+
+
+def _labels(values: list) -> list:
+    """A string per row, None for an empty or missing cell (a CSV reads "7" as 7: back to "7")."""
+    out = []
+    for v in values:
+        if v is None or (isinstance(v, float) and np.isnan(v)) or v == "":
+            out.append(None)
+        elif isinstance(v, float) and v.is_integer():
+            out.append(str(int(v)))
+        else:
+            out.append(str(v))
+    return out
 
 
 def _csv_hashes(cell, line: int, key: str, path: Path) -> tuple[int, ...]:
@@ -127,6 +144,7 @@ def _csv_hashes(cell, line: int, key: str, path: Path) -> tuple[int, ...]:
 def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
     """One JSON object per line with the generic columns (prefix_hashes a list of integers)."""
     stamps, prompts, outputs, hashes, sessions = [], [], [], [], []
+    labels = {c: [] for c in LABEL_COLUMNS}
     with_hashes = with_sessions = False
     expected = "UTF-8 JSON lines with arrival_s, prompt_len, output_len (optional prefix_hashes, session_id)"
     with open(path, "rb") as handle:
@@ -146,8 +164,11 @@ def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
             with_hashes |= chain is not None
             with_sessions |= row.get("session_id") is not None
             sessions.append(row.get("session_id"))
+            for column, values in labels.items():
+                values.append(row.get(column))
+    present = {f"{c}s": _labels(v) for c, v in labels.items() if any(x is not None for x in v)}
     return _rows(str(path), stamps, prompts, outputs, hashes if with_hashes else None,
-                 _sessions(sessions) if with_sessions else None)
+                 _sessions(sessions) if with_sessions else None, **present)
 
 
 def _sessions(values: list) -> np.ndarray:
