@@ -74,7 +74,7 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import simpy
 
@@ -92,13 +92,13 @@ from .router import outstanding_tokens
 class PDSettings:
     """How the pools are joined (bandwidths in bytes/s, times in seconds)."""
 
-    link_mode: str = "p2p"  # p2p | pool
+    link_mode: Literal["p2p", "pool"] = "p2p"
     latency: float = 1e-4
     bandwidth: float = 25e9
     lanes: int = 1
     pool_bandwidth: float | None = None  # pool mode: the second hop's bandwidth (None: bandwidth)
-    first_token_on: str = "decode"  # decode | prefill (seed 003: all output tokens come from the D node)
-    decode_router: str = "least_loaded"  # round_robin | least_loaded | prefix_affinity
+    first_token_on: Literal["decode", "prefill"] = "decode"  # seed 003: all output tokens come from the D node
+    decode_router: Literal["round_robin", "least_loaded", "prefix_affinity"] = "least_loaded"
     bytes_per_token: float = 0.0  # KV bytes one token occupies, whole model
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class SchedulerStuck(RuntimeError):
 
 @dataclass(frozen=True)
 class ReplicaSettings:
-    preemption_mode: str = "recompute"  # recompute | swap | auto (per victim, the cheaper by the cost model)
+    preemption_mode: Literal["recompute", "swap", "auto"] = "recompute"  # auto: per victim, the cheaper
     victim: str = "last_admitted"
     swap_bandwidth: float = 25e9  # bytes/s over the host link
     max_model_len: int = 8192
@@ -51,13 +51,13 @@ class ReplicaSettings:
     # so a fast-forwarded run must end before the horizon, not merely start before it
     runs_end_before_horizon: bool = False
     record_shapes: bool = False  # keep every step's shape (held-out batches for the profiler)
-    role: str = "colocated"  # colocated | prefill | decode (a replica of a P/D pool, see sim/pd.py)
+    role: Literal["colocated", "prefill", "decode"] = "colocated"  # a replica of a P/D pool: sim/pd.py
     max_predicted_ttft: float | None = None  # early admission control (sim/admission.py); None: admit all
     admission_window: int = 32
     admission_probe_tokens: int = 512
     client_timeout: float | None = None  # abort a request this long after its arrival (workloads/clients.py)
     swap_space: float | None = None  # host swap space in bytes (per GPU, vLLM V0 --swap-space); None: unbounded
-    swapped_queue: str = "head"  # head | vllm_v0 (policies/batch.py, _requeue)
+    swapped_queue: Literal["head", "vllm_v0"] = "head"  # policies/batch.py, _requeue
     decode_reserve: bool = False  # SGLang's new_token_ratio reserve (sim/admission.py DecodeReserve)
     schedule_conservativeness: float = 1.0
     clip_max_new_tokens: int = 4096

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 from .admission import DecodeReserve
 from .kv_cache import KVCache
@@ -19,7 +19,8 @@ from .shape import StepShape
 class SchedulerState:
     kv: KVCache
     max_model_len: int
-    victim: str = "last_admitted"  # last_admitted | lowest_priority | shortest_remaining | lowest_cache_value
+    victim: Literal["last_admitted", "lowest_priority", "shortest_remaining",
+                    "lowest_cache_value"] = "last_admitted"
     now: float = 0.0
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
