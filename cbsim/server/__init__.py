@@ -56,7 +56,7 @@ def apply_server(data: dict) -> tuple[dict, Resolution | None]:
             raise ConfigError("server.args", "flags only (vllm: at most one model name before them)", positional)
         flags[model_flag] = positional[0]
     merged = {k: v for k, v in copy.deepcopy(data).items() if k != "server"}
-    merged.setdefault("cost_model", _default_cost_model())  # its GPU sets defaults; the engine goes into it
+    merged.setdefault("cost_model", _experiment_default("cost_model"))  # its GPU sets defaults; the engine goes in
     settings, explicit = module.resolve(flags, _context(merged, flags.get(model_flag)), "server.args")
     for key, value in settings.items():
         _merge(merged, key, value, key in explicit)
@@ -91,7 +91,7 @@ def _version(text: str) -> tuple[int, ...]:
 def _context(data: dict, model) -> Context:
     from cbsim.profiler.specs import gpu_spec, model_spec
 
-    spec = model_spec(model if model is not None else data.get("model", "llama-3-8b"), "model")
+    spec = model_spec(model if model is not None else data.get("model", _experiment_default("model")), "model")
     cluster = data.get("cluster") or {}
     max_len = cluster.get("max_model_len") if isinstance(cluster, dict) else None
     gpu_name = (data.get("cost_model") or {}).get("gpu") if isinstance(data.get("cost_model"), dict) else None
@@ -99,10 +99,11 @@ def _context(data: dict, model) -> Context:
     return Context(gpu, max_len if isinstance(max_len, int) else spec.max_model_len)
 
 
-def _default_cost_model() -> dict:
+def _experiment_default(key: str):
+    """An experiment key's default (ExperimentConfig's), for a file that leaves the key out."""
     from cbsim.config import ExperimentConfig
 
-    return copy.deepcopy(ExperimentConfig().cost_model)
+    return copy.deepcopy(getattr(ExperimentConfig(), key))
 
 
 def _merge(data: dict, key: str, value, from_flag: bool) -> None:
