@@ -26,15 +26,22 @@ Default token budget 8192: the max_num_batched_tokens seed 001 cites for vLLM V1
 is V1's `vllm serve` default on GPUs with >= 70 GiB other than A100 (H100, H200, MI300:
 vllm/engine/arg_utils.py `get_batch_defaults`, UsageContext.OPENAI_API_SERVER: 8192); on an A100 or
 a smaller GPU `vllm serve` uses 2048, and the offline LLM class 16384 or 8192.
+
+Fairness (`queue_policy: fair`, policies/fairness.py; vLLM has no tenant fairness): new prompts are
+admitted by their tenant's virtual token counter (weights `tenant_weights`) instead of arrival,
+optionally under per-tenant token buckets and with a minimum service quantum per tenant and step.
+The order changes as service accrues, so a blocked queue is not steady (no fast-forward past it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from cbsim.schema import option, require
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
+from .fairness import FairQueue, TokenBucketConfig, check_weights
 from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
                       fill_decodes, make_dynamic)
 from .registry import register
@@ -63,6 +70,15 @@ class SarathiConfig(Budgets):
                                "as vLLM's _schedule_prefills does (leftover_waiting_sequences)")
     dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware chunk sizes {target_chunk: 512}: "
                                                       "chunks shrink as a prompt's history grows; null = off")
+    queue_policy: Literal["fcfs", "fair"] = option("fcfs", help="order of new prompts: fcfs (arrival), or fair "
+                                                   "(per-tenant virtual token counters, policies/fairness.py)")
+    tenant_weights: dict | None = option(None, help="fair: {tenant: weight}; a tenant's share of service is "
+                                         "proportional to its weight; unlisted tenants weigh 1")
+    min_quantum: int = option(0, help="fair: tokens of every step's budget each tenant with prefill work (a "
+                              "waiting prompt or one in flight) has first claim on; decodes leave them, up to half "
+                              "the budget; 0 = none")
+    token_buckets: list[TokenBucketConfig] | None = option(None, help="fair: per-tenant rate limits on admitted "
+                                                           "prompt tokens, [{tenant, rate (tokens/s), burst}]")
 
     def validate(self) -> None:
         Budgets.validate(self)
@@ -75,6 +91,11 @@ class SarathiConfig(Budgets):
                 "long_prefill_token_threshold", "an integer >= 1 or null", self.long_prefill_token_threshold)
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
                 self.chunk_size)
+        check_weights(self.tenant_weights)
+        require(self.min_quantum >= 0, "min_quantum", "tokens >= 0", self.min_quantum)
+        fair_only = self.tenant_weights or self.min_quantum or self.token_buckets
+        require(self.queue_policy == "fair" or not fair_only, "queue_policy",
+                "fair (tenant_weights, min_quantum and token_buckets apply to the fair order)", self.queue_policy)
 
 
 @register("sarathi")
@@ -86,6 +107,10 @@ class Sarathi(Policy):
     def __init__(self, config):
         super().__init__(config)
         self.dynamic = make_dynamic(config.dynamic_chunk)
+        self.fair = None
+        if config.queue_policy == "fair":
+            self.fair = FairQueue(config.tenant_weights, config.min_quantum, config.token_buckets or ())
+        self.steady_when_blocked = self.fair is None
 
     def long_threshold(self, max_model_len: int) -> int | None:
         """Remaining prompt tokens above which a prefill counts as long (None: no distinction)."""
@@ -95,9 +120,14 @@ class Sarathi(Policy):
         return cfg.long_prefill_token_threshold
 
     def schedule(self, state):
-        cfg = self.config
+        cfg, fair = self.config, self.fair
         b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
+        if fair is not None:
+            fair.observe(state)
+            held = fair.hold(b, state)
         others = fill_decodes(b, state.running)
+        if fair is not None:
+            fair.release(b, held)
         threshold = self.long_threshold(state.max_model_len)
         limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills, threshold)
         caps = [c for c in (cfg.long_prefill_token_threshold, cfg.chunk_size) if c is not None]
@@ -105,5 +135,11 @@ class Sarathi(Policy):
         chunk = chunk_limit(self.dynamic, state)
         skip = not cfg.strict_fcfs
         continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
-        admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
-        return b.build()
+        if fair is None:
+            admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
+            return b.build()
+        fair.admit(b, state.waiting, lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk,
+                                                                        cap=most, skip_blocked=skip), cap)
+        if held:
+            fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
+        return fair.track(b.build(), state)

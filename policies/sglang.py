@@ -6,12 +6,16 @@ Each step:
    waiting requests' cached prefixes, heavier subtrees first, a node's own requests after its
    children, as SGLang does); lof (longest output first); random (a seeded random rank per
    request); priority (larger first); routing_key (requests whose key the most running requests
-   share first; Request has no tenant field, so the key is `priority`); sjf (least estimated
+   share first; the key is the request's tenant, or its `priority` when it has none); fair
+   (per-tenant virtual token counters with `tenant_weights`, policies/fairness.py); sjf (least estimated
    remaining work: prompt left after the cache hit plus outputs left, by an oracle or a seeded
    predictor with lognormal error); edf (earliest TTFT deadline). Ties keep queue order.
    Guardrails: requests that have waited more than aging_seconds go first, in queue order; only
    the first reorder_window of the others are reordered (the rest follow in queue order);
-   requests holding KV (P/D: landed) keep the head. Cache-aware orders (lpm, dfs_weight) without a
+   requests holding KV (P/D: landed) keep the head. Deadline slack (`deadline_slack`, seed 000 §5.2):
+   a request whose TTFT deadline (ttft_deadline, as edf) minus now is below the slack goes first,
+   earliest deadline first, after the landed ones and before the aged ones, whatever the order
+   (it overrides lpm's and dfs_weight's cache affinity). Cache-aware orders (lpm, dfs_weight) without a
    prefix cache are fcfs.
 2. Prefill adder: the chunked request in flight (at most one) continues; then waiting requests are
    admitted in order under the token budget (max_prefill_tokens), the chunk budget
@@ -52,10 +56,11 @@ from cbsim.workloads.prefixes import block_hash
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
+from .fairness import FairQueue, check_weights, urgent_first
 from .helpers import DynamicChunkConfig, fill_decodes, is_decode, make_dynamic
 from .registry import register
 
-ORDERS = ("fcfs", "lpm", "dfs_weight", "lof", "random", "priority", "routing_key", "sjf", "edf")
+ORDERS = ("fcfs", "lpm", "dfs_weight", "lof", "random", "priority", "routing_key", "sjf", "edf", "fair")
 CACHE_AWARE = ("lpm", "dfs_weight")
 
 
@@ -78,8 +83,13 @@ class SGLangConfig(Budgets):
     seed: int = option(0, help="seed of the random order and of the sjf predictor's errors")
     output_estimate_error: float = option(0.0, help="sjf: sigma of the log of the output-length predictor's "
                                           "multiplicative error; 0 = oracle (the true output length)")
-    ttft_deadline: float = option(1.0, help="edf: seconds after arrival by which the first token is due")
-    ttft_deadline_per_token: float = option(0.0, help="edf: extra deadline seconds per prompt token")
+    ttft_deadline: float = option(1.0, help="edf and deadline_slack: seconds after arrival by which the first "
+                                  "token is due")
+    ttft_deadline_per_token: float = option(0.0, help="edf and deadline_slack: extra deadline seconds per prompt token")
+    deadline_slack: float | None = option(None, help="a waiting request whose TTFT deadline is less than this many "
+                                          "seconds away goes first (earliest deadline first), overriding any order "
+                                          "(lpm's cache affinity included); null = off")
+    tenant_weights: dict | None = option(None, help="fair: {tenant: weight}; unlisted tenants weigh 1")
     dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware chunk sizes {target_chunk: 512}: "
                                                       "chunks shrink as a prompt's history grows; null = off")
 
@@ -97,6 +107,11 @@ class SGLangConfig(Budgets):
         require(self.ttft_deadline > 0, "ttft_deadline", "seconds > 0", self.ttft_deadline)
         require(self.ttft_deadline_per_token >= 0, "ttft_deadline_per_token", "seconds >= 0",
                 self.ttft_deadline_per_token)
+        require(self.deadline_slack is None or (math.isfinite(self.deadline_slack) and self.deadline_slack >= 0),
+                "deadline_slack", "seconds >= 0 or null", self.deadline_slack)
+        check_weights(self.tenant_weights)
+        require(self.schedule_policy == "fair" or not self.tenant_weights, "tenant_weights",
+                "null unless schedule_policy is fair", self.tenant_weights)
 
 
 @register("sglang")
@@ -109,6 +124,7 @@ class SGLang(Policy):
         super().__init__(config)
         self.dynamic = make_dynamic(config.dynamic_chunk)
         self._estimates: dict[int, float] = {}  # sjf: request id -> estimated output length (memo)
+        self.fair = FairQueue(config.tenant_weights) if config.schedule_policy == "fair" else None
 
     @property
     def chunks_prompts(self) -> bool:
@@ -116,8 +132,9 @@ class SGLang(Policy):
 
     @property
     def steady_when_blocked(self) -> bool:
-        """Aging and deadlines change the plan with time alone."""
-        return self.config.aging_seconds is None and self.config.schedule_policy != "edf"
+        """Aging and deadlines change the plan with time alone, fair counters with every decode."""
+        cfg = self.config
+        return cfg.aging_seconds is None and cfg.deadline_slack is None and cfg.schedule_policy not in ("edf", "fair")
 
     def reject_reason(self, req: Request, state: SchedulerState) -> str:
         reason = Policy.reject_reason(self, req, state)
@@ -131,6 +148,12 @@ class SGLang(Policy):
 
     # -- the step ---------------------------------------------------------------------------
     def schedule(self, state):
+        if self.fair is None:
+            return self._schedule(state)
+        self.fair.observe(state)
+        return self.fair.track(self._schedule(state), state)
+
+    def _schedule(self, state):
         rejected = self._unmeetable(state) if self.config.schedule_policy == "edf" else ()
         if rejected:
             plan = self._plan(state, set(rejected))
@@ -215,6 +238,7 @@ class SGLang(Policy):
         waiting = list(state.waiting)
         head = [r for r in waiting if r.num_blocks]  # P/D: landed, holding KV
         rest = [r for r in waiting if not r.num_blocks] if head else waiting
+        urgent, rest = urgent_first(rest, state.now, self._deadline, cfg.deadline_slack)
         aged = []
         if cfg.aging_seconds is not None:
             aged = [r for r in rest if state.now - r.arrival > cfg.aging_seconds]
@@ -222,7 +246,7 @@ class SGLang(Policy):
                 old = set(map(id, aged))
                 rest = [r for r in rest if id(r) not in old]
         window = len(rest) if cfg.reorder_window is None else cfg.reorder_window
-        return head + aged + self._sorted(rest[:window], state, b, len(waiting)) + rest[window:]
+        return head + urgent + aged + self._sorted(rest[:window], state, b, len(waiting)) + rest[window:]
 
     def _sorted(self, reqs: list[Request], state, b: BatchBuilder, queue_len: int) -> list[Request]:
         name = self.config.schedule_policy
@@ -234,6 +258,8 @@ class SGLang(Policy):
             return reqs
         if name == "dfs_weight":
             return dfs_weight_order(reqs, b)
+        if name == "fair":
+            return list(self.fair.order(reqs, b.need))
         return sorted(reqs, key=self._key(name, state, b))
 
     def _key(self, name: str, state, b: BatchBuilder):
@@ -247,13 +273,13 @@ class SGLang(Policy):
         if name == "priority":
             return lambda r: -r.priority
         if name == "routing_key":
-            running: dict[int, int] = {}
+            running: dict = {}
             for r in state.running:
-                running[r.priority] = running.get(r.priority, 0) + 1
-            first: dict[int, int] = {}
+                running[routing_key(r)] = running.get(routing_key(r), 0) + 1
+            first: dict = {}
             for i, r in enumerate(state.waiting):
-                first.setdefault(r.priority, i)
-            return lambda r: (-running.get(r.priority, 0), first[r.priority])
+                first.setdefault(routing_key(r), i)
+            return lambda r: (-running.get(routing_key(r), 0), first[routing_key(r)])
         if name == "sjf":
             return lambda r: b.need(r) + max(self._estimate(r) - r.num_output_tokens, 1.0)
         return self._deadline  # edf
@@ -298,6 +324,11 @@ class SGLang(Policy):
                 or self.config.schedule_policy not in CACHE_AWARE):
             return None
         return InBatchDedupe(state, b)
+
+
+def routing_key(req: Request):
+    """The routing_key order's key: the tenant, or the priority for a request without one."""
+    return req.priority if req.tenant is None else req.tenant
 
 
 class InBatchDedupe:
