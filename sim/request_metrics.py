@@ -129,6 +129,7 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
     TPOT is defined once all output_len >= 2 tokens exist; itl_max once two tokens exist;
     e2e and normalized_latency for finished requests; dec_at_p for long requests that got their
     first token, short_p for long requests that were not rejected and found a short one in the system.
+    `tenant` and `adapter` columns (a string, or None) exist only when some request has one.
     The frame holds the column arrays built here without copying them (no consolidation).
     """
     config = config or MetricsConfig()
@@ -165,4 +166,8 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
         "reject_reason": [r.reject_reason for r in requests],
     }, copy=False)
     frame["meets_slo"] = meets_slo(frame, config.slo)
+    for name in ("tenant", "adapter"):  # only where some request has one: other tables stay as they were
+        labels = [getattr(r, name) for r in requests]
+        if any(v is not None for v in labels):
+            frame[name] = pd.Series(labels, dtype=object)
     return frame

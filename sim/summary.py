@@ -13,6 +13,7 @@ import pandas as pd
 from .itl import ITLDistribution, itl_distribution, stall_events
 from .metrics_config import MetricsConfig
 from .recorder import Recorder
+from .tenant_metrics import tenant_summary
 
 
 def json_number(value):
@@ -43,7 +44,8 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
     Throughput counts the output tokens of finished requests over makespan = last completion -
     first arrival. Stalls are ITL gaps above stall_factor x the ITL median: how many gaps, their
     summed length and the longest. short_p_undefined counts long requests without a short_P.
-    num_preemptions sums the requests' counters. Pass `itl` (itl_distribution with the requests)
+    num_preemptions sums the requests' counters. Tenant fairness keys (sim/tenant_metrics.py) appear
+    only when requests carry tenants. Pass `itl` (itl_distribution with the requests)
     to include runs still open at a cut; otherwise it is rebuilt from the recorder's closed runs.
     """
     config = config or MetricsConfig()
@@ -54,6 +56,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
     out.update(_interference_summary(df, itl, config.stall_factor))
     out.update(num_preemptions=int(df["num_preemptions"].sum()), num_rejected=int((df["status"] == "rejected").sum()),
                num_finished=int((df["status"] == "finished").sum()), num_requests=len(df), num_steps=len(steps_df))
+    out.update(tenant_summary(df))  # only when requests carry tenants
     return out
 
 
