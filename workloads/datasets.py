@@ -36,7 +36,7 @@ import pandas as pd
 from cbsim.errors import ConfigError
 
 from .tokens import TokenCounter
-from .traces import TraceData, _json_number, _numbers, _read_csv, _rows
+from .traces import TraceData, _json_number, _numbers, _read_csv, _rows, read_json_lines
 
 SHORT_CONVERSATION = "fewer than two turns"
 NO_REPLY = "turn without a reply"
@@ -147,25 +147,21 @@ def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
     labels = {c: [] for c in LABEL_COLUMNS}
     with_hashes = with_sessions = False
     expected = "UTF-8 JSON lines with arrival_s, prompt_len, output_len (optional prefix_hashes, session_id)"
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                values = [_json_number(row, name) for name in GENERIC_COLUMNS]
-                chain = row.get("prefix_hashes")
-                hashes.append(() if chain is None else tuple(int(h) for h in chain))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise ConfigError(f"{key} (line {number})", expected, str(err), file=str(path)) from None
-            for column, value in zip((stamps, prompts, outputs), values):
-                column.append(value)
-            with_hashes |= chain is not None
-            with_sessions |= row.get("session_id") is not None
-            sessions.append(row.get("session_id"))
-            for column, values in labels.items():
-                values.append(row.get(column))
+
+    def parse(row: dict) -> tuple:
+        values = [_json_number(row, name) for name in GENERIC_COLUMNS]
+        chain = row.get("prefix_hashes")
+        return row, values, chain, () if chain is None else tuple(int(h) for h in chain)
+
+    for row, values, chain, chain_tuple in read_json_lines(path, key, expected, parse):
+        hashes.append(chain_tuple)
+        for column, value in zip((stamps, prompts, outputs), values):
+            column.append(value)
+        with_hashes |= chain is not None
+        with_sessions |= row.get("session_id") is not None
+        sessions.append(row.get("session_id"))
+        for column, found in labels.items():
+            found.append(row.get(column))
     present = {f"{c}s": _labels(v) for c, v in labels.items() if any(x is not None for x in v)}
     return _rows(str(path), stamps, prompts, outputs, hashes if with_hashes else None,
                  _sessions(sessions) if with_sessions else None, **present)

@@ -107,22 +107,28 @@ def read_azure(path: Path, key: str) -> TraceData:
 
 def read_mooncake(path: Path, key: str) -> TraceData:
     """Mooncake FAST'25 JSONL: `timestamp` in ms becomes seconds; `hash_ids` become prefix hashes."""
-    stamps, prompts, outputs, hashes = [], [], [], []
-    expected = "UTF-8 JSON lines with timestamp, input_length, output_length, hash_ids"
+    def parse(row: dict) -> tuple:
+        return (_json_number(row, "timestamp"), _json_number(row, "input_length"), _json_number(row, "output_length"),
+                tuple(int(h) for h in row.get("hash_ids", ())))
+
+    rows = read_json_lines(path, key, "UTF-8 JSON lines with timestamp, input_length, output_length, hash_ids", parse)
+    stamps, prompts, outputs, hashes = (list(column) for column in zip(*rows)) if rows else ([], [], [], [])
+    return _rows(str(path), np.asarray(stamps, dtype=np.float64) / 1000.0, prompts, outputs, hashes)
+
+
+def read_json_lines(path: Path, key: str, expected: str, parse) -> list:
+    """`parse(row)` of every non-blank line of a JSON-lines file; a line that is not UTF-8 JSON, or
+    that `parse` refuses, is a ConfigError naming the file and `key (line N)`."""
+    out = []
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                stamps.append(_json_number(row, "timestamp"))
-                prompts.append(_json_number(row, "input_length"))
-                outputs.append(_json_number(row, "output_length"))
-                hashes.append(tuple(int(h) for h in row.get("hash_ids", ())))
+                if line.strip():
+                    out.append(parse(json.loads(line)))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise ConfigError(key, expected, f"line {number}: {err}", file=str(path)) from None
-    return _rows(str(path), np.asarray(stamps, dtype=np.float64) / 1000.0, prompts, outputs, hashes)
+                raise ConfigError(f"{key} (line {number})", expected, str(err), file=str(path)) from None
+    return out
 
 
 def read_lengths_csv(path: Path, key: str, timed: bool) -> TraceData:
