@@ -53,7 +53,8 @@ class TraceConfig:
         help="file format: azure (Azure LLM 2023 CSV), mooncake (FAST'25 JSONL with hash_ids), "
              "sharegpt / arxiv (length-statistics CSVs, no timestamps), vidur (processed_traces CSV), "
              "sharegpt_json (raw ShareGPT conversations, no timestamps), burstgpt (BurstGPT CSV), "
-             "generic_csv / generic_jsonl (arrival_s, prompt_len, output_len[, prefix_hashes][, session_id]), "
+             "generic_csv / generic_jsonl (arrival_s, prompt_len, output_len[, prefix_hashes][, session_id][, tenant]"
+             "[, adapter]), "
              "vllm_bench (a vllm bench serve --save-result file: its input_lens/output_lens, no timestamps)")
     path: str = option(help="the file: absolute, or relative to the experiment file's folder, then to "
                             "the data folder ($CBSIM_DATA, else shared/data beside the repository), then to "
