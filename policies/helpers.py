@@ -174,7 +174,7 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
                    limit: PrefillLimit | None = None, min_chunk: int = 1,
                    reserve: Callable[[Request], int] | None = None,
                    chunk_size: Callable[[int], int] | None = None,
-                   cap: int | None = None, skip_blocked: bool = False) -> None:
+                   cap: int | None = None, skip_blocked: bool = False, slots=None) -> None:
     """Admit waiting requests in queue order while the budgets allow.
 
     chunk=True: a request may get only part of its prompt (what the token budget and `cap` leave,
@@ -185,10 +185,13 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
     every request's first chunk.
     The scan ends at the first request that the token budget, min_chunk, max_num_seqs or KV stops;
     one that only `limit` holds back ends it too, unless `skip_blocked`: then it is passed over.
+    A request whose LoRA adapter `slots` (lora.LoraSlots) cannot serve is passed over, as vLLM does.
     """
     for req in waiting:
         if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
+        if slots is not None and not slots.allows(req):
+            continue
         need = b.need(req)
         n = min(need, b.tokens_left) if chunk else need
         if chunk and cap is not None:
@@ -205,3 +208,5 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
             return
         if limit:
             limit.take(req, n, need)
+        if slots is not None:
+            slots.take(req)

@@ -42,6 +42,7 @@ from cbsim.schema import option, require
 from .base import Budgets, Policy
 from .batch import BatchBuilder
 from .fairness import FairQueue, TokenBucketConfig, check_weights
+from .lora import LoraSlots
 from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
                       fill_decodes, make_dynamic)
 from .registry import register
@@ -79,6 +80,9 @@ class SarathiConfig(Budgets):
                               "the budget; 0 = none")
     token_buckets: list[TokenBucketConfig] | None = option(None, help="fair: per-tenant rate limits on admitted "
                                                            "prompt tokens, [{tenant, rate (tokens/s), burst}]")
+    max_loras: int | None = option(None, help="LoRA adapters one step may serve (vLLM --max-loras): a waiting "
+                                   "request whose adapter is not among the step's is skipped once that many are "
+                                   "(policies/lora.py); null = no limit")
 
     def validate(self) -> None:
         Budgets.validate(self)
@@ -91,6 +95,8 @@ class SarathiConfig(Budgets):
                 "long_prefill_token_threshold", "an integer >= 1 or null", self.long_prefill_token_threshold)
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
                 self.chunk_size)
+        require(self.max_loras is None or self.max_loras >= 1, "max_loras", "an integer >= 1 or null",
+                self.max_loras)
         check_weights(self.tenant_weights)
         require(self.min_quantum >= 0, "min_quantum", "tokens >= 0", self.min_quantum)
         fair_only = self.tenant_weights or self.min_quantum or self.token_buckets
@@ -135,11 +141,12 @@ class Sarathi(Policy):
         chunk = chunk_limit(self.dynamic, state)
         skip = not cfg.strict_fcfs
         continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
+        slots = None if cfg.max_loras is None else LoraSlots(cfg.max_loras, filter(b.is_scheduled, state.running))
         if fair is None:
-            admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
+            admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip, slots=slots)
             return b.build()
         fair.admit(b, state.waiting, lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk,
-                                                                        cap=most, skip_blocked=skip), cap)
+                                                                        cap=most, skip_blocked=skip, slots=slots), cap)
         if held:
             fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
         return fair.track(b.build(), state)

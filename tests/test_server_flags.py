@@ -137,3 +137,11 @@ def test_shipped_server_experiments_resolve():
     for name in ("vllm_llama3_8b", "sglang_llama3_8b"):
         cfg = load_config(f"experiments/servers/{name}.yaml")
         assert cfg.policy["max_num_seqs"] == 128
+
+
+def test_vllm_lora_flags_limit_adapters_per_step():
+    assert resolved("--enable-lora").policy["max_loras"] == 1  # vLLM's LoRAConfig default
+    assert resolved("--enable-lora --max-loras 4").policy["max_loras"] == 4
+    assert "max_loras" not in resolved("--max-loras 4").policy  # without --enable-lora vLLM serves no adapters
+    with pytest.raises(ConfigError, match="--enable-lora"):
+        resolved("--enable-lora --no-enable-chunked-prefill")

@@ -21,7 +21,8 @@ What cbsim runs: the sarathi policy (decodes first, prompts chunked into what th
 each capped at long_prefill_token_threshold); V1 has no partial-prefill limits, so cbsim's are lifted
 (max_num_seqs); without chunked prefill, orca with paged KV (decodes plus whole prompts). The
 engine preset is vllm-v1; `--async-scheduling` overlaps host and GPU (engine overlap, one step of
-output lag) and `--enforce-eager` turns CUDA graphs off.
+output lag) and `--enforce-eager` turns CUDA graphs off. `--enable-lora` limits the adapters a step
+serves to `--max-loras` (vllm/config/lora.py: default 1), as V1's scheduler does (policies/lora.py).
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ FLAGS = {
     "pipeline-parallel-size": Flag(int, "vllm/config/parallel.py"),
     "enforce-eager": Flag(bool, "vllm/config/model.py", boolean=True),
     "dtype": Flag(str, "vllm/config/model.py", choices=("auto", "bfloat16", "float16", "half")),
+    "enable-lora": Flag(bool, "vllm/engine/arg_utils.py", boolean=True),
+    "max-loras": Flag(int, "vllm/config/lora.py"),
 }
 ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size"}
 IGNORED = frozenset({
@@ -100,6 +103,11 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
         "cost_model.engine": _engine(flags),
         "preemption.mode": "recompute",
     }
+    if flags.get("enable-lora"):  # LoRAConfig.max_loras defaults to 1; without --enable-lora it does nothing
+        if not chunked:
+            raise ConfigError(f"{path} --enable-lora", "chunked prefill on (cbsim limits adapters per step in "
+                              "its sarathi policy only)", True)
+        settings["policy.max_loras"] = flags.get("max-loras", 1)
     if chunked:
         threshold = flags.get("long-prefill-token-threshold", 0)
         settings["policy.long_prefill_token_threshold"] = threshold or None
@@ -140,7 +148,7 @@ _FLAG_OF_KEY = {
     "cluster.kv_cache.block_size": "block-size", "cluster.kv_cache.gpu_memory_utilization": "gpu-memory-utilization",
     "cluster.kv_cache.prefix_caching": "enable-prefix-caching", "cluster.kv_cache.num_blocks": "num-gpu-blocks-override",
     "cluster.tp": "tensor-parallel-size", "cluster.max_model_len": "max-model-len", "model": "model",
-    "policy.name": "enable-chunked-prefill",
+    "policy.name": "enable-chunked-prefill", "policy.max_loras": "max-loras",
 }
 
 
