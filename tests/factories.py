@@ -108,3 +108,12 @@ def run_pd_cluster(requests, prefill, decode, link=None, check=None, max_time=No
             replica.policy = CheckedPolicy(replica.policy, lambda: check(replicas, cluster))
     run_cluster(env, feed, replicas, cluster.prefill, "round_robin", max_time, busy=lambda: not cluster.is_idle)
     return recorder, replicas, cluster
+
+
+def assert_user_error(result, *needles):
+    """Exit code 2, one line on stderr naming every needle, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    text = result.output.strip()
+    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
+    for needle in needles:
+        assert str(needle) in text, (needle, text)

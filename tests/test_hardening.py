@@ -10,6 +10,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from factories import assert_user_error
+
 from cbsim.cli import app
 from cbsim.config import load_config
 from cbsim.errors import ConfigError
@@ -38,14 +40,6 @@ def write(tmp_path, data, name="exp.yaml"):
 def cli(*args):
     return runner.invoke(app, [str(a) for a in args])
 
-
-def assert_user_error(result, *needles):
-    """Exit code 2, one line on stderr naming every needle, no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    text = result.output.strip()
-    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
-    for needle in needles:
-        assert str(needle) in text, (needle, text)
 
 
 # 1. Non-UTF-8 files

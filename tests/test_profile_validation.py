@@ -28,7 +28,7 @@ from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.shape import StepShape
 from cbsim.sim.simulation import simulate
 
-from factories import make_requests
+from factories import assert_user_error, make_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "profiler" / "profiles"
@@ -139,28 +139,20 @@ def experiment(tmp_path, cost_model: dict, name="exp.yaml", **top) -> Path:
     return path
 
 
-def assert_cli_error(result, *needles):
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    text = result.output.strip()
-    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
-    for needle in needles:
-        assert str(needle) in text, (needle, text)
-
-
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_08_cli_rejects_a_nan_profile_with_exit_code_2(tmp_path, command):
     profile = mutated(tmp_path, FITTED, "coefficients.const", math.nan, "nan-profile.json")
     exp = experiment(tmp_path, {"type": "fitted", "profile": str(profile)})
     args = [command, str(exp)] + (["--out", str(tmp_path / "out")] if command == "run" else [])
-    assert_cli_error(runner.invoke(app, args), "nan-profile.json", "coefficients.const", "finite")
+    assert_user_error(runner.invoke(app, args), "nan-profile.json", "coefficients.const", "finite")
 
 
 def test_08_validate_probes_step_times_a_run_would_reject(tmp_path):
     huge = experiment(tmp_path, {"type": "linear", "base": 0.01, "per_token": 1e300})
-    assert_cli_error(runner.invoke(app, ["validate", str(huge)]), "exp.yaml", "cost_model", "step times")
+    assert_user_error(runner.invoke(app, ["validate", str(huge)]), "exp.yaml", "cost_model", "step times")
     slow = experiment(tmp_path, {"type": "fitted", "profile": str(FITTED)}, "s.yaml",
                       preemption={"swap_bandwidth_gb_s": 1e-300})
-    assert_cli_error(runner.invoke(app, ["validate", str(slow)]), "s.yaml", "preemption.swap_bandwidth_gb_s")
+    assert_user_error(runner.invoke(app, ["validate", str(slow)]), "s.yaml", "preemption.swap_bandwidth_gb_s")
 
 
 # 8. The duration guard: a NaN, infinite, zero or negative step time, or a transfer that ends beyond
@@ -238,9 +230,9 @@ PD = {
 def test_08_pd_link_bandwidth_1e_300_is_named_by_validate_and_run(tmp_path):
     exp = tmp_path / "pd.yaml"
     exp.write_text(yaml.safe_dump(PD))
-    assert_cli_error(runner.invoke(app, ["validate", str(exp)]), "pd.yaml", "cluster.link.bandwidth_gb_s")
+    assert_user_error(runner.invoke(app, ["validate", str(exp)]), "pd.yaml", "cluster.link.bandwidth_gb_s")
     result = runner.invoke(app, ["run", str(exp), "--out", str(tmp_path / "out")])
-    assert_cli_error(result, "cluster.link", "prefill0")
+    assert_user_error(result, "cluster.link", "prefill0")
 
 
 # 13. GPUs per replica: one rule for KV sizing and per-GPU goodput
