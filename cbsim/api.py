@@ -29,7 +29,7 @@ class Results:
     steps: pd.DataFrame
     summary: dict
     itl: object  # cbsim.sim.metrics.ITLDistribution
-    recorder: object  # cbsim.sim.recorder.Recorder
+    recorder: object  # cbsim.sim.metrics.recorder.Recorder
     shapes: list | None = None  # sampled step shapes (output.shapes > 0)
     out_dir: Path | None = None
     pools: dict | None = None  # pool name -> replica indices ({"cluster": [...]}, or prefill and decode)
@@ -47,13 +47,13 @@ class Results:
 
     def write(self, out_dir: str | Path, progress=None) -> Path:
         """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
-        `files` then maps each file written to its size in bytes. `progress` (sim/progress.py) names
+        `files` then maps each file written to its size in bytes. `progress` (sim/outputs/progress.py) names
         each phase of a long run's writing."""
-        from cbsim.sim.bench_result import bench_result
-        from cbsim.sim.dashboard import write_dashboards
+        from cbsim.sim.metrics.bench_result import bench_result
+        from cbsim.sim.outputs.dashboard import write_dashboards
         from cbsim.sim.metrics import stall_events
-        from cbsim.sim.plots import plot_run
-        from cbsim.sim.trace_export import write_chrome_trace
+        from cbsim.sim.outputs.plots import plot_run
+        from cbsim.sim.outputs.trace_export import write_chrome_trace
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -299,9 +299,9 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
 
 def client_frontend(cfg: ExperimentConfig, requests):
     """(engine, client arrivals or None, requests in scheduler-arrival order): with an engine front
-    end, each request reaches the scheduler later than the client sent it (sim/client_view.py)."""
+    end, each request reaches the scheduler later than the client sent it (sim/metrics/client_view.py)."""
     from cbsim.profiler.costmodels.registry import engine_of
-    from cbsim.sim.client_view import shift_arrivals
+    from cbsim.sim.metrics.client_view import shift_arrivals
 
     try:
         engine = engine_of(cfg.cost_model)
@@ -319,13 +319,13 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
 
     Writes the output folder only when `out_dir` is given (the CLI passes output.dir or results/<name>
     explicitly): running a shipped experiment from Python or a test never overwrites its results.
-    `progress`: a cbsim.sim.progress.Progress that reports a long run as it goes (the CLI passes one
+    `progress`: a cbsim.sim.outputs.progress.Progress that reports a long run as it goes (the CLI passes one
     writing to stderr); None, the default, is silent. It never changes the results.
     """
     from cbsim.sim import metrics
-    from cbsim.sim.client_view import client_view
-    from cbsim.sim.step_efficiency import hardware_of, with_efficiency
-    from cbsim.sim.summary import usage_summary
+    from cbsim.sim.metrics.client_view import client_view
+    from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
+    from cbsim.sim.metrics.summary import usage_summary
     from cbsim.workloads import build_run, parse_workload
 
     cfg = load_config(config, overrides)

@@ -93,7 +93,7 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
     `max_expansions` times) and then bisects. `overrides` are `--set` strings applied first;
     `min_finished` is the fraction of requests every run must finish (not reject) to count;
     `min_attainment` the fraction that must meet metrics.slo (then `slo` may be empty); `progress`
-    (sim/progress.py) reports each probe run that is long.
+    (sim/outputs/progress.py) reports each probe run that is long.
     """
     base = load_config(config, overrides)
     if min_attainment is None or slo:
@@ -170,7 +170,7 @@ def _bracket(passes, start: float, hi: float | None, max_expansions: int) -> tup
 def _probe(base: ExperimentConfig, rate_key: str, rate: float, seeds, slo: dict, min_finished: float,
            rows: list, min_attainment: float | None = None, progress=None) -> bool:
     """Run the experiment at `rate` for every seed, record one row per seed, return whether all met;
-    `progress` (sim/progress.py) reports each run that is long, labelled with its rate and seed."""
+    `progress` (sim/outputs/progress.py) reports each run that is long, labelled with its rate and seed."""
     from .api import run_experiment
 
     ok = True

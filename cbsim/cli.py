@@ -48,7 +48,7 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
                                    "2 s reports every 5 s)")):
     """Run one experiment and write its results folder."""
-    from cbsim.sim.progress import Progress
+    from cbsim.sim.outputs.progress import Progress
     from cbsim.workloads import drop_warnings
 
     from .api import run_experiment

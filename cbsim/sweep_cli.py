@@ -73,7 +73,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
     import pandas as pd
 
-    from cbsim.sim.progress import Progress
+    from cbsim.sim.outputs.progress import Progress
 
     from cbsim.capacity import find_capacities, find_capacity
     from cbsim.config import load_config

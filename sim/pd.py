@@ -82,7 +82,7 @@ from .clock import UrgentTimeout, delay_to
 from .cost import CostModel
 from .kv_cache import KVCache
 from .kv_link import KVLink, Transfer
-from .recorder import Recorder
+from .metrics.recorder import Recorder
 from .replica import Replica, ReplicaSettings
 from .request import Request, Status
 from .router import outstanding_tokens

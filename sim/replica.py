@@ -26,7 +26,7 @@ from .durations import CLOCK_LIMIT, check_run, check_step
 from .kv_cache import KVCache
 from .kv_link import KVLink
 from .plan import StepPlan
-from .recorder import Recorder
+from .metrics.recorder import Recorder
 from .request import Request, Status
 from .shape import StepShape
 from .state import SchedulerState

@@ -16,7 +16,7 @@ import simpy
 from .clock import UrgentTimeout, delay_to
 from .cost import CostModel
 from .kv_cache import KVCache
-from .recorder import Recorder
+from .metrics.recorder import Recorder
 from .replica import Replica, ReplicaSettings
 from .request import Request
 from .router import ROUTERS

@@ -96,7 +96,7 @@ def run_pd_cluster(requests, prefill, decode, link=None, check=None, max_time=No
     import simpy
 
     from cbsim.sim.pd import PDSettings, build_pd
-    from cbsim.sim.recorder import Recorder
+    from cbsim.sim.metrics.recorder import Recorder
     from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
     env, recorder = simpy.Environment(), Recorder()

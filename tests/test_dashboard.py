@@ -1,11 +1,11 @@
-"""The operator dashboard (sim/dashboard.py): written by Results.write (one per pool for P/D),
+"""The operator dashboard (sim/outputs/dashboard.py): written by Results.write (one per pool for P/D),
 optional panels drawn only when the run reports their data, and the level series it is built on."""
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from cbsim.api import run_experiment
-from cbsim.sim import dashboard
+from cbsim.sim.outputs import dashboard
 from cbsim.sim.metrics import level_series, time_average
 
 from test_pd import PD_EXPERIMENT

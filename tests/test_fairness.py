@@ -15,7 +15,7 @@ from cbsim.policies.batch import BatchBuilder
 from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
-from cbsim.sim.tenant_metrics import jain_index, tenant_summary
+from cbsim.sim.metrics.tenant_metrics import jain_index, tenant_summary
 from cbsim.workloads import build_requests, parse_workload
 
 from factories import run_policy

@@ -17,16 +17,16 @@ import pytest
 
 from cbsim.errors import ConfigError
 from cbsim.schema import parse
-from cbsim.sim import itl as itl_module
-from cbsim.sim import step_order
-from cbsim.sim.bucket_sort import split_points, stable_sort_by_value
+from cbsim.sim.metrics import itl as itl_module
+from cbsim.sim.metrics import step_order
+from cbsim.sim.metrics.bucket_sort import split_points, stable_sort_by_value
 from cbsim.sim.metrics import (
     MetricsConfig, SLOConfig, itl_distribution, request_frame, stall_events, step_frame, summarize,
     token_times, weighted_percentile)
-from cbsim.sim.plots import plot_run
-from cbsim.sim.recorder import Recorder
+from cbsim.sim.outputs.plots import plot_run
+from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.request import Request, Status
-from cbsim.sim.trace_export import step_name, write_chrome_trace
+from cbsim.sim.outputs.trace_export import step_name, write_chrome_trace
 
 SUMMARY_KEYS = {
     "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "itl_p50", "itl_p90", "itl_p99",

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import cbsim.sim.progress as progress_module
+import cbsim.sim.outputs.progress as progress_module
 from cbsim.api import run_experiment
 from cbsim.cli import app
-from cbsim.sim.progress import Progress
+from cbsim.sim.outputs.progress import Progress
 
 runner = CliRunner()
 
@@ -147,11 +147,11 @@ def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
 
 
 def test_the_trace_has_a_lane_per_request(tmp_path):
-    """Perfetto lanes (sim/request_lanes.py): queue, prefill, decode back to back on each request's
+    """Perfetto lanes (sim/outputs/request_lanes.py): queue, prefill, decode back to back on each request's
     track, KV hops of a P/D hand-off on it too, capped by metrics.trace_max_requests."""
     import json
 
-    from cbsim.sim.request_lanes import REQUESTS_PID
+    from cbsim.sim.outputs.request_lanes import REQUESTS_PID
 
     results = run_experiment("experiments/pd_vs_colocated.yaml", overrides=[
         "workload.num_requests=12", "output.trace=true", "output.plots=false", "metrics.trace_max_requests=10"],

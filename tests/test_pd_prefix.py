@@ -29,7 +29,7 @@ from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model
 from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.pd import PDSettings, PoolParts, build_pd
-from cbsim.sim.recorder import Recorder
+from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Status
 from cbsim.sim.simulation import ArrivalFeed, run_cluster

@@ -1,7 +1,7 @@
 """Plots that tell the truth (issue 14): each property is read off the matplotlib figure objects.
 
-Per run (sim/plots.py): stall markers above the token areas, a KV capacity line and % axis, P/D
-replicas named with their pool and KV hand-offs drawn; dashboard (sim/dashboard.py): latency panels
+Per run (sim/outputs/plots.py): stall markers above the token areas, a KV capacity line and % axis, P/D
+replicas named with their pool and KV hand-offs drawn; dashboard (sim/outputs/dashboard.py): latency panels
 in s once they reach a second; sweeps (cbsim/sweep_plots.py): a knee only along a load, overlapping
 lines said so, per-seed ratios to a reference run on the same seed.
 """
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cbsim.api import run_experiment
-from cbsim.sim import dashboard, plots
+from cbsim.sim.outputs import dashboard, plots
 from cbsim.sim.metrics import stall_events
 from cbsim.sweep_plots import (is_load, overlaps, paired_ratios, plot_latency_throughput, plot_metrics,
                                plot_paired_ratios)

@@ -1,4 +1,4 @@
-"""Per-step efficiency (sim/step_efficiency.py): the recorder's attention aggregates step by step,
+"""Per-step efficiency (sim/metrics/step_efficiency.py): the recorder's attention aggregates step by step,
 MFU and HBM utilisation of a hand-computed step, the all-reduce column, and the summary keys."""
 import json
 
@@ -9,7 +9,7 @@ import pytest
 from cbsim.api import load_cost_model, run_experiment
 from cbsim.profiler.specs import MODEL_PRESETS, model_spec
 from cbsim.sim.shape import StepShape
-from cbsim.sim.step_efficiency import COLUMNS, StepHardware, step_bytes, step_flops, weights_read, with_efficiency
+from cbsim.sim.metrics.step_efficiency import COLUMNS, StepHardware, step_bytes, step_flops, weights_read, with_efficiency
 
 from factories import make_requests, run_policy
 

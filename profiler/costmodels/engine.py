@@ -19,7 +19,7 @@ do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` thr
     step    = forward + host, or max(forward, host) with `overlap` (async scheduling: the host
               prepares step k+1 while the GPU runs step k)
 
-The front-end terms do not change the step; they move what the client sees (sim/client_view.py):
+The front-end terms do not change the step; they move what the client sees (sim/metrics/client_view.py):
 a request reaches the scheduler `frontend_s + frontend_per_prompt_token_s * prompt` after the client
 sent it (HTTP, tokenising, the hop to the engine core), each output token reaches the client
 `stream_s` after the step that sampled it (detokenising, IPC, streaming), and `output_lag_steps`

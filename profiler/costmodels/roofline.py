@@ -237,7 +237,7 @@ class RooflineCost(CostModel):
     def collective_time(self, tokens: float) -> float:
         """Seconds a step of `tokens` tokens spends in all-reduces (2 per layer, +1 for the embedding,
         when tp > 1; 0 on one GPU): the term `_seconds` adds. Asked after the run for the steps table
-        (sim/step_efficiency.py)."""
+        (sim/metrics/step_efficiency.py)."""
         size = self._allreduce_bytes_per_token * tokens
         if self.tp > self.gpus_per_node:
             return self._num_allreduce * multinode_allreduce_seconds(

@@ -153,7 +153,7 @@ class VidurCostModel(CostModel):
     def collective_time(self, tokens: float) -> float:
         """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
         per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
-        table (sim/step_efficiency.py)."""
+        table (sim/metrics/step_efficiency.py)."""
         return self.num_layers * self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
 
     def _prefill_attention(self, shape: StepShape) -> float:

@@ -7,7 +7,7 @@ later run minus last token of the earlier).
 
 Memory: the distribution itself is 16 bytes a gap (value, weight, step); building it scans the
 steps block by block and sorts with stable_sort_by_value, so the scratch memory is a block and a
-bucket plus O(runs), never a second copy of the distribution (sim/bucket_sort.py).
+bucket plus O(runs), never a second copy of the distribution (sim/metrics/bucket_sort.py).
 
 Percentiles are numpy's default ("linear", Hyndman & Fan type 7), the method of `vllm bench serve`
 and SGLang's bench_serving: with the N gaps sorted, percentile q sits at rank h = (N - 1) q / 100,

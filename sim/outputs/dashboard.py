@@ -9,7 +9,7 @@ Panels (time on every x axis, shared):
 - preemptions and recomputed tokens; prefix-cache hit tokens (only when the run reports them);
 - TTFT, ITL and TPOT p50/p99 over a trailing window (TPOT at each request's completion);
 - MFU and HBM-bandwidth utilisation, and the share of step time in all-reduces (the steps table's
-  efficiency columns, sim/step_efficiency.py; mean per bin weighted by step duration).
+  efficiency columns, sim/metrics/step_efficiency.py; mean per bin weighted by step duration).
 
 Nothing here is recorded during the run: queue levels are rebuilt from each request's times
 (arrival, first step, completion; P/D: prefill done, landing, first decode step) as level
@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .metrics import level_series, weighted_percentile  # noqa: E402
+from ..metrics import level_series, weighted_percentile  # noqa: E402
 
 NUM_BINS = 200
 WINDOW_BINS = 10  # the sliding percentile window spans this many bins

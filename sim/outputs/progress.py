@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from .request import Status
+from ..request import Status
 
 MIN_STEP, MAX_STEP = 1e-6, 60.0  # simulated seconds between wake-ups (the floor keeps SimPy's clock moving)
 

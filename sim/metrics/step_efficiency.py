@@ -2,7 +2,7 @@
 moved, MFU, HBM-bandwidth utilisation, and the seconds it spent in all-reduces.
 
 Invariant: nothing here runs during the simulation. The recorder keeps only integer aggregates of
-each step's shape (sim/recorder.py); the formulas below turn them into model FLOPs and bytes for
+each step's shape (sim/metrics/recorder.py); the formulas below turn them into model FLOPs and bytes for
 the replica's model, and divide by the step's duration and the replica's GPUs' datasheet peaks.
 Every column is NaN where it cannot be known (no GPU, a 0 s step, a cost model that does not say
 its all-reduce time on more than one GPU).

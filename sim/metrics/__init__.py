@@ -14,6 +14,12 @@ This module is the one import point; each concept lives in its own file:
 - summary.py          summarize (the flat JSON-ready summary)
 - pool_metrics.py     preemptions, transfers, P/D hand-offs, pool utilisation and queues
 - prefix_metrics.py   prefix-cache hits and evictions
+- recorder.py         Recorder: the compact step rows and token runs the engine writes while it runs
+- growable.py         the growable typed columns the recorder keeps
+- step_efficiency.py  FLOPs, HBM bytes, MFU and collective time per step
+- tenant_metrics.py   per-tenant latency and fairness
+- client_view.py      what the client sees (front-end delays moved onto the times)
+- bench_result.py     bench.json in vllm bench serve's schema
 """
 from __future__ import annotations
 

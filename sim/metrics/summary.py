@@ -1,7 +1,7 @@
 """The run summary: a flat, JSON-ready dict of percentiles, rates and interference figures.
 
 Values are plain int/float, None where a metric is undefined (no finished request, no long
-request, ...). Request-column percentiles use numpy's linear method, like the ITL (sim/itl.py).
+request, ...). Request-column percentiles use numpy's linear method, like the ITL (sim/metrics/itl.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def json_number(value):
 
 
 def column_percentiles(column: pd.Series, qs=(50, 90, 99)) -> list:
-    """Percentiles (numpy's linear method, as sim/itl.py) of a column's non-NaN values, JSON-ready
+    """Percentiles (numpy's linear method, as sim/metrics/itl.py) of a column's non-NaN values, JSON-ready
     (None each when all are NaN)."""
     values = column.to_numpy(dtype=np.float64)
     values = values[~np.isnan(values)]
@@ -44,7 +44,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
     Throughput counts the output tokens of finished requests over makespan = last completion -
     first arrival. Stalls are ITL gaps above stall_factor x the ITL median: how many gaps, their
     summed length and the longest. short_p_undefined counts long requests without a short_P.
-    num_preemptions sums the requests' counters. Tenant fairness keys (sim/tenant_metrics.py) appear
+    num_preemptions sums the requests' counters. Tenant fairness keys (sim/metrics/tenant_metrics.py) appear
     only when requests carry tenants. Pass `itl` (itl_distribution with the requests)
     to include runs still open at a cut; otherwise it is rebuilt from the recorder's closed runs.
     """
@@ -108,7 +108,7 @@ def usage_summary(steps_df: pd.DataFrame, kv_blocks: dict) -> dict:
 
     kv_usage_mean / kv_usage_p99: blocks used over the replica's cache (a fraction; the p99 is the
     usage the busy time stays at or below 99 % of the time); mfu_mean, hbm_util_mean: the mean of
-    the step columns (sim/step_efficiency.py), so total FLOPs over total peak FLOPs of the busy time;
+    the step columns (sim/metrics/step_efficiency.py), so total FLOPs over total peak FLOPs of the busy time;
     collective_share: all-reduce seconds over busy seconds. None where undefined (no step, no known
     GPU or cache size, a cost model that does not price all-reduces)."""
     duration = steps_df["duration"].to_numpy(dtype=np.float64)

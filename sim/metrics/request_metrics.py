@@ -10,7 +10,7 @@ import pandas as pd
 
 from .metrics_config import MetricsConfig, SLOConfig
 from .recorder import Recorder
-from .request import Request, Status
+from ..request import Request, Status
 from .step_order import LocalOrder
 from .token_runs import TokenRuns, in_run_max, run_arrays, token_runs
 

@@ -11,7 +11,7 @@ its step, so every token time and every inter-token gap can be reconstructed exa
 step table, at a memory cost of one run instead of hundreds of tokens.
 
 Three integer aggregates describe what a step's attention read and computed, for the efficiency
-columns computed afterwards (sim/step_efficiency.py): the decode rows' contexts summed (padding
+columns computed afterwards (sim/metrics/step_efficiency.py): the decode rows' contexts summed (padding
 rows included: they run like decode rows), the prefill rows' histories summed (KV tokens already
 cached that each chunk reads), and the prefill rows' causal query-key pairs summed. They are exact
 integers; a prefill row (c, h) has c * h + c * (c + 1) / 2 pairs.
@@ -23,7 +23,7 @@ from array import array
 import numpy as np
 
 from .growable import Column
-from .request import Request
+from ..request import Request
 
 STEP_COLUMNS = {  # compact types: ~68 bytes a step
     "replica": np.int16,

@@ -23,7 +23,7 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .metrics import cdf_points, stall_events, weighted_percentile  # noqa: E402
+from ..metrics import cdf_points, stall_events, weighted_percentile  # noqa: E402
 from .pd_plots import draw_transfers, pool_of, replica_name  # noqa: E402
 
 NUM_BINS = 500
