@@ -14,6 +14,12 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
+from .policies import make_policy
+from .profiler.costmodels import load_cost_model
+from .profiler.specs import model_spec
+from .sim.metrics import MetricsConfig
+from .workloads import parse_workload
+from .workloads.config import check_lengths
 from .schema import option, parse, require
 
 MAX_REPLICAS = 4096  # replicas per cluster or pool: more is surely a typo (and a slow run)
@@ -383,13 +389,6 @@ def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
 
 def validate_sections(config: ExperimentConfig) -> None:
     """Validate the sections owned by registries by building them once (cheap, no I/O)."""
-    from cbsim.policies import make_policy
-    from cbsim.profiler.costmodels import load_cost_model
-    from cbsim.profiler.specs import model_spec
-    from cbsim.sim.metrics import MetricsConfig
-    from cbsim.workloads import parse_workload
-    from cbsim.workloads.config import check_lengths
-
     model = model_spec(config.model, "model")
     load_cost_model(config.cost_model, model)
     make_policy(config.policy)

@@ -3,7 +3,8 @@
 Nothing here touches the simulation; everything is derived from the recorder's step rows and
 token runs and from the Request records. Memory stays near what the results hold: the step
 scans go block by block (step_order.BLOCK) and frames take their column arrays without copying.
-This module is the one import point; each concept lives in its own file:
+This package is the one import point (`from cbsim.sim.metrics import summarize`); each concept lives in
+its own file, loaded when first used:
 
 - metrics_config.py   MetricsConfig, SLOConfig (the experiment's `metrics:` section)
 - step_order.py       step_frame, LocalOrder (each replica's steps in its own order)
@@ -23,20 +24,33 @@ This module is the one import point; each concept lives in its own file:
 """
 from __future__ import annotations
 
-from .itl import ITLDistribution, cdf_points, itl_distribution, stall_events, weighted_percentile
-from .metrics_config import MetricsConfig, SLOConfig
-from .pool_metrics import (PREEMPTION_COLUMNS, TRANSFER_COLUMNS, handoff_frame, level_series, pool_summary,
-                           preemption_frame, recovery_summary, time_average, transfer_frame)
-from .prefix_metrics import cached_token_column, prefix_summary, readmit_hit_column
-from .request_metrics import request_frame
-from .step_order import LocalOrder, step_frame
-from .summary import column_percentiles, json_number, summarize
-from .token_runs import TokenRuns, run_arrays, token_runs, token_times
+import importlib
 
-__all__ = [
-    "ITLDistribution", "LocalOrder", "MetricsConfig", "PREEMPTION_COLUMNS", "SLOConfig", "TRANSFER_COLUMNS",
-    "TokenRuns", "cached_token_column", "cdf_points", "column_percentiles", "handoff_frame", "itl_distribution",
-    "json_number", "level_series", "pool_summary", "preemption_frame", "prefix_summary", "readmit_hit_column", "recovery_summary",
-    "request_frame", "run_arrays", "stall_events", "step_frame", "summarize", "time_average", "token_runs",
-    "token_times", "transfer_frame", "weighted_percentile",
-]
+# name -> the module of this package that defines it. Loaded on first use (PEP 562), so the engine
+# can import the recorder and a config can import MetricsConfig without pulling in pandas.
+_HOME = {
+    "ITLDistribution": "itl", "cdf_points": "itl", "itl_distribution": "itl", "stall_events": "itl",
+    "weighted_percentile": "itl",
+    "MetricsConfig": "metrics_config", "SLOConfig": "metrics_config",
+    "PREEMPTION_COLUMNS": "pool_metrics", "TRANSFER_COLUMNS": "pool_metrics", "handoff_frame": "pool_metrics",
+    "level_series": "pool_metrics", "pool_summary": "pool_metrics", "preemption_frame": "pool_metrics",
+    "recovery_summary": "pool_metrics", "time_average": "pool_metrics", "transfer_frame": "pool_metrics",
+    "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
+    "readmit_hit_column": "prefix_metrics",
+    "request_frame": "request_metrics",
+    "LocalOrder": "step_order", "step_frame": "step_order",
+    "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",
+    "TokenRuns": "token_runs", "run_arrays": "token_runs", "token_runs": "token_runs", "token_times": "token_runs",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
