@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import typer
 
+from .profiler.gpus import GPU_CATALOG, SOURCES
+from .profiler.hf_config import catalog_names, catalog_spec
+from .profiler.specs import GPU_PRESETS, MODEL_PRESETS
+
 
 def model_rows(tp: int = 1) -> list[dict]:
     """One row per preset and catalog model: sizes per token and per GPU at tensor parallelism `tp`."""
-    from cbsim.profiler.hf_config import catalog_names, catalog_spec
-    from cbsim.profiler.specs import MODEL_PRESETS
-
     rows = []
     for origin, names, get in (("preset", tuple(MODEL_PRESETS), MODEL_PRESETS.__getitem__),
                                ("catalog", catalog_names(), catalog_spec)):
@@ -30,9 +31,6 @@ def model_rows(tp: int = 1) -> list[dict]:
 
 def gpu_rows() -> list[dict]:
     """One row per GPU preset and catalog entry, with its source."""
-    from cbsim.profiler.gpus import GPU_CATALOG, SOURCES
-    from cbsim.profiler.specs import GPU_PRESETS
-
     return [{"name": name, "memory_gib": g.memory_bytes / 2**30, "bf16_tflops": g.bf16_flops / 1e12,
              "fp8_tflops": g.fp8_flops / 1e12, "memory_tb_s": g.hbm_bandwidth / 1e12,
              "link_gb_s": g.link_bandwidth / 1e9, "topology": g.topology,

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .api import build_replica_parts, pool_config, step_noise
 from .config import ExperimentConfig
 from .errors import ConfigError
+from .replica_gpus import gpus_per_replica
+from .sim.durations import check_step, check_transfer
+from .sim.shape import StepShape
+from .workloads import build_workload, parse_workload
 
 
 def preflight(cfg: ExperimentConfig) -> dict[str, int] | None:
     """Raise the ConfigError `run` would raise before simulating; return the trace rows the
     workload's rules drop ({rule: rows}) when it replays a trace, else None."""
-    from cbsim.workloads import build_workload, parse_workload
-
-    from .api import build_replica_parts, pool_config, step_noise
-    from .replica_gpus import gpus_per_replica
-
     rng = np.random.default_rng(cfg.seed)
     try:
         workload = parse_workload(cfg.workload, "workload")
@@ -54,9 +54,6 @@ def probe_step_times(cost, max_model_len: int) -> None:
     that uses every term at `max_model_len` (a prefill chunk over cached history beside a decode row
     of full context) as finite, > 0 and within the simulated clock's range (sim/durations.py): a
     bad coefficient or bandwidth is caught here, not at the first step of a run."""
-    from cbsim.sim.durations import check_step
-    from cbsim.sim.shape import StepShape
-
     chunk = max(1, max_model_len // 2)
     for shape in (StepShape(decode=(1,), tokens_sampled=1),
                   StepShape(prefill=((chunk, max_model_len - chunk),), decode=(max_model_len,), tokens_sampled=2)):
@@ -67,8 +64,6 @@ def probe_step_times(cost, max_model_len: int) -> None:
 def probe_transfer(key: str, bandwidth: float, latency: float, nbytes: float) -> None:
     """DurationError at `key` unless moving `nbytes` (one request's whole KV) over a link of
     `bandwidth` bytes/s and `latency` s ends within the simulated clock's range."""
-    from cbsim.sim.durations import check_transfer
-
     check_transfer(key, 0.0, latency + nbytes / bandwidth, nbytes, " (probed with one request's whole KV)")
 
 

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from .config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig, OutputConfig,
+                     PoolConfig, PreemptionConfig, SimConfig)
+from .policies.registry import load_all
+from .profiler.costmodels import COST_MODELS, load_cost_model  # noqa: F401
+from .profiler.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
 from .schema import field_help
+from .sim.metrics import MetricsConfig, SLOConfig
+from .workloads import arrivals, lengths, prefixes, trace_source
+from .workloads.config import WorkloadConfig
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (cbsim schema) -->"
 END = "<!-- END GENERATED REFERENCE -->"
@@ -33,15 +41,6 @@ def _section(title: str, cls, note: str = "") -> list[str]:
 
 def reference_markdown() -> str:
     """Markdown tables of every config section, policy and cost model."""
-    from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig,
-                              OutputConfig, PoolConfig, PreemptionConfig, SimConfig)
-    from cbsim.policies.registry import load_all
-    from cbsim.profiler.costmodels import COST_MODELS, load_cost_model  # noqa: F401
-    from cbsim.profiler.costmodels import _builtin  # noqa: F401
-    from cbsim.sim.metrics import MetricsConfig, SLOConfig
-    from cbsim.workloads import arrivals, lengths, prefixes, trace_source
-    from cbsim.workloads.config import WorkloadConfig
-
     lines = _section("top level", ExperimentConfig)
     for title, cls in (("cluster", ClusterConfig), ("cluster.kv_cache", KVCacheConfig),
                        ("cluster.prefill / cluster.decode (mode: pd)", PoolConfig), ("cluster.link", LinkConfig),
