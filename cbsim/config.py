@@ -247,11 +247,14 @@ class OutputConfig:
         require(self.dir is None or self.dir.strip() != "", "dir", "a folder path or null", self.dir)
 
 
+DEFAULT_MODEL = "llama-3-8b"  # the model of an experiment that names none (and of load_cost_model)
+
+
 @dataclass
 class ExperimentConfig:
     name: str = option("experiment", help="experiment name (the default results folder)")
     seed: int = option(0, help="seed of the run's single random generator")
-    model: Any = option("llama-3-8b", help="a model: preset or catalog name (cbsim models), Hugging Face id, path "
+    model: Any = option(DEFAULT_MODEL, help="a model: preset or catalog name (cbsim models), Hugging Face id, path "
                         "to a config.json (or its folder), {config: name-or-path, fields to override}, or "
                         "a mapping of every ModelSpec field")
     cost_model: dict = option({"type": "roofline", "gpu": "h100", "tp": 1}, help="step-latency model: "
