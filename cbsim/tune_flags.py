@@ -1,16 +1,16 @@
 """The chosen deployment as engine flags: `vllm serve` for sarathi (and orca with paged KV),
 SGLang's launch_server for sglang, else a note saying why there are none.
 
-Invariant: the flags are the inverse of cbsim/server's tables, and they are checked by resolving
-them back (cbsim.server.vllm/sglang.resolve): every setting the engine would then run that
-differs from what cbsim simulated is listed under the flags, so a reader sees where the engine
-and the simulated policy part (e.g. vLLM V1 has no partial-prefill limits).
+Invariant: the flags come from cbsim/server's tables (cbsim.server.render: one table per engine,
+read both ways), and they are checked by resolving them back (cbsim.server.vllm/sglang.resolve):
+every setting the engine would then run that differs from what cbsim simulated is listed under the
+flags, so a reader sees where the engine and the simulated policy part (e.g. vLLM V1 has no
+partial-prefill limits). This file only says which simulated settings a deployment wants.
 """
 from __future__ import annotations
 
-import shlex
-
-from .config import ExperimentConfig, pool_policy
+from .config import ExperimentConfig, pool_cost_model, pool_policy
+from .server.render import join, render
 from .tune_stages import policy_settings
 
 VLLM_POLICIES = ("sarathi", "orca")
@@ -25,32 +25,37 @@ def flags_text(config: ExperimentConfig) -> str:
                      f"link as {config.cluster.link.mode}, {config.cluster.link.bandwidth_gb_s} GB/s")
         for pool in ("prefill", "decode"):
             section = getattr(config.cluster, pool)
-            tp = int((section.cost_model or {}).get("tp", config.cost_model.get("tp", 1)) or 1)
+            cost_model = pool_cost_model(config, pool)
+            tp = int(cost_model.get("tp", 1) or 1)
             lines += ["", f"# {pool} pool: {section.replicas} instance(s)"]
-            lines += _engine_lines(config, pool_policy(config, pool), tp, section.replicas)
+            lines += _engine_lines(config, pool_policy(config, pool), tp, section.replicas, cost_model)
     else:
         tp = int(config.cluster.tp or config.cost_model.get("tp", 1) or 1)
-        lines += _engine_lines(config, config.policy, tp, config.cluster.replicas)
+        lines += _engine_lines(config, config.policy, tp, config.cluster.replicas, config.cost_model)
     return "\n".join(lines) + "\n"
 
 
-def _engine_lines(config: ExperimentConfig, policy: dict, tp: int, replicas: int) -> list[str]:
+def _engine_lines(config: ExperimentConfig, policy: dict, tp: int, replicas: int, cost_model: dict) -> list[str]:
     view = _with_policy(config, policy)
     settings = policy_settings(view)
     name = policy["name"]
+    pp = int(cost_model.get("pp", 1) or 1)
+    context = _context(config, cost_model)
     if name in VLLM_POLICIES and (name == "sarathi" or settings.get("kv_reservation") == "paged"):
-        flags, engine = _vllm(view, settings, tp), "vllm"
-        command = "vllm serve MODEL " + _join(flags)
+        engine = "vllm"
+        flags = render(engine, vllm_settings(view, settings, tp, pp), context)
+        command = "vllm serve MODEL " + join(flags)
     elif name == "sglang":
-        flags, engine = _sglang(view, settings, tp, replicas), "sglang"
-        command = "python -m sglang.launch_server --model-path MODEL " + _join(flags)
+        engine = "sglang"
+        flags = render(engine, sglang_settings(view, settings, tp, pp, replicas), context)
+        command = "python -m sglang.launch_server --model-path MODEL " + join(flags)
     else:
         return [f"# none: policy {name} is not what vLLM V1 (sarathi, orca with paged KV) or SGLang (sglang) "
                 "runs, so no engine flags reproduce it"]
     lines = [command]
     if replicas > 1 and engine == "vllm":
         lines.append(f"# {replicas} such instances behind a router ({config.cluster.router})")
-    lines += [f"# differs from the simulation: {d}" for d in _differences(view, settings, flags, engine)]
+    lines += [f"# differs from the simulation: {d}" for d in _differences(view, settings, flags, engine, context)]
     if engine == "vllm" and settings.get("chunk_size") is not None and \
             settings.get("long_prefill_token_threshold") is None:
         lines.append(f"# note: cbsim's chunk_size {settings['chunk_size']} is vLLM's per-request cap "
@@ -58,55 +63,50 @@ def _engine_lines(config: ExperimentConfig, policy: dict, tp: int, replicas: int
     return lines
 
 
-def _vllm(config: ExperimentConfig, settings: dict, tp: int) -> dict:
-    flags: dict = {}
-    if config.policy["name"] == "orca":
-        flags["enable-chunked-prefill"] = False
-    flags["max-num-batched-tokens"] = settings.get("token_budget")
-    flags["max-num-seqs"] = settings.get("max_num_seqs")
-    cap = _cap(settings)
-    if cap is not None:
-        flags["long-prefill-token-threshold"] = cap
-    flags.update(_kv_flags(config, {"block_size": ("block-size", 16), "gpu_memory_utilization":
-                                    ("gpu-memory-utilization", 0.9), "num_blocks": ("num-gpu-blocks-override", None)}))
-    if not config.cluster.kv_cache.prefix_caching:
-        flags["enable-prefix-caching"] = False
-    if tp > 1:
-        flags["tensor-parallel-size"] = tp
-    if config.cluster.max_model_len:
-        flags["max-model-len"] = config.cluster.max_model_len
-    return {k: v for k, v in flags.items() if v is not None}
+def vllm_settings(config: ExperimentConfig, settings: dict, tp: int, pp: int) -> dict:
+    """The simulated settings a `vllm serve` deployment should resolve to (dotted keys, as resolve's)."""
+    wanted = {"policy.name": config.policy["name"], "policy.token_budget": settings.get("token_budget"),
+              "policy.max_num_seqs": settings.get("max_num_seqs"), **_common(config, tp, pp)}
+    if config.policy["name"] == "sarathi":
+        wanted["policy.long_prefill_token_threshold"] = _cap(settings)
+        if settings.get("max_loras") is not None:
+            wanted["policy.max_loras"] = settings["max_loras"]
+    engine = config.cost_model.get("engine")
+    if isinstance(engine, dict) and engine.get("preset") == "vllm-v1":
+        wanted["cost_model.engine"] = engine
+    return {k: v for k, v in wanted.items() if v is not None or k == "policy.long_prefill_token_threshold"}
 
 
-def _sglang(config: ExperimentConfig, settings: dict, tp: int, replicas: int) -> dict:
+def sglang_settings(config: ExperimentConfig, settings: dict, tp: int, pp: int, replicas: int) -> dict:
+    """The simulated settings an SGLang deployment should resolve to (dotted keys, as resolve's)."""
+    wanted = {"policy.token_budget": settings.get("token_budget"),
+              "policy.chunked_prefill_size": settings.get("chunked_prefill_size"),
+              "policy.max_num_seqs": settings.get("max_num_seqs"),
+              "policy.schedule_policy": settings.get("schedule_policy", "fcfs"),
+              "policy.enable_mixed_chunk": bool(settings.get("enable_mixed_chunk")),
+              "cluster.replicas": replicas, **_common(config, tp, pp)}
+    return {k: v for k, v in wanted.items() if v is not None or k == "policy.chunked_prefill_size"}
+
+
+def _common(config: ExperimentConfig, tp: int, pp: int) -> dict:
+    """KV cache, parallelism and context length: the keys both engines map."""
     kv = config.cluster.kv_cache
-    chunk = settings.get("chunked_prefill_size")
-    flags = {"max-prefill-tokens": settings.get("token_budget"), "chunked-prefill-size": -1 if chunk is None else chunk,
-             "max-running-requests": settings.get("max_num_seqs"), "page-size": kv.block_size,
-             "mem-fraction-static": kv.gpu_memory_utilization}
-    if settings.get("schedule_policy", "fcfs") != "fcfs":
-        flags["schedule-policy"] = settings["schedule_policy"].replace("_", "-")
-    if settings.get("enable_mixed_chunk"):
-        flags["enable-mixed-chunk"] = True
-    if not kv.prefix_caching:
-        flags["disable-radix-cache"] = True
-    if isinstance(kv.num_blocks, int):
-        flags["max-total-tokens"] = kv.num_blocks * kv.block_size
-    if tp > 1:
-        flags["tp-size"] = tp
-    if replicas > 1:
-        flags["dp-size"] = replicas
-    if config.cluster.max_model_len:
-        flags["context-length"] = config.cluster.max_model_len
-    return {k: v for k, v in flags.items() if v is not None}
+    wanted = {"cluster.kv_cache.block_size": kv.block_size,
+              "cluster.kv_cache.gpu_memory_utilization": kv.gpu_memory_utilization,
+              "cluster.kv_cache.prefix_caching": kv.prefix_caching, "cluster.tp": tp,
+              "cluster.max_model_len": config.cluster.max_model_len}
+    if isinstance(kv.num_blocks, int) and not isinstance(kv.num_blocks, bool):
+        wanted["cluster.kv_cache.num_blocks"] = kv.num_blocks
+    if pp > 1:
+        wanted["cost_model.pp"] = pp
+    return wanted
 
 
-def _differences(config: ExperimentConfig, settings: dict, flags: dict, engine: str) -> list[str]:
+def _differences(config: ExperimentConfig, settings: dict, flags: dict, engine: str, context) -> list[str]:
     """What the engine would run with these flags (resolved back) that the simulation did not."""
-    from cbsim.server import sglang, vllm
+    from cbsim.server import ENGINES
 
-    module = vllm if engine == "vllm" else sglang
-    resolved, _ = module.resolve(dict(flags), _context(config), "flags")
+    resolved, _ = ENGINES[engine].resolve(dict(flags), context, "flags")
     out = []
     for key, value in resolved.items():
         section, _, leaf = key.partition(".")
@@ -140,23 +140,14 @@ def _cap(settings: dict):
     return min(caps) if caps else None
 
 
-def _kv_flags(config: ExperimentConfig, table: dict) -> dict:
-    kv = config.cluster.kv_cache
-    out = {}
-    for key, (flag, default) in table.items():
-        value = getattr(kv, key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value != default:
-            out[flag] = value
-    return out
-
-
-def _context(config: ExperimentConfig):
+def _context(config: ExperimentConfig, cost_model: dict):
     from cbsim.profiler.specs import gpu_spec, model_spec
-    from cbsim.server import Context
+    from cbsim.server import Context, cost_model_options
 
-    gpu = config.cost_model.get("gpu")
+    gpu = cost_model.get("gpu")
     max_len = config.cluster.max_model_len or model_spec(config.model, "model").max_model_len
-    return Context(gpu_spec(gpu, "cost_model.gpu") if gpu else None, max_len)
+    return Context(gpu_spec(gpu, "cost_model.gpu") if gpu else None, max_len, None, cost_model.get("type"),
+                   cost_model_options(cost_model))
 
 
 def _with_policy(config: ExperimentConfig, policy: dict) -> ExperimentConfig:
@@ -165,15 +156,3 @@ def _with_policy(config: ExperimentConfig, policy: dict) -> ExperimentConfig:
     view = replace(config, policy=policy)
     view.source = config.source
     return view
-
-
-def _join(flags: dict) -> str:
-    parts = []
-    for name, value in flags.items():
-        if value is True:
-            parts.append(f"--{name}")
-        elif value is False:
-            parts.append(f"--no-{name}")
-        else:
-            parts.append(f"--{name} {shlex.quote(str(value))}")
-    return " ".join(parts)

@@ -60,7 +60,6 @@ def test_vllm_without_chunked_prefill_runs_whole_prompts():
     ("--frobnicate 3", "--frobnicate"),
     ("--max-num-seqs many", "--max-num-seqs"),
     ("--scheduling-policy lottery", "--scheduling-policy"),
-    ("--pipeline-parallel-size 2", "--pipeline-parallel-size"),
     ("--max-num-seqs 8 --max-num-seqs 16", "--max-num-seqs"),
 ])
 def test_bad_flags_are_named(args, key):

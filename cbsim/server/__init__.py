@@ -26,11 +26,15 @@ MIN_VLLM = (0, 8)  # V1 became vLLM's default engine in 0.8.0; cbsim maps V1's f
 
 @dataclass(frozen=True)
 class Context:
-    """What an engine's defaults depend on: the GPU (None when the cost model does not name one)
-    and the model's context length."""
+    """What an engine's defaults and mappings depend on: the GPU (None when the cost model does not
+    name one), the model's context length, the engine version (None: not given) and the options the
+    experiment's cost model type has (pipeline parallelism maps onto `cost_model.pp` only where it is one)."""
 
     gpu: object | None
     max_model_len: int
+    version: tuple[int, ...] | None = None
+    cost_model_type: str | None = None
+    cost_model_options: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ def apply_server(data: dict) -> tuple[dict, Resolution | None]:
         flags[model_flag] = positional[0]
     merged = {k: v for k, v in copy.deepcopy(data).items() if k != "server"}
     merged.setdefault("cost_model", _experiment_default("cost_model"))  # its GPU sets defaults; the engine goes in
-    settings, explicit = module.resolve(flags, _context(merged, flags.get(model_flag)), "server.args")
+    context = _context(merged, flags.get(model_flag), _version(version) if version else None)
+    settings, explicit = module.resolve(flags, context, "server.args")
     for key, value in settings.items():
         _merge(merged, key, value, key in explicit)
     return merged, Resolution(engine, version, settings, frozenset(explicit), tuple(ignored))
@@ -88,15 +93,31 @@ def _version(text: str) -> tuple[int, ...]:
         raise ConfigError("server.version", "a version such as 0.11 or 0.11.2", text) from None
 
 
-def _context(data: dict, model) -> Context:
+def _context(data: dict, model, version: tuple[int, ...] | None = None) -> Context:
     from cbsim.profiler.specs import gpu_spec, model_spec
 
     spec = model_spec(model if model is not None else data.get("model", _experiment_default("model")), "model")
     cluster = data.get("cluster") or {}
     max_len = cluster.get("max_model_len") if isinstance(cluster, dict) else None
-    gpu_name = (data.get("cost_model") or {}).get("gpu") if isinstance(data.get("cost_model"), dict) else None
+    cost_model = data.get("cost_model") if isinstance(data.get("cost_model"), dict) else {}
+    gpu_name = cost_model.get("gpu")
     gpu = gpu_spec(gpu_name, "cost_model.gpu") if gpu_name is not None else None
-    return Context(gpu, max_len if isinstance(max_len, int) else spec.max_model_len)
+    return Context(gpu, max_len if isinstance(max_len, int) else spec.max_model_len, version,
+                   cost_model.get("type"), cost_model_options(cost_model))
+
+
+def cost_model_options(cost_model: dict) -> frozenset:
+    """The option names of the cost model type a `cost_model:` mapping names (none if it names no known
+    type: the experiment's own validation reports that)."""
+    from dataclasses import fields
+
+    from cbsim.profiler.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
+    from cbsim.profiler.costmodels.registry import COST_MODELS
+
+    try:
+        return frozenset(f.name for f in fields(COST_MODELS.lookup(cost_model, "cost_model").Config))
+    except ConfigError:
+        return frozenset()
 
 
 def _experiment_default(key: str):

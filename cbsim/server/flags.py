@@ -5,6 +5,10 @@
 without the leading dashes, `_` or `-` alike). Each engine declares its flags in a table of `Flag`s
 (the value's type, and for a boolean its `--no-` form); a flag missing from the table is an error
 naming it, unless the engine lists it as one that does not change a simulation (ports, logging).
+
+The same table is read both ways: `read_flags` parses flags and the engine's `resolve` turns them
+into cbsim settings (each Flag names the setting it sets, `key`, and the engine's default for it);
+render.py writes settings back as flags (`to_flag`, the inverse), so each engine has one table.
 """
 from __future__ import annotations
 
@@ -17,14 +21,31 @@ from cbsim.errors import ConfigError
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
 
 
+NO_STATIC_DEFAULT = object()  # the engine derives the default (from the GPU, the model, the KV pool)
+
+
+def same_value(value, wanted: dict):
+    """to_flag of a flag whose value is the setting's value."""
+    return value
+
+
 @dataclass(frozen=True)
 class Flag:
-    """One engine flag: how its value parses, and where the engine's source defines it."""
+    """One engine flag: how its value parses, where the engine's source defines it and its default,
+    and which cbsim setting it sets (with the inverse, setting -> flag value, for rendering)."""
 
     parse: Callable[[str], object]  # str -> value (int, float, str, bool)
     source: str  # file (and version) of the engine that defines the flag and its default
     boolean: bool = False  # a switch: `--x` is true, `--no-x` false (argparse BooleanOptionalAction)
     choices: tuple[str, ...] = ()
+    default: object = NO_STATIC_DEFAULT  # the engine's default when the flag is not given (source above)
+    key: str | None = None  # the dotted cbsim setting the flag sets; None: it sets none of its own
+    to_flag: Callable[[object, dict], object] = same_value  # (setting value, all wanted settings) -> flag value
+    pin: bool = False  # rendered even at the engine's default (a knob a tuned deployment should state)
+
+    def value(self, flags: dict, name: str):
+        """The flag's value in `flags`, else the engine's default."""
+        return flags[name] if name in flags else self.default
 
 
 def flag_name(raw: str) -> str:
@@ -112,3 +133,22 @@ def _value(name: str, flag: Flag, raw, path: str):
     if flag.choices and value not in flag.choices:
         raise ConfigError(where, "one of " + ", ".join(flag.choices), raw)
     return value
+
+
+def explicit_keys(table: dict[str, Flag], flags: dict, settings: dict) -> set[str]:
+    """The resolved settings that a given flag set (the table's `key` of each flag in `flags`)."""
+    return {table[name].key for name in flags if name in table and table[name].key in settings}
+
+
+def pipeline_setting(stages, context, where: str) -> dict:
+    """`cost_model.pp` from a pipeline-parallel flag: set when the flag is given and the experiment's
+    cost model type has a `pp` option; without one, more than one stage is a ConfigError (cbsim cannot
+    model it there) and a single stage sets nothing."""
+    if stages is None:
+        return {}
+    if "pp" in context.cost_model_options:
+        return {"cost_model.pp": stages}
+    if stages != 1:
+        raise ConfigError(where, f"1 (cost model {context.cost_model_type!r} does not model pipeline parallelism: "
+                          "it has no cost_model.pp)", stages)
+    return {}

@@ -11,9 +11,14 @@ Sources (vllm-project/vllm, read through the code index; file @ commit):
   raise "Concurrent Partial Prefill is not supported" on V1.
 - vllm/config/scheduler.py @01230b40: long_prefill_token_threshold 0 (no cap), policy fcfs,
   enable_chunked_prefill True, async_scheduling False.
-- vllm/config/cache.py: block_size 16, gpu_memory_utilization 0.9, num_gpu_blocks_override None;
-  prefix caching on for generative models (arg_utils `_set_default_chunked_prefill_and_prefix_caching_args`:
-  `model_config.is_prefix_caching_supported`).
+- vllm/config/cache.py @01230b40: block_size None, set to 16 on CUDA by the platform;
+  gpu_memory_utilization 0.9; num_gpu_blocks_override None; enable_prefix_caching None = on for V1
+  (arg_utils `_set_default_chunked_prefill_and_prefix_caching_args`: `model_config.is_prefix_caching_supported`).
+  Later vLLM raised gpu_memory_utilization to 0.92 (vllm/config/cache.py @002f10e0:
+  `Field(default=0.92, ...)`; the v0.25.0 API docs show 0.92): with `server.version` 0.25 or later cbsim
+  resolves 0.92. The release that changed it lies between those two and is not pinned here, so a
+  version in between resolves 0.9: pass --gpu-memory-utilization to be exact.
+- vllm/config/parallel.py @01230b40: tensor_parallel_size 1, pipeline_parallel_size 1.
 - vllm/v1/core/sched/scheduler.py: preemption frees the victim's blocks and requeues it (recompute;
   V1 has no swap space), the victim being the last running request under fcfs.
 
@@ -23,45 +28,71 @@ each capped at long_prefill_token_threshold); V1 has no partial-prefill limits, 
 engine preset is vllm-v1; `--async-scheduling` overlaps host and GPU (engine overlap, one step of
 output lag) and `--enforce-eager` turns CUDA graphs off. `--enable-lora` limits the adapters a step
 serves to `--max-loras` (vllm/config/lora.py: default 1), as V1's scheduler does (policies/lora.py).
+`--pipeline-parallel-size` sets `cost_model.pp` where the experiment's cost model type has that option
+(flags.pipeline_setting); with one that does not, more than one stage is an error naming the flag.
+The FLAGS table is read both ways: here to resolve flags, in render.py to write settings as flags.
 """
 from __future__ import annotations
 
 from cbsim.errors import ConfigError
 
-from .flags import Flag
+from .flags import Flag, explicit_keys, pipeline_setting
 
 GiB = 1 << 30
 ARG_UTILS = "vllm/engine/arg_utils.py @99d7eb5d"
 SCHED = "vllm/config/scheduler.py @01230b40"
-CACHE = "vllm/config/cache.py"
+CACHE = "vllm/config/cache.py @01230b40"
+PARALLEL = "vllm/config/parallel.py @01230b40"
+MODEL = "vllm/config/model.py"
+LORA = "vllm/config/lora.py"
+GMU_092_FROM = (0, 25)  # gpu_memory_utilization 0.92 by v0.25.0 (vllm/config/cache.py @002f10e0)
 
 
-def _fraction(text: str) -> float:
-    return float(text)
+def _policy_flag(name: str, wanted: dict) -> bool:
+    """--[no-]enable-chunked-prefill from policy.name: sarathi is V1 with chunking, orca without."""
+    return name == "sarathi"
 
 
-FLAGS = {
-    "model": Flag(str, ARG_UTILS),
-    "max-num-batched-tokens": Flag(int, SCHED),
-    "max-num-seqs": Flag(int, SCHED),
-    "max-model-len": Flag(int, "vllm/config/model.py"),
-    "enable-chunked-prefill": Flag(bool, SCHED, boolean=True),
-    "long-prefill-token-threshold": Flag(int, SCHED),
-    "max-num-partial-prefills": Flag(int, SCHED),
-    "max-long-partial-prefills": Flag(int, SCHED),
-    "scheduling-policy": Flag(str, SCHED, choices=("fcfs", "priority")),
-    "async-scheduling": Flag(bool, SCHED, boolean=True),
-    "enable-prefix-caching": Flag(bool, CACHE, boolean=True),
-    "block-size": Flag(int, CACHE),
-    "gpu-memory-utilization": Flag(_fraction, CACHE),
-    "num-gpu-blocks-override": Flag(int, CACHE),
-    "kv-cache-dtype": Flag(str, CACHE, choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")),
-    "tensor-parallel-size": Flag(int, "vllm/config/parallel.py"),
-    "pipeline-parallel-size": Flag(int, "vllm/config/parallel.py"),
-    "enforce-eager": Flag(bool, "vllm/config/model.py", boolean=True),
-    "dtype": Flag(str, "vllm/config/model.py", choices=("auto", "bfloat16", "float16", "half")),
-    "enable-lora": Flag(bool, "vllm/engine/arg_utils.py", boolean=True),
-    "max-loras": Flag(int, "vllm/config/lora.py"),
+def _threshold_flag(cap, wanted: dict) -> int:
+    return 0 if cap is None else cap
+
+
+def _overlap_flag(engine, wanted: dict) -> bool:
+    return isinstance(engine, dict) and bool(engine.get("overlap"))
+
+
+def _eager_flag(engine, wanted: dict) -> bool:
+    return isinstance(engine, dict) and engine.get("cuda_graph_max_batch") == 0
+
+
+def _lora_flag(max_loras, wanted: dict) -> bool:
+    return max_loras is not None
+
+
+FLAGS = {  # in the order rendered flags are written (render.py): a flag deciding others' defaults first
+    "model": Flag(str, ARG_UTILS, key="model"),
+    "enable-chunked-prefill": Flag(bool, SCHED, boolean=True, default=True, key="policy.name", to_flag=_policy_flag),
+    "max-num-batched-tokens": Flag(int, ARG_UTILS, key="policy.token_budget", pin=True),
+    "max-num-seqs": Flag(int, ARG_UTILS, key="policy.max_num_seqs", pin=True),
+    "long-prefill-token-threshold": Flag(int, SCHED, default=0, key="policy.long_prefill_token_threshold",
+                                         to_flag=_threshold_flag),
+    "max-num-partial-prefills": Flag(int, SCHED, default=1),
+    "max-long-partial-prefills": Flag(int, SCHED, default=1),
+    "scheduling-policy": Flag(str, SCHED, choices=("fcfs", "priority"), default="fcfs"),
+    "block-size": Flag(int, CACHE, default=16, key="cluster.kv_cache.block_size"),
+    "gpu-memory-utilization": Flag(float, CACHE, default=0.9, key="cluster.kv_cache.gpu_memory_utilization"),
+    "num-gpu-blocks-override": Flag(int, CACHE, default=None, key="cluster.kv_cache.num_blocks"),
+    "enable-prefix-caching": Flag(bool, CACHE, boolean=True, default=True, key="cluster.kv_cache.prefix_caching"),
+    "kv-cache-dtype": Flag(str, CACHE, choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"), default="auto"),
+    "tensor-parallel-size": Flag(int, PARALLEL, default=1, key="cluster.tp"),
+    "pipeline-parallel-size": Flag(int, PARALLEL, default=1, key="cost_model.pp"),
+    "max-model-len": Flag(int, MODEL, default=None, key="cluster.max_model_len"),
+    "async-scheduling": Flag(bool, SCHED, boolean=True, default=False, key="cost_model.engine",
+                             to_flag=_overlap_flag),
+    "enforce-eager": Flag(bool, MODEL, boolean=True, default=False, key="cost_model.engine", to_flag=_eager_flag),
+    "dtype": Flag(str, MODEL, choices=("auto", "bfloat16", "float16", "half"), default="auto"),
+    "enable-lora": Flag(bool, ARG_UTILS, boolean=True, default=False, key="policy.max_loras", to_flag=_lora_flag),
+    "max-loras": Flag(int, LORA, default=1, key="policy.max_loras"),
 }
 ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size"}
 IGNORED = frozenset({
@@ -74,52 +105,63 @@ IGNORED = frozenset({
 })
 
 
+def default(name: str, context):
+    """The engine's default for flag `name` in this context (the version decides gpu_memory_utilization)."""
+    if name == "gpu-memory-utilization" and context.version is not None and context.version >= GMU_092_FROM:
+        return 0.92
+    return FLAGS[name].default
+
+
+def _get(flags: dict, name: str, context):
+    return flags[name] if name in flags else default(name, context)
+
+
 def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     """(dotted cbsim key -> value, the keys a flag set explicitly) for vLLM V1 with these flags."""
-    for name in ("max-num-partial-prefills", "max-long-partial-prefills"):
-        if flags.get(name, 1) != 1:
-            raise ConfigError(f"{path} --{name}", "1: vLLM V1 rejects concurrent partial prefills at startup "
-                              f"({ARG_UTILS} _is_v1_supported_oracle: 'Concurrent Partial Prefill is not "
-                              "supported')", flags[name])
-    if flags.get("pipeline-parallel-size", 1) != 1:
-        raise ConfigError(f"{path} --pipeline-parallel-size", "1 (cbsim does not model pipeline parallelism yet)",
-                          flags["pipeline-parallel-size"])
-    if flags.get("scheduling-policy", "fcfs") != "fcfs":
-        raise ConfigError(f"{path} --scheduling-policy", "fcfs (cbsim's sarathi has no priority-ordered waiting "
-                          "queue yet)", flags["scheduling-policy"])
-    if flags.get("kv-cache-dtype", "auto") not in ("auto", "bfloat16"):
-        raise ConfigError(f"{path} --kv-cache-dtype", "auto or bfloat16 (cbsim's KV cache is 16-bit here)",
-                          flags["kv-cache-dtype"])
-    chunked = flags.get("enable-chunked-prefill", True)
+    _check_supported(flags, path)
+    chunked = _get(flags, "enable-chunked-prefill", context)
     max_len = flags.get("max-model-len", context.max_model_len)
     budget, seqs = _batch_defaults(context, max_len, chunked)
     settings = {
         "policy.name": "sarathi" if chunked else "orca",
         "policy.token_budget": flags.get("max-num-batched-tokens", budget),
         "policy.max_num_seqs": flags.get("max-num-seqs", seqs),
-        "cluster.kv_cache.block_size": flags.get("block-size", 16),
-        "cluster.kv_cache.gpu_memory_utilization": flags.get("gpu-memory-utilization", 0.9),
-        "cluster.kv_cache.prefix_caching": flags.get("enable-prefix-caching", True),
+        "cluster.kv_cache.block_size": _get(flags, "block-size", context),
+        "cluster.kv_cache.gpu_memory_utilization": _get(flags, "gpu-memory-utilization", context),
+        "cluster.kv_cache.prefix_caching": _get(flags, "enable-prefix-caching", context),
         "cost_model.engine": _engine(flags),
         "preemption.mode": "recompute",
     }
-    if flags.get("enable-lora"):  # LoRAConfig.max_loras defaults to 1; without --enable-lora it does nothing
+    if _get(flags, "enable-lora", context):  # LoRAConfig.max_loras defaults to 1; without --enable-lora: nothing
         if not chunked:
             raise ConfigError(f"{path} --enable-lora", "chunked prefill on (cbsim limits adapters per step in "
                               "its sarathi policy only)", True)
-        settings["policy.max_loras"] = flags.get("max-loras", 1)
+        settings["policy.max_loras"] = _get(flags, "max-loras", context)
     if chunked:
-        threshold = flags.get("long-prefill-token-threshold", 0)
-        settings["policy.long_prefill_token_threshold"] = threshold or None
+        settings["policy.long_prefill_token_threshold"] = _get(flags, "long-prefill-token-threshold", context) or None
         settings["policy.max_num_partial_prefills"] = settings["policy.max_num_seqs"]  # V1: no such limit
         settings["policy.max_long_partial_prefills"] = settings["policy.max_num_seqs"]
     else:
         settings["policy.kv_reservation"] = "paged"
-    optional = {"num-gpu-blocks-override": "cluster.kv_cache.num_blocks", "tensor-parallel-size": "cluster.tp",
-                "max-model-len": "cluster.max_model_len", "model": "model"}
-    settings.update({key: flags[name] for name, key in optional.items() if name in flags})
-    explicit = {key for key in settings if _flag_of(key, flags)}
-    return settings, explicit
+    optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model")
+    settings.update({FLAGS[name].key: flags[name] for name in optional if name in flags})
+    settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
+    return settings, explicit_keys(FLAGS, flags, settings)
+
+
+def _check_supported(flags: dict, path: str) -> None:
+    """Flags whose values V1 refuses, or that cbsim cannot model: a ConfigError naming the flag."""
+    for name in ("max-num-partial-prefills", "max-long-partial-prefills"):
+        if flags.get(name, 1) != 1:
+            raise ConfigError(f"{path} --{name}", "1: vLLM V1 rejects concurrent partial prefills at startup "
+                              f"({ARG_UTILS} _is_v1_supported_oracle: 'Concurrent Partial Prefill is not "
+                              "supported')", flags[name])
+    if flags.get("scheduling-policy", "fcfs") != "fcfs":
+        raise ConfigError(f"{path} --scheduling-policy", "fcfs (cbsim's sarathi has no priority-ordered waiting "
+                          "queue yet)", flags["scheduling-policy"])
+    if flags.get("kv-cache-dtype", "auto") not in ("auto", "bfloat16"):
+        raise ConfigError(f"{path} --kv-cache-dtype", "auto or bfloat16 (cbsim's KV cache is 16-bit here)",
+                          flags["kv-cache-dtype"])
 
 
 def _batch_defaults(context, max_len: int, chunked: bool) -> tuple[int, int]:
@@ -140,17 +182,3 @@ def _engine(flags: dict) -> dict | str:
     if flags.get("enforce-eager"):
         overrides["cuda_graph_max_batch"] = 0
     return {"preset": "vllm-v1", **overrides} if overrides else "vllm-v1"
-
-
-_FLAG_OF_KEY = {
-    "policy.token_budget": "max-num-batched-tokens", "policy.max_num_seqs": "max-num-seqs",
-    "policy.long_prefill_token_threshold": "long-prefill-token-threshold",
-    "cluster.kv_cache.block_size": "block-size", "cluster.kv_cache.gpu_memory_utilization": "gpu-memory-utilization",
-    "cluster.kv_cache.prefix_caching": "enable-prefix-caching", "cluster.kv_cache.num_blocks": "num-gpu-blocks-override",
-    "cluster.tp": "tensor-parallel-size", "cluster.max_model_len": "max-model-len", "model": "model",
-    "policy.name": "enable-chunked-prefill", "policy.max_loras": "max-loras",
-}
-
-
-def _flag_of(key: str, flags: dict) -> bool:
-    return _FLAG_OF_KEY.get(key) in flags
