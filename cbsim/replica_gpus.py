@@ -1,10 +1,12 @@
 """GPUs per replica, resolved in one place: the KV cache is sized with it and per-GPU goodput
 divides by it, so the two can never disagree (issue 14: 13).
 
-Rule: `cluster.tp` when the experiment sets it (for a P/D pool, the pool's own `cost_model.tp`
-first: api.pool_config lays it over cluster.tp); else the tensor-parallel degree the built cost
-model states (`describe()["tp"]`: the TP a fitted or vidur profile was measured at, roofline's and
-vidur's `tp` key); else 1 (unit and linear say nothing about GPUs).
+Rule: the tensor-parallel degree is `cluster.tp` when the experiment sets it (for a P/D pool, the
+pool's own `cost_model.tp` first: api.pool_config lays it over cluster.tp); else the degree the built
+cost model states (`describe()["tp"]`: the TP a fitted or vidur profile was measured at, roofline's
+and vidur's `tp` key); else 1 (unit and linear say nothing about GPUs). A replica holds
+tp x pp GPUs, pp the cost model's pipeline stages (`pipeline_stages`, roofline `pp`; 1 elsewhere).
+With data-parallel attention (roofline `data_parallel`) a replica is one rank: its tp x pp GPUs.
 """
 from __future__ import annotations
 
@@ -12,20 +14,61 @@ from .config import ExperimentConfig
 from .errors import ConfigError
 
 
-def gpus_per_replica(cfg: ExperimentConfig, cost=None) -> int:
-    """The tensor-parallel degree of one replica of `cfg` (a P/D pool: of api.pool_config(cfg, pool)).
-    `cost`: the cost model built for `cfg`, when the caller has it; otherwise it is built here."""
+def _cost(cfg: ExperimentConfig, cost=None):
+    """The cost model built for `cfg` (given, or built here)."""
+    if cost is not None:
+        return cost
+    from cbsim.profiler.costmodels import load_cost_model
+    from cbsim.profiler.specs import model_spec
+
+    try:
+        return load_cost_model(cfg.cost_model, model_spec(cfg.model, "model"))
+    except ConfigError as err:
+        raise err.in_file(cfg.source)
+
+
+def tensor_parallel(cfg: ExperimentConfig, cost=None) -> int:
+    """The tensor-parallel degree of one replica (one pipeline stage's GPUs)."""
     if cfg.cluster.tp:
         return int(cfg.cluster.tp)
-    if cost is None:
-        from cbsim.profiler.costmodels import load_cost_model
-        from cbsim.profiler.specs import model_spec
+    return int(_cost(cfg, cost).describe().get("tp") or 1)
 
-        try:
-            cost = load_cost_model(cfg.cost_model, model_spec(cfg.model, "model"))
-        except ConfigError as err:
-            raise err.in_file(cfg.source)
-    return int(cost.describe().get("tp") or 1)
+
+def pipeline_stages(cfg: ExperimentConfig, cost=None) -> int:
+    """Pipeline stages of one replica: the cost model's `pipeline_stages` (1 without)."""
+    return int(getattr(_cost(cfg, cost), "pipeline_stages", 1))
+
+
+def gpus_per_replica(cfg: ExperimentConfig, cost=None) -> int:
+    """GPUs of one replica of `cfg` (a P/D pool: of api.pool_config(cfg, pool)): tp x pp.
+    `cost`: the cost model built for `cfg`, when the caller has it; otherwise it is built here."""
+    if cfg.cluster.tp and cost is None and not _may_pipeline(cfg):
+        return int(cfg.cluster.tp)
+    cost = _cost(cfg, cost)
+    return tensor_parallel(cfg, cost) * pipeline_stages(cfg, cost)
+
+
+def _may_pipeline(cfg: ExperimentConfig) -> bool:
+    """Whether the cost model mapping asks for pipeline stages (so the cost model must be built)."""
+    return int(cfg.cost_model.get("pp", 1) or 1) > 1
+
+
+def replica_kv_blocks(cfg: ExperimentConfig, model, cost) -> int:
+    """KV blocks of one replica: the configured count, or 'auto' sized per GPU from the replica's
+    layout (tp, pp stages, data-parallel ranks sharing the experts): profiler/specs.kv_cache_blocks."""
+    kv_cfg = cfg.cluster.kv_cache
+    if kv_cfg.num_blocks != "auto":
+        return kv_cfg.num_blocks
+    from cbsim.profiler.specs import gpu_spec, kv_cache_blocks
+
+    hardware = cost.describe()
+    gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu") or hardware.get("gpu")
+    if gpu is None:
+        raise ConfigError("cluster.kv_cache.num_blocks", "an integer, or 'auto' with a GPU (set cluster.gpu, or use "
+                          "a cost model with a gpu)", "auto")
+    return kv_cache_blocks(model, gpu_spec(gpu, "cluster.gpu"), tensor_parallel(cfg, cost), kv_cfg.block_size,
+                           kv_cfg.gpu_memory_utilization, pp=pipeline_stages(cfg, cost),
+                           data_parallel=int(getattr(cost, "data_parallel", 1)))
 
 
 def num_gpus(cfg: ExperimentConfig) -> int:

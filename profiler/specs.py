@@ -259,6 +259,27 @@ class ModelSpec:
         linear, rest = self._param_parts(tp)
         return (linear * self.weight_bits + rest * 16) // 8
 
+    def stage_weight_bytes(self, tp: int, start: int, layers: int, first: bool, last: bool,
+                           expert_share: int = 1) -> int:
+        """Weight bytes one GPU of a pipeline stage holds: layers [start, start + layers), the embedding
+        on the first stage, the final norm and the LM head on the last (a tied head is a second copy
+        when the two are different stages, as vLLM's PP loads it); routed experts split over
+        `expert_share` x tp GPUs (data-parallel attention with expert parallelism). One stage of
+        every layer (first and last) is `weight_bytes(tp)` when expert_share is 1."""
+        dense_mlp = sum(k * n for k, n in self.mlp_shapes(self.intermediate, tp))
+        moe_mlp = self.num_experts // expert_share * self.expert_params(tp) + self._shared_params(tp) if self.is_moe else 0
+        linear, routers = 0, 0
+        for i in range(start, start + layers):
+            moe = self.moe_layer(i)
+            linear += self._attention_params(tp) + (moe_mlp if moe else dense_mlp)
+            routers += self.hidden * self.num_experts if moe else 0
+        norms = (self.norms_per_layer * layers + (1 if last else 0)) * self.hidden
+        tables = ((1 if first else 0) + (1 if last and not (first and self.tie_word_embeddings) else 0))
+        rest = routers + norms + tables * self.vocab_per_gpu(tp) * self.hidden
+        if self.weight_dtype not in ("fp8", "int4"):
+            return (linear + rest) * self.weight_bits // 8
+        return (linear * self.weight_bits + rest * 16) // 8
+
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """KV-cache bytes one token occupies on one GPU, over all layers.
 
@@ -426,23 +447,55 @@ def gpu_spec(name, path: str = "gpu") -> GPUSpec:
 
 
 def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int, gpu_memory_utilization: float,
-                    activation_reserve_bytes: int = 2 * GiB) -> int:
+                    activation_reserve_bytes: int = 2 * GiB, pp: int = 1, data_parallel: int = 1) -> int:
     """KV blocks that fit on each GPU, vLLM-style.
 
     memory * utilization, minus this GPU's weights, minus a reserve for activations, the CUDA
     context and graphs (2 GiB by default: an assumption, of the size vLLM's profiling run finds for
     7-8B models), divided by the bytes of one block. Raises ConfigError if not one block fits.
+
+    With `pp` stages each GPU holds its stage's layers (weights and KV; stage_layers of
+    costmodels/pipeline.py) and the replica gets the fewest blocks any stage fits: vLLM sizes each
+    worker's cache and keeps the smallest count (vllm/v1/core/kv_cache_utils.py
+    unify_kv_cache_configs: "changes the num_blocks of each worker to the smallest among all
+    workers"). With `data_parallel` ranks sharing the experts, each GPU holds 1/data_parallel of
+    its TP share of the routed experts. pp = data_parallel = 1 is the one-stage formula, bit for bit.
     """
     model.check_tp(tp, "cluster.tp")
     require(block_size > 0, "cluster.kv_cache.block_size", "a positive integer", block_size)
     require(0.0 < gpu_memory_utilization <= 1.0, "cluster.kv_cache.gpu_memory_utilization",
             "a fraction in (0, 1]", gpu_memory_utilization)
-    free = gpu.memory_bytes * gpu_memory_utilization - model.weight_bytes(tp) - activation_reserve_bytes
-    blocks = int(free // (block_size * model.kv_bytes_per_token(tp))) if free > 0 else 0
+    if pp == 1 and data_parallel == 1:
+        stages = [(model.weight_bytes(tp), model.kv_bytes_per_token(tp))]
+    else:
+        stages = _stage_footprints(model, tp, pp, data_parallel)
+    budget = gpu.memory_bytes * gpu_memory_utilization
+    blocks = None
+    for weights, kv in stages:
+        free = budget - weights - activation_reserve_bytes
+        fits = int(free // (block_size * kv)) if free > 0 else 0
+        blocks = fits if blocks is None else min(blocks, fits)
     if blocks < 1:
+        heaviest = max(weights for weights, _ in stages)
+        layout = f"TP{tp}" + (f" PP{pp}" if pp > 1 else "") + (f" DP{data_parallel}" if data_parallel > 1 else "")
         raise ConfigError("cluster.kv_cache.num_blocks",
-                          f"room for at least one KV block: {model.name} at TP{tp} needs "
-                          f"{model.weight_bytes(tp) / GiB:.1f} GiB of weights per GPU, {gpu.name} offers "
-                          f"{gpu.memory_bytes * gpu_memory_utilization / GiB:.1f} GiB at this utilization",
+                          f"room for at least one KV block: {model.name} at {layout} needs "
+                          f"{heaviest / GiB:.1f} GiB of weights per GPU, {gpu.name} offers "
+                          f"{budget / GiB:.1f} GiB at this utilization",
                           blocks)
     return blocks
+
+
+def _stage_footprints(model: ModelSpec, tp: int, pp: int, data_parallel: int) -> list[tuple[int, int]]:
+    """(weight bytes, KV bytes per token) of one GPU of each pipeline stage."""
+    from .costmodels.pipeline import check_pipeline, stage_layers
+
+    check_pipeline(model.num_layers, pp)
+    per_layer = model.kv_bytes_per_token(tp) // model.num_layers
+    out, start = [], 0
+    layers = stage_layers(model.num_layers, pp)
+    for s, n in enumerate(layers):
+        weights = model.stage_weight_bytes(tp, start, n, s == 0, s == len(layers) - 1, data_parallel)
+        out.append((weights, per_layer * n))
+        start += n
+    return out

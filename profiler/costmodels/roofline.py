@@ -65,9 +65,10 @@ from cbsim.sim.shape import StepShape
 
 from ..gpus import gpus_per_node as catalog_gpus_per_node
 from ..specs import TP_DEGREES, GPUSpec, ModelSpec, gpu_spec
-from .collectives import Topology, allreduce_seconds, link_model, multinode_allreduce_seconds
+from .collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
 from .engine import NO_ENGINE, Engine, engine_option, load_engine
 from .gemm_efficiency import gemm_curve
+from .pipeline import Pipeline, check_pipeline
 from .registry import register_cost_model
 
 NO_ENGINE_STEP_OVERHEAD = 300e-6  # the CPU work per step this model charged before the engine component
@@ -112,10 +113,23 @@ class RooflineCost(CostModel):
             None, help="GPUs of one node on its NVLink/xGMI fabric (default: the GPU catalog's, 8 for DGX/HGX and "
             "MI300X platforms; 8 elsewhere); a larger tp spans tp / gpus_per_node nodes over the GPUs' NICs "
             "(gpu inter_node_bandwidth)")
+        pp: int = option(
+            1, help="pipeline stages (vLLM --pipeline-parallel-size): a replica of pp x tp GPUs; step_time is one "
+            "stage's time (the slowest: its layers, embedding or LM head, the activation hand-off) and the replica "
+            "keeps up to pp batches in flight")
+        data_parallel: int = option(
+            1, help="MoE with expert_parallel: data-parallel attention ranks sharing the experts (vLLM "
+            "--data-parallel-size with --enable-expert-parallel, SGLang --enable-dp-attention, TensorRT-LLM "
+            "enable_attention_dp); the replica is one rank (tp GPUs, its own scheduler and KV cache), the experts "
+            "spread over tp x data_parallel GPUs, and each MoE layer pays an all-to-all dispatch and combine")
         engine: Any = engine_option()
 
         def validate(self) -> None:
             gpu_spec(self.gpu, "gpu")
+            for key in ("pp", "data_parallel"):
+                value = getattr(self, key)
+                require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,
+                        "an integer >= 1", value)
             require(self.moe_imbalance >= 1.0, "moe_imbalance", "a number >= 1", self.moe_imbalance)
             require(self.tp in TP_DEGREES, "tp", "one of " + ", ".join(map(str, TP_DEGREES)), self.tp)
             require(self.gpus_per_node is None or (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1),
@@ -133,24 +147,38 @@ class RooflineCost(CostModel):
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
                  topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False,
-                 gpus_per_node: int | None = None):
+                 gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1):
         model.check_tp(tp, "cost_model.tp")
+        check_pipeline(model.num_layers, pp)
         if expert_parallel:
             require(model.is_moe and model.num_experts % tp == 0, "cost_model.expert_parallel",
                     f"false unless the model has experts and tp divides their count ({model.name}: "
                     f"{model.num_experts} experts, tp {tp})", expert_parallel)
+        _check_data_parallel(model, tp, data_parallel, expert_parallel)
         self.model, self.gpu, self.tp = model, gpu, tp
+        self.pipeline_stages, self.data_parallel = pp, data_parallel
         self.topology = topology or gpu.topology
         self.gpus_per_node = _placement(gpu, tp, self.topology, gpus_per_node)
+        if tp * data_parallel > self.gpus_per_node:
+            require(gpu.inter_node_bandwidth > 0, "cost_model.data_parallel", f"at most {self.gpus_per_node // tp} "
+                    f"(one node) unless the GPU has an inter_node_bandwidth ({gpu.name} has none)", data_parallel)
         if step_overhead is None:
             step_overhead = NO_ENGINE_STEP_OVERHEAD if engine.is_none else 0.0
         self.engine = engine
-        self._engine = engine.bind(model.num_layers, tp)
+        self._pipeline = None
+        if pp > 1:
+            self._pipeline = Pipeline.build(model.num_layers, pp, tp, model.hidden, float(model.dtype_bytes), gpu,
+                                            self.topology, link_model(gpu, self.topology), self.gpus_per_node)
+        self._engine = engine.bind(max(self._pipeline.layers) if pp > 1 else model.num_layers, tp)
         self.factors = {"gemm_efficiency": gemm_efficiency, "attention_efficiency": attention_efficiency,
                         "memory_efficiency": memory_efficiency, "layer_overhead": layer_overhead,
                         "step_overhead": step_overhead, "topology": self.topology}
-        if tp > self.gpus_per_node:  # only a multi-node placement adds the key (single-node describe() unchanged)
+        if max(tp * pp, tp * data_parallel) > self.gpus_per_node:  # multi-node only (describe() unchanged)
             self.factors["gpus_per_node"] = self.gpus_per_node
+        if pp > 1:
+            self.factors["pp"] = pp
+        if data_parallel > 1:
+            self.factors["data_parallel"] = data_parallel
         if model.is_moe:
             self.factors["moe_imbalance"] = moe_imbalance
             self.factors["expert_parallel"] = expert_parallel
@@ -164,7 +192,7 @@ class RooflineCost(CostModel):
         return cls(model, gpu_spec(config.gpu, "cost_model.gpu"), config.tp, config.gemm_efficiency,
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
                    config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance,
-                   config.expert_parallel, config.gpus_per_node)
+                   config.expert_parallel, config.gpus_per_node, config.pp, config.data_parallel)
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
         """Fold the model, the GPU and the factors into per-feature constants (all Python floats).
@@ -213,7 +241,12 @@ class RooflineCost(CostModel):
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
-            self._moe = _MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel)
+            self._moe = _MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel, self.data_parallel)
+        self._stages = _stage_layers(m, self._pipeline.layers if self._pipeline else (m.num_layers,))
+        self._staged = self._pipeline is not None or self.data_parallel > 1
+        if self.data_parallel > 1:  # per token and GPU: k copies dispatched, k combined (DeepEP low-latency)
+            k = float(m.experts_per_token)
+            self._a2a_bytes = (k * m.hidden * _dispatch_bytes(m, self._fp8) / tp, k * m.hidden * b / tp)
 
     def _seconds(self, tokens: float, rows: float, pairs, kv_read, window=None, prefill=None):
         """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays;
@@ -232,12 +265,62 @@ class RooflineCost(CostModel):
         layer = gemm + attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
         lm_head = self._lm_seconds(rows) if rows > 0 else 0.0
         embed = self._embed_bytes * tokens / self._bw
+        if self._staged:
+            rest = attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
+            return self._slowest_stage(tokens, rest, lm_head, embed) + self._step_overhead
         return layer * self._layers + lm_head + embed + self.collective_time(tokens) + self._step_overhead
+
+    def _slowest_stage(self, tokens: float, rest, lm_head: float, embed: float):
+        """The longest stage (elementwise over arrays): its GEMMs (dense and MoE layers apart), `rest`
+        (attention, streaming kernels, fixed cost) per layer, its collectives and hand-off, the
+        embedding on the first stage and the LM head on the last."""
+        dense, moe = self._moe.layer_pair(self, tokens) if self.model.is_moe else (self._gemm_seconds(tokens),) * 2
+        last = len(self._stages) - 1
+        slowest = None
+        for s, (layers, moe_layers) in enumerate(self._stages):
+            t = ((layers - moe_layers) * dense + moe_layers * moe + layers * rest + self._stage_comm(tokens, s)
+                 + (embed if s == 0 else 0.0) + (lm_head if s == last else 0.0))
+            slowest = t if slowest is None else _max(slowest, t)
+        return slowest
+
+    def _stage_comm(self, tokens: float, stage: int) -> float:
+        """Seconds stage `stage` spends communicating for a step of `tokens` tokens: its all-reduces (2 per
+        layer, +1 for the embedding on the first stage, when tp > 1), its MoE layers' all-to-all dispatch and
+        combine (data-parallel attention), and passing the activations on (pipeline)."""
+        layers, moe_layers = self._stages[stage]
+        comm = 0.0
+        if self.tp > 1:
+            comm = (2.0 * layers + (1.0 if stage == 0 else 0.0)) * self._allreduce(self._allreduce_bytes_per_token * tokens)
+        if self.data_parallel > 1 and moe_layers:
+            comm = comm + moe_layers * self.alltoall_time(tokens)
+        if self._pipeline is not None:
+            comm = comm + self._pipeline.handoff_seconds(tokens, stage)
+        return comm
+
+    def _allreduce(self, size: float) -> float:
+        if self.tp > self.gpus_per_node:
+            return multinode_allreduce_seconds(size, self.tp, self.gpus_per_node, self._link, self.topology,
+                                               self.gpu.inter_node_bandwidth)
+        return allreduce_seconds(size, self.tp, self._link, self.topology)
+
+    def alltoall_time(self, tokens: float) -> float:
+        """One MoE layer's dispatch + combine for a step of `tokens` tokens on this rank, every rank of
+        the EP group sending as many (0 without data-parallel attention)."""
+        if self.data_parallel <= 1 or tokens <= 0:
+            return 0.0
+        n, gpu = self.tp * self.data_parallel, self.gpu
+        dispatch, combine = self._a2a_bytes
+        return (alltoall_seconds(dispatch * tokens, n, self.gpus_per_node, self._link, self.topology,
+                                 gpu.inter_node_bandwidth)
+                + alltoall_seconds(combine * tokens, n, self.gpus_per_node, self._link, self.topology,
+                                   gpu.inter_node_bandwidth))
 
     def collective_time(self, tokens: float) -> float:
         """Seconds a step of `tokens` tokens spends in all-reduces (2 per layer, +1 for the embedding,
         when tp > 1; 0 on one GPU): the term `_seconds` adds. Asked after the run for the steps table
         (sim/metrics/step_efficiency.py)."""
+        if self._staged:  # the stage that communicates longest
+            return max(self._stage_comm(tokens, s) for s in range(len(self._stages)))
         size = self._allreduce_bytes_per_token * tokens
         if self.tp > self.gpus_per_node:
             return self._num_allreduce * multinode_allreduce_seconds(
@@ -355,6 +438,35 @@ def _placement(gpu: GPUSpec, tp: int, topology: str, gpus_per_node: int | None) 
     return per_node
 
 
+def _check_data_parallel(model: ModelSpec, tp: int, dp: int, expert_parallel: bool) -> None:
+    """ConfigError at cost_model.data_parallel unless data-parallel attention has experts to share."""
+    if dp == 1:
+        return
+    key = "cost_model.data_parallel"
+    require(model.is_moe, key, f"1 for a dense model ({model.name} has no experts: data-parallel copies of a dense "
+            "model are cluster.replicas)", dp)
+    require(expert_parallel, key, "1 unless expert_parallel is true (the ranks share the experts by expert "
+            "parallelism)", dp)
+    require(model.num_experts % (tp * dp) == 0, key, f"a degree with tp x data_parallel dividing the "
+            f"{model.num_experts} experts of {model.name} (tp {tp})", dp)
+
+
+def _stage_layers(model: ModelSpec, layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(layers, MoE layers) of each pipeline stage, in order."""
+    out, start = [], 0
+    for n in layers:
+        out.append((n, sum(model.moe_layer(i) for i in range(start, start + n))))
+        start += n
+    return tuple(out)
+
+
+def _dispatch_bytes(model: ModelSpec, fp8: bool) -> float:
+    """Bytes per element of a dispatched token: fp8 with one float32 scale per 128 elements when the
+    experts run fp8 GEMMs (DeepEP's FP8 dispatch, as SGLang and vLLM use it for DeepSeek-V3's block-fp8
+    weights), else the activation width; the combine returns 16-bit outputs either way."""
+    return 1.0 + 4.0 / 128.0 if fp8 else float(model.dtype_bytes)
+
+
 def _fp8_compute(model: ModelSpec, gpu: GPUSpec) -> bool:
     """Whether the linear layers' GEMMs run at the FP8 peak: fp8 weights on a GPU with FP8 tensor
     cores (compute_dtype auto or fp8); an explicit fp8 on a GPU without them is an error."""
@@ -396,7 +508,8 @@ class _MoEGemms:
     and it is charged the expected maximum over the tp GPUs of Binomial(E/tp, q) touched experts,
     whole. At one token of DeepSeek-V3 on 8 GPUs that is ~2.5 experts where TP reads 1/8 of 8."""
 
-    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False):
+    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False,
+                 data_parallel: int = 1):
         def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
             shapes = tuple((float(k), float(n)) for k, n in shapes)
             return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
@@ -405,7 +518,8 @@ class _MoEGemms:
         self.dense = gemms(m.mlp_shapes(m.intermediate, tp))
         shared = m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
         self.shared = gemms(m.mlp_shapes(shared, tp) if shared else ())
-        self.ep = tp if expert_parallel else 1
+        self.ep = tp * data_parallel if expert_parallel else 1
+        self.ranks = float(data_parallel)  # ranks whose tokens meet at the experts (data-parallel attention)
         self._busiest: dict[float, float] = {}  # tokens -> busiest_gpu_experts (steps repeat their sizes)
         self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, 1 if expert_parallel else tp))
         self.router = (float(m.hidden), float(m.num_experts))
@@ -432,22 +546,36 @@ class _MoEGemms:
         return self._busiest[tokens]
 
     def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        attention, dense, moe = self._parts(cost, tokens)
+        total = self.dense_layers * (attention + dense) + self.moe_layers * (attention + moe)
+        return total / (self.dense_layers + self.moe_layers)
+
+    def layer_pair(self, cost: "RooflineCost", tokens: float) -> tuple[float, float]:
+        """(GEMM seconds of one dense layer, of one MoE layer) at `tokens` rows (pipeline stages)."""
+        if tokens <= 0:
+            return 0.0, 0.0
+        attention, dense, moe = self._parts(cost, tokens)
+        return attention + dense, attention + moe
+
+    def _parts(self, cost: "RooflineCost", tokens: float) -> tuple[float, float, float]:
+        """(attention GEMMs, dense MLP, MoE block) seconds of one layer at `tokens` rows of this rank.
+        With data-parallel attention the experts receive every rank's tokens (`ranks` x tokens)."""
         def gemms(pair):
             return cost._dense_gemm_seconds(tokens, *pair)
 
-        if tokens <= 0:
-            return 0.0
         attention = gemms(self.attention)
         dense = gemms(self.dense)
-        groups = self.touched(tokens)
-        rows = tokens * self.top_k
-        busiest = min(tokens, self.imbalance * rows / groups)
+        routed_tokens = tokens * self.ranks if self.ranks > 1 else tokens
+        groups = self.touched(routed_tokens)
+        rows = routed_tokens * self.top_k
+        busiest = min(routed_tokens, self.imbalance * rows / groups)
         if self.ep > 1:  # the busiest GPU: its touched experts, whole, on their rows
             touched = groups
-            groups = self.busiest_gpu_experts(tokens)
+            groups = self.busiest_gpu_experts(routed_tokens)
             rows = groups * rows / touched
         routed = sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
         router = cost._bf16_gemm_seconds(tokens, *self.router)
         moe = gemms(self.shared) + routed + router
-        total = self.dense_layers * (attention + dense) + self.moe_layers * (attention + moe)
-        return total / (self.dense_layers + self.moe_layers)
+        return attention, dense, moe
