@@ -37,7 +37,7 @@ Prefill replicas reserve a prompt's whole KV when they admit it (kv reserve_full
 prompt in progress can never run out of room because of KV held for hand-offs, so prefill
 replicas never preempt. A decode replica can: when reservations for incoming transfers take the
 room its lone running request needs, its plan only preempts, which costs no forward pass (see
-Replica._evict_only).
+sim/roles.py, evict_only).
 
 Fast-forward: a decode replica advances a run of identical decode steps at once only if every step
 of the run ends before `PDCluster.horizon`, the earliest time anything outside could touch its cache
@@ -85,6 +85,7 @@ from .kv_link import KVLink, Transfer
 from .metrics.recorder import Recorder
 from .replica import Replica, ReplicaSettings
 from .request import Request, Status
+from .roles import Decode, Prefill
 from .router import outstanding_tokens
 
 
@@ -154,8 +155,10 @@ class PDCluster:
         self.next_decode = 0
         self._hop_ends: list[tuple] = []  # (end, booking order, its event) of hops; handled ones pruned lazily
         self._hop_seq = itertools.count()
-        for replica in self.prefill + self.decode:
-            replica.handoff = self
+        for replica in self.prefill:
+            replica.role = Prefill(replica, self)
+        for replica in self.decode:
+            replica.role = Decode(replica, self)
         # admission.pd_backpressure: prefill replicas admit no prompt while this many wait for decode room
         self.max_pending = self.prefill[0].settings.pd_backpressure if self.prefill else None
         self.paused = False
@@ -169,7 +172,7 @@ class PDCluster:
         """No request waits for decode room or is on its way."""
         return not self.pending and not any(self.held.values())
 
-    # -- the port the replicas call ----------------------------------------------------
+    # -- the port the replicas and their roles (sim/roles.py) call ---------------------
     def reject_reason(self, req: Request) -> str:
         """Why the decode pool could never take `req` (checked at arrival on the prefill side)."""
         if req.output_len <= 1:
@@ -202,37 +205,9 @@ class PDCluster:
                     times.append(visible)
         return min(times)
 
-    def holds_kv(self, replica: Replica) -> bool:
-        """Whether the hand-off keeps `replica` from running: KV held for a hand-off (or room reserved
-        for one) occupies its cache, or it is a prefill replica whose admissions backpressure paused."""
-        return self.held[replica.index] > 0 or (self.paused and replica.settings.role == "prefill")
-
-    def began(self, replica: Replica, plan, start: float) -> None:
-        """After a step's begin: note first decode admissions; room may have changed."""
-        if replica.settings.role != "decode":
-            return
-        for rid in plan.admitted:
-            rec = self.records.get(rid)
-            if rec is not None and math.isnan(rec.decode_admitted):
-                rec.decode_admitted = start
-        if self.pending:
-            self._place(start)
-
-    def committed(self, replica: Replica, plan, end: float) -> None:
-        """After a step's commit: hand off prompts that are done; decode room may have grown."""
-        if replica.settings.role == "prefill":
-            by_id = replica.by_id
-            done = [by_id[rid] for rid in plan.scheduled
-                    if rid in by_id and by_id[rid].num_output_tokens and by_id[rid].status == Status.RUNNING]
-            if done:
-                replica.detach(done)
-                for req in done:
-                    self._prefilled(replica, req, end)
-        elif self.pending:
-            self._place(end)
-
     # -- the hand-off --------------------------------------------------------------------
-    def _prefilled(self, src: Replica, req: Request, time: float) -> None:
+    def prefilled(self, src: Replica, req: Request, time: float) -> None:
+        """`req`'s prompt is done on `src` at `time` (its first token sampled): start its hand-off."""
         rec = HandOff(req, src, time, req.num_blocks)
         self.records[req.id] = rec
         self.held[src.index] += 1
@@ -240,14 +215,14 @@ class PDCluster:
             self._send(self.out_links[src.index], rec, time, req.prompt_len, "to_pool", self._into_pool)
         else:
             self.pending.append(rec)
-            self._place(time)
+            self.place(time)
         self._backpressure()
 
     def _into_pool(self, rec: HandOff, time: float) -> None:
         self._release_src(rec, time)
         rec.in_pool = time
         self.pending.append(rec)
-        self._place(time)
+        self.place(time)
         self._backpressure()
 
     def _backpressure(self) -> None:
@@ -265,7 +240,7 @@ class PDCluster:
                 if not paused:
                     replica.wake()
 
-    def _place(self, time: float) -> None:
+    def place(self, time: float) -> None:
         """Reserve decode room for pending requests, oldest first, and start their transfers."""
         pending = self.pending
         while pending:
@@ -358,7 +333,7 @@ class PDCluster:
         self.reserved_tokens[dst.index] -= req.output_len - 1
         if self.settings.first_token_on == "decode":
             req.first_token_time = time
-        dst.land(req, time)
+        dst.role.land(req, time)
 
 
 def build_pd(env, recorder: Recorder, feed, prefill: PoolParts, decode: PoolParts, settings: PDSettings
@@ -368,7 +343,7 @@ def build_pd(env, recorder: Recorder, feed, prefill: PoolParts, decode: PoolPart
     replicas: list[Replica] = []
     for parts, role in ((prefill, "prefill"), (decode, "decode")):
         # prefill replicas never run pure decode steps; decode replicas fast-forward between hand-off events
-        pool_settings = replace(parts.settings, role=role, fast_forward=parts.settings.fast_forward and role == "decode",
+        pool_settings = replace(parts.settings, fast_forward=parts.settings.fast_forward and role == "decode",
                                 runs_end_before_horizon=True)
         for _ in range(parts.replicas):
             kv = parts.make_kv()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cbsim.sim.replica as replica_module
+import cbsim.sim.fast_forward as fast_forward_module
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model
 from cbsim.sim.kv_cache import KVCache
@@ -63,7 +63,7 @@ def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool):
 def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run):
     stepped = run(policy, cost, specs, num_blocks, fast_forward=False)
     with pytest.MonkeyPatch.context() as patch:  # 0: numpy runs only; 10**9: plain-Python runs only
-        patch.setattr(replica_module, "SCALAR_RUN", scalar_run)
+        patch.setattr(fast_forward_module, "SCALAR_RUN", scalar_run)
         fast = run(policy, cost, specs, num_blocks, fast_forward=True)
     for a, b in zip(stepped[0], fast[0]):
         assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled) == \

@@ -1,0 +1,269 @@
+"""Applying a StepPlan to a replica, in the two halves of one step (Replica binds these as methods).
+
+`begin` (at the step's start): preemptions, policy rejections, admissions, KV blocks; it records
+the step's row and returns the shape the cost model prices. `commit` (at its end): progress,
+sampled tokens, first-token and completion times, the release of finished requests. `commit_run`
+commits a fast-forwarded run of identical decode steps (sim/fast_forward.py) at once, with the
+same result as committing its steps one by one.
+
+Invariants: a plan entry whose request changed epoch since planning (preempted in between) is
+ignored; a request's KV blocks never shrink while it runs; every finished request leaves the
+running set, its KV freed, at the end of the step that produced its last token (or, with
+hold_finished, when the whole batch is done).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .request import Request, Status
+from .shape import StepShape
+
+
+# -- begin: what the step holds while it runs ---------------------------------------------
+def begin(replica, plan, now: float) -> tuple[StepShape, float]:
+    """Apply preemptions, admissions and KV blocks; return the step's shape and swapped bytes."""
+    swap_bytes = 0.0
+    by_id = replica.by_id
+    for rid in plan.preempted:
+        swap_bytes += replica._preempt(by_id[rid])
+    state = replica.state
+    if plan.preempted:
+        state.running = [r for r in state.running if r.status == Status.RUNNING]
+    for rid in plan.rejected:
+        reject_waiting(replica, by_id[rid])
+    for rid in plan.admitted:
+        swap_bytes += admit(replica, by_id[rid], now)
+    prefill, decode = [], []
+    sampled = 0
+    blocks, kv = plan.blocks, replica.kv
+    kv.evicted_in_step = False  # prefix caching: set by grow if it evicts cached blocks
+    add_decode, add_prefill, grow = decode.append, prefill.append, kv.grow
+    for rid, n in plan.scheduled.items():
+        req = by_id[rid]
+        target = blocks[rid]
+        if target > req.num_blocks:
+            grow(req, target)
+        computed = req.num_computed_tokens
+        outputs = req.num_output_tokens
+        left = req.prompt_len + outputs - computed  # tokens not yet in the KV cache
+        if left == 1 and outputs:
+            add_decode(computed + 1)
+        else:
+            add_prefill((n, computed))
+        if n == left:
+            sampled += 1
+    if kv.prefix is not None:  # cache the full prompt blocks this step computes
+        for rid, n in plan.scheduled.items():
+            kv.publish(by_id[rid], by_id[rid].num_computed_tokens + n)
+    num_padding = len(plan.padding)
+    num_decode = len(decode)
+    if num_padding:
+        decode.extend(by_id[rid].num_computed_tokens for rid in plan.padding)
+    shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes)
+    if state.reserve is not None:
+        state.reserve.after_step(bool(plan.preempted), num_decode > 0, state.running)
+    history, pairs = _prefill_reads(prefill) if prefill else (0, 0)  # what attention read (step_efficiency.py)
+    replica.step = replica.recorder.add_step(
+        replica.index, now, math.nan, sum(c for c, _ in prefill), num_decode, num_padding,
+        len(prefill) + len(decode), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes,
+        sum(decode), history, pairs)
+    if replica.shapes is not None:
+        replica.shapes.append(shape)
+    return shape, swap_bytes
+
+
+def admit(replica, req: Request, now: float) -> float:
+    """A waiting request joins the running set; returns the bytes it swaps back in."""
+    waiting = replica.state.waiting
+    if waiting and waiting[0] is req:
+        waiting.popleft()
+    else:
+        waiting.remove(req)
+    req.status = Status.RUNNING
+    req.admit_seq = replica.admissions
+    replica.admissions += 1
+    replica.state.running.append(req)
+    if req.first_scheduled_step < 0:
+        req.first_scheduled = now
+        req.first_scheduled_step = replica.recorder.num_steps
+    kv = replica.kv
+    if req.num_swapped_blocks:
+        moved = kv.swap_in_bytes(req)
+        kv.drop_host_copy(req)
+        return moved
+    if kv.prefix is not None:
+        kv.acquire_prefix(req)  # a prefix-cache hit: the counter jumps over cached blocks
+    return 0.0
+
+
+def reject_waiting(replica, req: Request) -> None:
+    """A waiting request the plan gives up on (plan.rejected); it holds no KV."""
+    replica.state.waiting.remove(req)
+    del replica.by_id[req.id]
+    req.status = Status.REJECTED
+    req.reject_reason = (f"rejected while waiting by policy {replica.policy.name}: it could no longer meet "
+                         "its deadline")
+    if replica.on_leave is not None:
+        replica.on_leave(req, replica.step_start)
+
+
+def _prefill_reads(prefill: list) -> tuple[int, int]:
+    """(sum of h, sum of causal query-key pairs c * h + c * (c + 1) / 2) over prefill rows (c, h)."""
+    history = pairs = 0
+    for c, h in prefill:
+        history += h
+        pairs += c * h + c * (c + 1) // 2
+    return history, pairs
+
+
+# -- commit: what the step produced --------------------------------------------------------
+def commit(replica, plan, end: float) -> None:
+    """Apply the step's progress at its end; stale entries (older epoch) are ignored."""
+    step = replica.step
+    recorder = replica.recorder
+    recorder.set_end(step, end)
+    finished = False
+    by_id, epochs, previous, running = replica.by_id, plan.epochs, replica.prev_step, Status.RUNNING
+    close_run = recorder.close_run
+    for rid, n in plan.scheduled.items():
+        req = by_id[rid]
+        if req.epoch != epochs[rid] or req.status != running:
+            continue
+        computed = req.num_computed_tokens + n
+        req.num_computed_tokens = computed
+        outputs = req.num_output_tokens
+        if computed == req.prompt_len + outputs:
+            outputs += 1
+            req.num_output_tokens = outputs
+            # Recorder.token, inlined on the hottest loop: extend the open run or start one
+            if req.run_tokens and req.last_token_step == previous:
+                req.run_tokens += 1
+            else:
+                close_run(req)
+                req.run_start_step = step
+                req.run_tokens = 1
+            req.last_token_step = step
+            if outputs == 1:
+                req.first_token_time = end
+                req.first_token_step = step
+            if outputs >= req.output_len:
+                finished = True
+    replica.prev_step = step
+    if finished:
+        release_finished(replica, plan.hold_finished, end)
+
+
+def commit_run(replica, ends, extra, hold_finished: bool) -> None:
+    """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens and
+    the blocks its last step's context needs; `extra[j]`: blocks held after step j beyond those
+    held in the first."""
+    count = len(ends)
+    running = replica.state.running
+    n = len(running)
+    kv = replica.kv
+    used = kv.used_blocks
+    recorder = replica.recorder
+    step = replica.step
+    recorder.set_end(step, float(ends[0]))
+    last = recorder.num_steps + count - 2  # the run's last step (rows are appended below)
+    # per request: Recorder.token at this step then tokens_bulk over the rest, inlined (one pass)
+    close_run, grow, previous = recorder.close_run, kv.grow, replica.prev_step
+    contexts = n  # the first step's decode contexts, summed
+    finished = False
+    block_size = kv.block_size
+    for req in running:
+        computed = req.num_computed_tokens
+        contexts += computed
+        if req.run_tokens and req.last_token_step == previous:
+            req.run_tokens += count
+        else:
+            close_run(req)
+            req.run_start_step = step
+            req.run_tokens = count
+        req.last_token_step = last
+        outputs = req.num_output_tokens + count
+        req.num_output_tokens = outputs
+        req.num_computed_tokens = computed + count
+        blocks = -(-(computed + count) // block_size)  # for its last step's context, computed + count
+        if blocks > req.num_blocks:
+            grow(req, blocks)
+        if outputs >= req.output_len:
+            finished = True
+    if isinstance(ends, list):  # a short run (fast_forward.scalar_run): plain lists, appended as they are
+        used = [used + e for e in extra[1:]]
+        decode_contexts = [contexts + n * j for j in range(1, count)]
+    else:
+        used = used + extra[1:]
+        decode_contexts = contexts + n * np.arange(1, count, dtype=np.int64)
+    recorder.add_steps(
+        replica=replica.index, start=ends[:-1], end=ends[1:], prefill_tokens=0,
+        decode_tokens=n, padding_tokens=0, num_seqs=n, kv_blocks_used=used,
+        preemptions=0, swap_bytes=0.0, decode_context_tokens=decode_contexts)
+    replica.prev_step = last
+    if replica.state.reserve is not None:
+        replica.state.reserve.decay_steps(count - 1)
+    if finished:
+        release_finished(replica, hold_finished, float(ends[-1]))
+    if replica.shapes is not None:
+        base = replica.shapes[-1].decode
+        replica.shapes.extend(StepShape(decode=tuple(c + j for c in base), tokens_sampled=len(base))
+                              for j in range(1, count))
+
+
+# -- leaving: finished, or the client gave up ----------------------------------------------
+def release_finished(replica, hold: bool, end: float) -> None:
+    """Finished requests leave the running set and free their KV (with `hold`: only once all are done)."""
+    running = replica.state.running
+    if hold and not all(r.is_done for r in running):
+        return
+    keep = []
+    limit = replica.settings.client_timeout
+    kv, recorder, by_id, on_leave = replica.kv, replica.recorder, replica.by_id, replica.on_leave
+    for req in running:
+        if req.is_done:
+            if limit is not None and end > req.arrival + limit:  # its client had given up
+                time_out(req, limit)
+            else:
+                req.status = Status.FINISHED
+                req.completion_time = end
+            kv.release(req)
+            recorder.close_run(req)
+            del by_id[req.id]
+            if on_leave is not None:
+                on_leave(req, end)
+        else:
+            keep.append(req)
+    replica.state.running = keep
+
+
+def expire(replica, now: float) -> None:
+    """Abort every request whose client gave up by `now` (client_timeout after its arrival), at the
+    end of a step, as vLLM aborts a disconnected request between steps: it leaves the queue or the
+    batch and its KV blocks (and any host copy) are freed. (Only a step's end can pass a deadline:
+    a replica without work has no request to expire, and one that wakes has only fresh ones.)"""
+    limit = replica.settings.client_timeout
+    state = replica.state
+    late = [r for r in state.running if r.arrival + limit <= now] + [r for r in state.waiting
+                                                                     if r.arrival + limit <= now]
+    for req in late:
+        if req.status == Status.RUNNING:
+            replica.recorder.close_run(req)
+        else:
+            state.waiting.remove(req)
+            if req.num_swapped_blocks:
+                replica.kv.drop_host_copy(req)
+        if req.num_blocks:
+            replica.kv.release(req)
+        del replica.by_id[req.id]
+        time_out(req, limit)
+        if replica.on_leave is not None:
+            replica.on_leave(req, now)
+    if late:
+        state.running = [r for r in state.running if r.status == Status.RUNNING]
+
+
+def time_out(req: Request, limit: float) -> None:
+    req.status = Status.REJECTED
+    req.reject_reason = f"timeout: not finished {limit:g} s after arrival"
