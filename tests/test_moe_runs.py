@@ -1,7 +1,8 @@
 """MoE and MLA replicas run under every policy (issue 11): each request finishes or is rejected with a
 reason, KV stays within the cache, tokens are conserved, and results are deterministic and the same
 with and without fast-forward. Catalog models on the roofline: Mixtral-8x7B with expert parallelism
-over TP2, and DeepSeek-V2-Lite (MLA + MoE)."""
+over TP2, DeepSeek-V2-Lite (MLA + MoE), Qwen3-30B-A3B as one rank of data-parallel attention over
+8 GPUs' experts (all-to-all per MoE layer), and Llama-3.1-8B as two pipeline stages."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +16,9 @@ POLICIES = [{"name": "static", "max_num_seqs": 8}, {"name": "orca", "max_num_seq
             {"name": "splitfuse", "token_budget": 256}, {"name": "chunked_only", "chunk_size": 256},
             {"name": "sglang", "chunked_prefill_size": 256}]
 MODELS = [("mixtral-8x7b", {"type": "roofline", "gpu": "h100", "tp": 2, "expert_parallel": True}),
-          ("deepseek-v2-lite", {"type": "roofline", "gpu": "h100", "tp": 1})]
+          ("deepseek-v2-lite", {"type": "roofline", "gpu": "h100", "tp": 1}),
+          ("qwen3-30b-a3b", {"type": "roofline", "gpu": "h200", "expert_parallel": True, "data_parallel": 8}),
+          ("llama-3.1-8b", {"type": "roofline", "gpu": "h100", "pp": 2})]
 
 
 def experiment(model, cost, policy, fast_forward=True):

@@ -21,7 +21,8 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
     from . import _builtin  # noqa: F401  (registers the built-in models)
 
     cls = COST_MODELS.lookup(mapping, path)
-    config = parse(cls.Config, {k: v for k, v in mapping.items() if k != "type"}, path)
+    given = _roofline_only(cls, mapping, path)
+    config = parse(cls.Config, {k: v for k, v in given.items() if k != "type"}, path)
     if model is None:
         from cbsim.profiler.specs import model_spec
 
@@ -30,6 +31,27 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
         return cls.from_config(config, model)
     except ConfigError as err:  # keys of the cost model's own section, named from the top
         raise (err if err.path == path or err.path.startswith(path + ".") else err.under(path)) from None
+
+
+ROOFLINE_ONLY = {  # parallelism keys that only the roofline prices, and why the others cannot
+    "pp": "pipeline stages",
+    "data_parallel": "data-parallel attention with expert parallelism",
+}
+
+
+def _roofline_only(cls, mapping: dict, path: str) -> dict:
+    """`mapping` less the roofline-only parallelism keys a cost model without them was given as 1;
+    any other value is a one-line ConfigError (vidur and fitted time whole steps of one TP group as
+    measured, with no stage split, no p2p send and no all-to-all: they cannot price these honestly)."""
+    from dataclasses import fields
+
+    own = {f.name for f in fields(cls.Config)}
+    for key, what in ROOFLINE_ONLY.items():
+        if key in mapping and key not in own and mapping[key] != 1:
+            raise ConfigError(f"{path}.{key}", f"1 or absent: cost model {mapping.get('type')} has no {what} (only "
+                              "roofline prices them; vidur and fitted time whole steps of one TP group as measured)",
+                              mapping[key])
+    return {k: v for k, v in mapping.items() if k in own or k not in ROOFLINE_ONLY}
 
 
 def takes_engine(mapping: dict, path: str = "cost_model") -> bool:

@@ -27,8 +27,24 @@ Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.
   expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
   busiest expert gets `moe_imbalance` times the mean). Dense first layers (first_k_dense) keep
   their MLP. Experts are split tp ways like the MLP, or with `expert_parallel` spread whole over
-  the TP group's GPUs (no data-parallel attention or all-to-all yet; across nodes the same all-reduce
-  combines them, priced across the nodes).
+  the TP group's GPUs (across nodes the same all-reduce combines them, priced across the nodes).
+- Data-parallel attention (`data_parallel: D` with `expert_parallel`; vLLM --data-parallel-size with
+  --enable-expert-parallel, SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp): the
+  replica is one of D ranks, each with its own scheduler, KV cache and attention on its tp GPUs; the
+  experts spread whole over the tp D GPUs of the group. Every rank is assumed to run a step of the
+  same shape (the engines step the ranks together; vLLM pads idle ranks with dummy batches), so the
+  experts see D T tokens, and each MoE layer pays an all-to-all dispatch and combine
+  (collectives.alltoall_seconds, by topology: NVLink within a node, the NIC across nodes) of, per GPU,
+  T / tp tokens x k copies x hidden x bytes: k copies as DeepEP's low-latency kernels send them (one
+  per routed expert: its published 128-token EP8 dispatch, 77 us at 98 GB/s, is 128 x 8 x 7,392
+  bytes), dispatched in fp8 with a float32 scale per 128 elements (1.03 bytes) when the experts run
+  fp8 GEMMs, else at the activation width, combined at the activation width. Dense layers and the
+  attention keep their TP all-reduces within the rank.
+- Pipeline parallelism (`pp`: P stages of tp GPUs, pipeline.py): `step_time` is the time of the
+  slowest stage: its layers (dense and MoE apart), its all-reduces, the embedding on the first
+  stage, the LM head on the last, and its activation hand-off (send to the next stage, all-gather of
+  what it received); the replica keeps up to P batches in flight (`pipeline_stages`), so a batch
+  takes P such steps end to end. pp = 1 is the one-stage formula, bit for bit.
 - MLA (DeepSeek-V2/V3) as vLLM runs it: the GEMMs are q (or q_a, q_b), kv_a, kv_b (applied per
   query token) and O; attention reads kv_lora_rank + qk_rope_head_dim elements per cached token and
   layer, whole on every GPU. Decode uses the absorbed form, 2 * heads * (2 kv_lora_rank +
@@ -52,7 +68,6 @@ attention reaches ~0.2-0.3 of peak in Vidur's A100 profile and ~0.6 in FlashAtte
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,6 +83,7 @@ from ..specs import TP_DEGREES, GPUSpec, ModelSpec, gpu_spec
 from .collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
 from .engine import NO_ENGINE, Engine, engine_option, load_engine
 from .gemm_efficiency import gemm_curve
+from .moe_gemms import MoEGemms
 from .pipeline import Pipeline, check_pipeline
 from .registry import register_cost_model
 
@@ -150,11 +166,11 @@ class RooflineCost(CostModel):
                  gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1):
         model.check_tp(tp, "cost_model.tp")
         check_pipeline(model.num_layers, pp)
+        _check_data_parallel(model, tp, data_parallel, expert_parallel)
         if expert_parallel:
             require(model.is_moe and model.num_experts % tp == 0, "cost_model.expert_parallel",
                     f"false unless the model has experts and tp divides their count ({model.name}: "
                     f"{model.num_experts} experts, tp {tp})", expert_parallel)
-        _check_data_parallel(model, tp, data_parallel, expert_parallel)
         self.model, self.gpu, self.tp = model, gpu, tp
         self.pipeline_stages, self.data_parallel = pp, data_parallel
         self.topology = topology or gpu.topology
@@ -241,7 +257,7 @@ class RooflineCost(CostModel):
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
-            self._moe = _MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel, self.data_parallel)
+            self._moe = MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel, self.data_parallel)
         self._stages = _stage_layers(m, self._pipeline.layers if self._pipeline else (m.num_layers,))
         self._staged = self._pipeline is not None or self.data_parallel > 1
         if self.data_parallel > 1:  # per token and GPU: k copies dispatched, k combined (DeepEP low-latency)
@@ -490,92 +506,3 @@ def _capped_decode_reads(contexts: np.ndarray, steps: int, window: int) -> np.nd
     j = np.arange(steps, dtype=np.int64)
     below = np.searchsorted(c, window - j, side="left")  # sequences still inside the window at step j
     return (prefix[below] + j * below + window * (len(c) - below)).astype(np.float64)
-
-
-class _MoEGemms:
-    """Per-step GEMM time of an MoE model's layers, as the mean over its dense and MoE layers.
-
-    An MoE layer runs the attention GEMMs, the router (hidden -> experts, 16-bit), the shared
-    experts as one MLP, and two grouped GEMMs (gate+up, down) over the routed experts. With T tokens
-    and top-k routing over E experts, a step touches D = E (1 - (1 - k/E)^T) distinct experts in
-    expectation (uniform routing): their weights are read once each, and the T k token-expert rows
-    are split over them, the busiest receiving `moe_imbalance` times the mean (at most T).
-
-    With expert parallelism inside the TP group each GPU holds E/tp whole experts and runs them on
-    all T tokens (the hidden states are replicated after attention's all-reduce, and the same
-    all-reduce combines the experts' outputs, as vLLM does without data parallelism). The step waits
-    for the busiest GPU: each of its E/tp experts is touched with probability q = 1 - (1 - k/E)^T,
-    and it is charged the expected maximum over the tp GPUs of Binomial(E/tp, q) touched experts,
-    whole. At one token of DeepSeek-V3 on 8 GPUs that is ~2.5 experts where TP reads 1/8 of 8."""
-
-    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False,
-                 data_parallel: int = 1):
-        def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
-            shapes = tuple((float(k), float(n)) for k, n in shapes)
-            return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
-
-        self.attention = gemms(m.attention_shapes(tp))
-        self.dense = gemms(m.mlp_shapes(m.intermediate, tp))
-        shared = m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
-        self.shared = gemms(m.mlp_shapes(shared, tp) if shared else ())
-        self.ep = tp * data_parallel if expert_parallel else 1
-        self.ranks = float(data_parallel)  # ranks whose tokens meet at the experts (data-parallel attention)
-        self._busiest: dict[float, float] = {}  # tokens -> busiest_gpu_experts (steps repeat their sizes)
-        self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, 1 if expert_parallel else tp))
-        self.router = (float(m.hidden), float(m.num_experts))
-        self.num_experts, self.top_k = float(m.num_experts), float(m.experts_per_token)
-        self.moe_layers = float(m.num_moe_layers)
-        self.dense_layers = float(m.num_layers - m.num_moe_layers)
-        self.imbalance = imbalance
-
-    def touched(self, tokens: float) -> float:
-        """Expected distinct experts a step of `tokens` tokens routes to."""
-        e, k = self.num_experts, self.top_k
-        return e * (1.0 - (1.0 - k / e) ** tokens)
-
-    def busiest_gpu_experts(self, tokens: float) -> float:
-        """E[max over tp GPUs of the experts a step touches on one GPU] (expert parallelism)."""
-        if tokens not in self._busiest:
-            m, n = int(self.num_experts) // self.ep, self.ep
-            q = 1.0 - (1.0 - self.top_k / self.num_experts) ** tokens
-            cdf, expected = 0.0, 0.0
-            for j in range(m):  # E[max] = sum over j >= 1 of P(max >= j) = 1 - P(X <= j - 1)^n
-                cdf += math.comb(m, j) * q ** j * (1.0 - q) ** (m - j)
-                expected += 1.0 - min(cdf, 1.0) ** n
-            self._busiest[tokens] = expected
-        return self._busiest[tokens]
-
-    def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
-        if tokens <= 0:
-            return 0.0
-        attention, dense, moe = self._parts(cost, tokens)
-        total = self.dense_layers * (attention + dense) + self.moe_layers * (attention + moe)
-        return total / (self.dense_layers + self.moe_layers)
-
-    def layer_pair(self, cost: "RooflineCost", tokens: float) -> tuple[float, float]:
-        """(GEMM seconds of one dense layer, of one MoE layer) at `tokens` rows (pipeline stages)."""
-        if tokens <= 0:
-            return 0.0, 0.0
-        attention, dense, moe = self._parts(cost, tokens)
-        return attention + dense, attention + moe
-
-    def _parts(self, cost: "RooflineCost", tokens: float) -> tuple[float, float, float]:
-        """(attention GEMMs, dense MLP, MoE block) seconds of one layer at `tokens` rows of this rank.
-        With data-parallel attention the experts receive every rank's tokens (`ranks` x tokens)."""
-        def gemms(pair):
-            return cost._dense_gemm_seconds(tokens, *pair)
-
-        attention = gemms(self.attention)
-        dense = gemms(self.dense)
-        routed_tokens = tokens * self.ranks if self.ranks > 1 else tokens
-        groups = self.touched(routed_tokens)
-        rows = routed_tokens * self.top_k
-        busiest = min(routed_tokens, self.imbalance * rows / groups)
-        if self.ep > 1:  # the busiest GPU: its touched experts, whole, on their rows
-            touched = groups
-            groups = self.busiest_gpu_experts(routed_tokens)
-            rows = groups * rows / touched
-        routed = sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
-        router = cost._bf16_gemm_seconds(tokens, *self.router)
-        moe = gemms(self.shared) + routed + router
-        return attention, dense, moe

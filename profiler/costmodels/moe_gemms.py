@@ -1,0 +1,109 @@
+"""The GEMMs of an MoE model's layers for the roofline (roofline.py charges them per step).
+
+Invariant: every method is a function of Python floats (token counts) and the cost model's GEMM
+rules (`_dense_gemm_seconds`, `_grouped_seconds`, `_bf16_gemm_seconds`), so the roofline's
+`step_time` and `decode_run_times` see the same values; with one rank and no pipeline the mean over
+layers (`layer_mean`) is the arithmetic the roofline always used.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..specs import ModelSpec
+
+if TYPE_CHECKING:
+    from .roofline import RooflineCost
+
+
+class MoEGemms:
+    """Per-step GEMM time of an MoE model's layers, as the mean over its dense and MoE layers.
+
+    An MoE layer runs the attention GEMMs, the router (hidden -> experts, 16-bit), the shared
+    experts as one MLP, and two grouped GEMMs (gate+up, down) over the routed experts. With T tokens
+    and top-k routing over E experts, a step touches D = E (1 - (1 - k/E)^T) distinct experts in
+    expectation (uniform routing): their weights are read once each, and the T k token-expert rows
+    are split over them, the busiest receiving `moe_imbalance` times the mean (at most T).
+
+    With expert parallelism inside the TP group each GPU holds E/tp whole experts and runs them on
+    all T tokens (the hidden states are replicated after attention's all-reduce, and the same
+    all-reduce combines the experts' outputs, as vLLM does without data parallelism). The step waits
+    for the busiest GPU: each of its E/tp experts is touched with probability q = 1 - (1 - k/E)^T,
+    and it is charged the expected maximum over the tp GPUs of Binomial(E/tp, q) touched experts,
+    whole. At one token of DeepSeek-V3 on 8 GPUs that is ~2.5 experts where TP reads 1/8 of 8.
+
+    With data-parallel attention over `data_parallel` ranks the experts spread over tp x
+    data_parallel GPUs and receive every rank's tokens (`ranks` x T, all ranks stepping the same
+    shape); attention, the dense MLP, the shared experts and the router run on this rank's T."""
+
+    def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False,
+                 data_parallel: int = 1):
+        def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
+            shapes = tuple((float(k), float(n)) for k, n in shapes)
+            return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
+
+        self.attention = gemms(m.attention_shapes(tp))
+        self.dense = gemms(m.mlp_shapes(m.intermediate, tp))
+        shared = m.num_shared_experts * (m.shared_intermediate or m.moe_intermediate)
+        self.shared = gemms(m.mlp_shapes(shared, tp) if shared else ())
+        self.ep = tp * data_parallel if expert_parallel else 1
+        self.ranks = float(data_parallel)  # ranks whose tokens meet at the experts (data-parallel attention)
+        self._busiest: dict[float, float] = {}  # tokens -> busiest_gpu_experts (steps repeat their sizes)
+        self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, 1 if expert_parallel else tp))
+        self.router = (float(m.hidden), float(m.num_experts))
+        self.num_experts, self.top_k = float(m.num_experts), float(m.experts_per_token)
+        self.moe_layers = float(m.num_moe_layers)
+        self.dense_layers = float(m.num_layers - m.num_moe_layers)
+        self.imbalance = imbalance
+
+    def touched(self, tokens: float) -> float:
+        """Expected distinct experts a step of `tokens` tokens routes to."""
+        e, k = self.num_experts, self.top_k
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def busiest_gpu_experts(self, tokens: float) -> float:
+        """E[max over tp GPUs of the experts a step touches on one GPU] (expert parallelism)."""
+        if tokens not in self._busiest:
+            m, n = int(self.num_experts) // self.ep, self.ep
+            q = 1.0 - (1.0 - self.top_k / self.num_experts) ** tokens
+            cdf, expected = 0.0, 0.0
+            for j in range(m):  # E[max] = sum over j >= 1 of P(max >= j) = 1 - P(X <= j - 1)^n
+                cdf += math.comb(m, j) * q ** j * (1.0 - q) ** (m - j)
+                expected += 1.0 - min(cdf, 1.0) ** n
+            self._busiest[tokens] = expected
+        return self._busiest[tokens]
+
+    def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        attention, dense, moe = self._parts(cost, tokens)
+        total = self.dense_layers * (attention + dense) + self.moe_layers * (attention + moe)
+        return total / (self.dense_layers + self.moe_layers)
+
+    def layer_pair(self, cost: "RooflineCost", tokens: float) -> tuple[float, float]:
+        """(GEMM seconds of one dense layer, of one MoE layer) at `tokens` rows (pipeline stages)."""
+        if tokens <= 0:
+            return 0.0, 0.0
+        attention, dense, moe = self._parts(cost, tokens)
+        return attention + dense, attention + moe
+
+    def _parts(self, cost: "RooflineCost", tokens: float) -> tuple[float, float, float]:
+        """(attention GEMMs, dense MLP, MoE block) seconds of one layer at `tokens` rows of this rank.
+        With data-parallel attention the experts receive every rank's tokens (`ranks` x tokens)."""
+        def gemms(pair):
+            return cost._dense_gemm_seconds(tokens, *pair)
+
+        attention = gemms(self.attention)
+        dense = gemms(self.dense)
+        routed_tokens = tokens * self.ranks if self.ranks > 1 else tokens
+        groups = self.touched(routed_tokens)
+        rows = routed_tokens * self.top_k
+        busiest = min(routed_tokens, self.imbalance * rows / groups)
+        if self.ep > 1:  # the busiest GPU: its touched experts, whole, on their rows
+            touched = groups
+            groups = self.busiest_gpu_experts(routed_tokens)
+            rows = groups * rows / touched
+        routed = sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
+        router = cost._bf16_gemm_seconds(tokens, *self.router)
+        moe = gemms(self.shared) + routed + router
+        return attention, dense, moe
