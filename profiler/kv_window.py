@@ -1,0 +1,74 @@
+"""KV pages of sliding-window models as vLLM's hybrid KV cache manager holds them (the sizing side).
+
+Invariant: counts are layer-pages (one layer's K and V for `block_size` tokens, the unit vLLM's
+hybrid manager allocates: a KV cache group's block table per layer pattern, every group drawing from
+one pool of equal pages). A model without a window holds num_layers x ceil(n / block_size) pages
+for n tokens, exactly what cbsim's KV cache charges today (ceil(n / block_size) all-layer blocks).
+
+vLLM V1 (vllm/v1/core/single_type_kv_cache_manager.py, SlidingWindowManager): after n computed
+tokens the next token sees the last `w` of them, so get_num_skipped_tokens(n) = max(0, n - w + 1)
+tokens are never read again and remove_skipped_blocks frees every block entirely before them
+(replaced by the null block; the block table keeps its indices). A windowed layer therefore holds
+
+    ceil(n / bs) - floor(max(0, n - w + 1) / bs)   pages   (at most cdiv(w - 1, bs) + 1)
+
+and a full-attention layer ceil(n / bs). The pool's sizing (vllm/v1/core/kv_cache_utils.py):
+`get_max_concurrency_for_kv_cache_config` divides the pool's pages by what one request of
+max_model_len may need, each group's `max_memory_usage_bytes`: a full layer cdiv(max_model_len, bs)
+pages, a windowed one (SlidingWindowSpec) cdiv(min(w - 1 + max_num_batched_tokens, max_model_len),
+bs) + 1 (the step's new tokens are allocated before the old blocks are freed; +1 because the window
+need not start on a block boundary); "GPU KV cache size: N tokens" is that concurrency x
+max_model_len. (vLLM pads groups to equal layer counts; Gemma-2, Mistral and Qwen windows need no
+padding. With --disable-hybrid-kv-cache-manager windowed layers are allocated like full ones: the
+capacity cbsim's cache has today.)
+
+cbsim's KV cache (sim/kv_cache.py) charges ceil(n / bs) all-layer blocks per request; charging
+`pages_held` instead needs the engine's block arithmetic (policies/batch.py, sim/step_apply.py,
+sim/fast_forward.py) to ask the cache for a request's blocks: see .notes/parallelism-costs.md.
+"""
+from __future__ import annotations
+
+from .specs import ModelSpec
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pages_held(model: ModelSpec, tokens: int, block_size: int) -> int:
+    """Layer-pages a request of `tokens` computed tokens holds (windowed layers freed as vLLM frees them)."""
+    blocks = _cdiv(tokens, block_size)
+    full = model.num_layers - model.sliding_layers
+    if not model.sliding_window:
+        return model.num_layers * blocks
+    skipped = max(0, tokens - model.sliding_window + 1) // block_size
+    return full * blocks + model.sliding_layers * (blocks - skipped)
+
+
+def bytes_held(model: ModelSpec, tokens: int, block_size: int, tp: int = 1) -> int:
+    """KV bytes one GPU holds for such a request (pages x one layer's page on this GPU)."""
+    page = block_size * model.kv_bytes_per_token(tp) // model.num_layers
+    return pages_held(model, tokens, block_size) * page
+
+
+def pages_per_request(model: ModelSpec, block_size: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """Layer-pages vLLM budgets for one request of max_model_len (max_memory_usage_bytes summed over layers)."""
+    full = model.num_layers - model.sliding_layers
+    pages = full * _cdiv(max_model_len, block_size)
+    if model.sliding_window:
+        window = min(model.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        pages += model.sliding_layers * (_cdiv(window, block_size) + 1)
+    return pages
+
+
+def max_concurrency(model: ModelSpec, num_blocks: int, block_size: int, max_model_len: int,
+                    max_num_batched_tokens: int) -> float:
+    """Requests of max_model_len the pool of `num_blocks` all-layer blocks holds at once, as vLLM counts them."""
+    return num_blocks * model.num_layers / pages_per_request(model, block_size, max_model_len, max_num_batched_tokens)
+
+
+def kv_cache_tokens(model: ModelSpec, num_blocks: int, block_size: int, max_model_len: int,
+                    max_num_batched_tokens: int) -> int:
+    """vLLM's "GPU KV cache size: N tokens": max_concurrency x max_model_len (without a window, and
+    block_size dividing max_model_len: num_blocks x block_size)."""
+    return int(max_concurrency(model, num_blocks, block_size, max_model_len, max_num_batched_tokens) * max_model_len)
