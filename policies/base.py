@@ -1,4 +1,10 @@
-"""What every policy shares: the budget fields of its config and the Policy interface."""
+"""What every policy shares: the budget fields of its config and the Policy interface.
+
+Beside the token and sequence budgets, every policy takes the constraint families of seed 000 §2
+that do not depend on its order: the encoder budget of multimodal requests (policies/encoder.py),
+LoRA adapters per step and their residency (policies/lora.py), and the arrival admission of
+per-tenant quotas and the overload state (policies/quotas.py). All are off by default.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +14,11 @@ from cbsim.sim.plan import StepPlan
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 
+from .batch import BatchBuilder, StepExtras
+from .encoder import EncoderConfig, encoder_reject_reason
+from .lora import LoraResidency, LoraResidencyConfig
+from .quotas import ArrivalGate, OverloadConfig, TenantQuotaConfig, check_quotas
+
 
 @dataclass
 class Budgets:
@@ -16,11 +27,37 @@ class Budgets:
     token_budget: int | None = option(None, help="max tokens scheduled per step (vLLM max_num_batched_tokens); "
                                       "null = max_model_len for whole-prompt policies")
     max_num_seqs: int = option(256, help="max sequences per step (also the batch size of static and orca)")
+    encoder: EncoderConfig | None = option(None, help="multimodal requests' encoder budget and time "
+                                           "{seconds_per_token, max_num_encoder_input_tokens, encoder_cache_size, "
+                                           "disable_chunked_mm_input} (policies/encoder.py, vLLM V1); null = off")
+    max_loras: int | None = option(None, help="LoRA adapters one step may serve (vLLM --max-loras): a waiting "
+                                   "request whose adapter is not among the step's is skipped once that many are "
+                                   "(policies/lora.py); null = no limit")
+    lora_residency: LoraResidencyConfig | None = option(None, help="with max_loras: GPU slots and a host cache of "
+                                                        "adapters, LRU, and the load time a miss adds to the step "
+                                                        "{pcie_bandwidth_gb_s, rank, model, target_modules | "
+                                                        "adapter_bytes, max_cpu_loras, disk_bandwidth_gb_s}; null = "
+                                                        "adapters are free to switch")
+    tenant_quotas: list[TenantQuotaConfig] | None = option(None, help="per-tenant caps judged at arrival "
+                                                           "[{tenant, max_requests, max_tokens}]: an arrival over its "
+                                                           "tenant's cap is rejected (policies/quotas.py)")
+    overload: OverloadConfig | None = option(None, help="overload state with hysteresis {enter_queued, exit_queued, "
+                                             "enter_queued_tokens, exit_queued_tokens}: arrivals are rejected "
+                                             "from when the queue reaches enter until it drains to exit")
 
     def validate(self) -> None:
         require(self.token_budget is None or self.token_budget >= 1, "token_budget", "an integer >= 1 or null",
                 self.token_budget)
         require(self.max_num_seqs >= 1, "max_num_seqs", "an integer >= 1", self.max_num_seqs)
+        require(self.max_loras is None or self.max_loras >= 1, "max_loras", "an integer >= 1 or null",
+                self.max_loras)
+        require(self.lora_residency is None or self.max_loras is not None, "lora_residency",
+                "null unless max_loras is set (its GPU slots)", "a mapping")
+        if self.lora_residency is not None and self.lora_residency.max_cpu_loras is not None:
+            require(self.lora_residency.max_cpu_loras >= self.max_loras, "lora_residency.max_cpu_loras",
+                    f"at least max_loras ({self.max_loras}), as vLLM's LoRAConfig requires",
+                    self.lora_residency.max_cpu_loras)
+        check_quotas(self.tenant_quotas)
 
 
 class Policy:
@@ -38,17 +75,42 @@ class Policy:
 
     def __init__(self, config):
         self.config = config
+        self.extras = make_extras(config)
+        quotas, overload = getattr(config, "tenant_quotas", None), getattr(config, "overload", None)
+        self.gate = ArrivalGate(quotas, overload) if quotas or overload else None
 
     def schedule(self, state: SchedulerState) -> StepPlan:
         """Called at the start of every step of the replica; returns what that step runs."""
         raise NotImplementedError
 
+    def builder(self, state: SchedulerState, token_budget: int | None, max_num_seqs: int) -> BatchBuilder:
+        """A BatchBuilder for one step under this policy's budgets (encoder, LoRA) as well."""
+        return BatchBuilder(state, token_budget, max_num_seqs, self.extras)
+
     def token_budget(self, state: SchedulerState) -> int:
         budget = self.config.token_budget
         return state.max_model_len if budget is None else budget
 
+    def request_cap(self) -> int | None:
+        """The most prompt tokens one request advances in a step beside the token budget (None: no cap)."""
+        return None
+
     def reject_reason(self, req: Request, state: SchedulerState) -> str:
+        """Why `req`, arriving now, is rejected: this policy could never run it, or arrival admission
+        (tenant quotas, overload) refuses it. Empty if it is accepted."""
+        reason = self.never_runs(req, state)
+        if not reason and self.gate is not None:
+            reason = self.gate.reject_reason(req, state)
+        return reason
+
+    def never_runs(self, req: Request, state: SchedulerState) -> str:
         """Why this policy could never run `req` (checked at arrival); empty if it can."""
+        encoder = self.extras.encoder if self.extras is not None else None
+        if encoder is not None:
+            reason = encoder_reject_reason(encoder, req, self.token_budget(state), self.request_cap(),
+                                           self.chunks_prompts)
+            if reason:
+                return reason
         if self.chunks_prompts:
             return ""
         budget = self.token_budget(state)
@@ -56,3 +118,14 @@ class Policy:
             return (f"prompt_len + output_len - 1 = {req.prompt_len + req.output_len - 1} exceeds the token "
                     f"budget {budget} of {self.name}, which does not chunk prompts (a recompute could not run)")
         return ""
+
+
+def make_extras(config) -> StepExtras | None:
+    """The per-step constraints beside tokens and sequences a policy's config asks for (None: none)."""
+    encoder = getattr(config, "encoder", None)
+    max_loras = getattr(config, "max_loras", None)
+    residency = getattr(config, "lora_residency", None)
+    if encoder is None and max_loras is None:
+        return None
+    return StepExtras(encoder=encoder, encoder_budget=getattr(config, "token_budget", None), max_loras=max_loras,
+                      residency=None if residency is None else LoraResidency(residency, max_loras))

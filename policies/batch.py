@@ -29,10 +29,16 @@ request that can hit the cache is admitted past its cached prefix (`hit`, the sa
 acquires at admission: the cache does not change between plan and admission); the hit's nodes that
 nobody references yet stop being evictable, once per plan (`_refs` holds the plan's own reference
 changes). A victim gives back its own blocks and the nodes only it references.
+
+Step extras (`StepExtras`, from the policy's config; policies/base.py): the encoder budget of
+multimodal requests (`fit_encoder` cuts a chunk before an encoder input that does not fit; the
+input's tokens are taken when the request is scheduled), LoRA adapters per step (`lora_allows`),
+and, at `build`, the encoder's seconds and the LoRA loads the plan charges (`extra_seconds`).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from cbsim.sim.plan import StepPlan
@@ -40,9 +46,23 @@ from cbsim.sim.request import Request, Status
 from cbsim.sim.shape import StepShape
 from cbsim.sim.state import SchedulerState
 
+from .encoder import EncoderConfig, EncoderStep
+from .lora import LoraResidency, LoraSlots
+
+
+@dataclass
+class StepExtras:
+    """A policy's per-step constraints beside tokens and sequences (policies/base.py make_extras)."""
+
+    encoder: EncoderConfig | None = None
+    encoder_budget: int | None = None  # the policy's token budget (the encoder's default budget); None: max_model_len
+    max_loras: int | None = None
+    residency: LoraResidency | None = None  # the policy's own (it persists across steps)
+
 
 class BatchBuilder:
-    def __init__(self, state: SchedulerState, token_budget: int | None, max_num_seqs: int):
+    def __init__(self, state: SchedulerState, token_budget: int | None, max_num_seqs: int,
+                 extras: StepExtras | None = None):
         self.state = state
         self.kv = state.kv
         self.tokens_left = token_budget if token_budget is not None else 1 << 62
@@ -67,6 +87,16 @@ class BatchBuilder:
         self._running_future = sum(map(reserve.future, state.running)) if reserve is not None else 0
         self._admitted_future = 0
         self._admitted_reqs: list[Request] = []  # for the step-time cap's shape
+        self.extras = extras
+        self.encoder = self.loras = None
+        self._encoder_pending = (-1, 0)  # (request id, encoder tokens) of the last fit_encoder
+        self._admitted_lora: list[Request] = []
+        if extras is not None:
+            if extras.encoder is not None:
+                budget = extras.encoder_budget or state.max_model_len
+                self.encoder = EncoderStep(extras.encoder, budget, state.running)
+            if extras.max_loras is not None:
+                self.loras = LoraSlots.seeded(extras.max_loras, state.running)
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -100,6 +130,23 @@ class BatchBuilder:
         if path is None:
             path = self._hits[req.id] = self.prefix.match(req)
         return path
+
+    # -- step extras (encoder budget, LoRA adapters) ---------------------------------------
+    def fit_encoder(self, req: Request, num_tokens: int) -> int:
+        """The tokens of `req` (from its progress, after any prefix hit for a waiting one) that the
+        encoder budget lets run, at most `num_tokens`: cut before the first encoder input that does
+        not fit (policies/encoder.py). The inputs it needs are taken if `req` is then scheduled."""
+        if self.encoder is None or not req.mm_inputs or num_tokens <= 0:
+            return num_tokens
+        running = req.status == Status.RUNNING
+        computed = req.num_computed_tokens if running else self.computed(req)
+        n, tokens = self.encoder.fit(req, computed, num_tokens, running)
+        self._encoder_pending = (req.id, tokens)
+        return n
+
+    def lora_allows(self, req: Request) -> bool:
+        """Whether `req`'s adapter may join the step (max_loras; always without a limit)."""
+        return self.loras is None or self.loras.allows(req)
 
     # -- running requests ----------------------------------------------------------------
     def schedule_running(self, req: Request, num_tokens: int, preempt: bool = True,
@@ -285,7 +332,11 @@ class BatchBuilder:
 
     # -- result --------------------------------------------------------------------------
     def build(self, hold_finished: bool = False, rejected: tuple[int, ...] = ()) -> StepPlan:
+        encoder_tokens, seconds, loads = self._extras_cost()
         return StepPlan(
+            encoder_tokens=encoder_tokens,
+            extra_seconds=seconds,
+            lora_loads=loads,
             scheduled=self.scheduled,
             admitted=tuple(self.admitted),
             preempted=tuple(self.preempted),
@@ -296,8 +347,30 @@ class BatchBuilder:
             rejected=rejected,
         )
 
+    def _extras_cost(self) -> tuple[int, float, int]:
+        """(encoder tokens, seconds of encoder and LoRA loads, adapters loaded) of the plan; the
+        LoRA residency is updated here, so build only the plan the policy returns."""
+        if self.extras is None:
+            return 0, 0.0, 0
+        tokens, seconds, loads = 0, 0.0, 0
+        if self.encoder is not None:
+            tokens, seconds = self.encoder.tokens, self.encoder.seconds
+        residency = self.extras.residency
+        if residency is not None and self.scheduled:
+            scheduled = self.scheduled
+            used: dict[str, None] = {}
+            for req in (*self.state.running, *self._admitted_lora):
+                if req.adapter is not None and req.id in scheduled:
+                    used.setdefault(req.adapter, None)
+            if used:
+                loads, reads = residency.activate(list(used))
+                seconds += residency.seconds(loads, reads)
+        return tokens, seconds, loads
+
     # -- internals -----------------------------------------------------------------------
     def _take(self, req: Request, num_tokens: int, target_blocks: int, extra_blocks: int) -> None:
+        if self.extras is not None:
+            self._take_extras(req)
         self.scheduled[req.id] = num_tokens
         self.epochs[req.id] = req.epoch
         self.blocks[req.id] = target_blocks
@@ -306,6 +379,14 @@ class BatchBuilder:
         self.free -= extra_blocks
         if num_tokens > 1 or req.num_output_tokens == 0 or req.need > 1:
             self.num_prefills += 1
+
+    def _take_extras(self, req: Request) -> None:
+        if self._encoder_pending[0] == req.id:
+            self.encoder.take(self._encoder_pending[1])
+            self._encoder_pending = (-1, 0)
+        if self.loras is not None and req.status != Status.RUNNING:
+            self.loras.take(req)
+            self._admitted_lora.append(req)
 
     def _pick_victim(self, requester: Request, spare: Callable[[Request], bool] | None = None) -> Request | None:
         """The request to evict so that `requester` can grow, or None if it should be the requester
@@ -331,6 +412,8 @@ class BatchBuilder:
 
     def _preempt(self, victim: Request) -> None:
         self._out.add(victim.id)
+        if self.encoder is not None:
+            self.encoder.release(victim)
         self.preempted.append(victim.id)
         if self.state.reserve is not None:  # its future decodes need no room now (SGLang preempt_to_schedule)
             self._running_future -= self.state.reserve.future(victim)

@@ -14,7 +14,9 @@ So a decode waits at most one prefill step between two tokens, and while anythin
 advances every other step. `max_num_seqs` bounds the running requests at admission, as in Sarathi,
 so one decode step covers every running decode. `chunk_size` is a budget for the whole prefill step,
 as Sarathi's, not a per-request cap; admission is FCFS and stops at the first prompt that does not fit
-(no skipping).
+(no skipping). With `queue_policy: fair` (policies/fairness.py) prompts are admitted by their tenant's
+virtual token counter instead, with optional token buckets and a minimum quantum per tenant that
+orders a prefill turn's admissions (decodes never share a step with them).
 
 Whose turn: the policy remembers whether its last plan that ran anything ran prefill. The state cannot
 tell (a partial chunk leaves the same state as the decode step after it would). The replica runs every
@@ -40,17 +42,19 @@ from cbsim.sim.request import Request
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
+from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
 from .helpers import admit_prefills, continue_prefills, fill_decodes, is_decode
 from .registry import register
 
 
 @dataclass
-class ChunkedOnlyConfig(Budgets):
+class ChunkedOnlyConfig(Budgets, FairConfig):
     chunk_size: int = option(512, help="max prefill tokens per prefill step (Sarathi's chunk_size); prefill steps "
                              "and decode steps alternate, never mixed")
 
     def validate(self) -> None:
         Budgets.validate(self)
+        self.validate_fair()
         require(self.chunk_size >= 1, "chunk_size", "an integer >= 1", self.chunk_size)
 
 
@@ -69,19 +73,29 @@ class ChunkedOnly(Policy):
         super().__init__(config)
         self._prefilled = False  # the last plan that ran anything ran prefill chunks: the decodes' turn
         self._fell_back = False  # the last plan decoded on a prefill turn: no prefill could run
+        self.fair = make_fair(config)
+
+    def request_cap(self) -> int | None:
+        return self.config.chunk_size
+
+    def never_runs(self, req, state) -> str:
+        return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 
     @property
     def steady_when_blocked(self) -> bool:
         """True only after a decode step that a prefill turn fell back to (see the module docstring)."""
-        return self._fell_back
+        return self._fell_back and self.fair is None
 
     def schedule(self, state):
+        if self.fair is not None:
+            self.fair.observe(state)
         prefill_turn = not self._prefilled
         b, prefilled = self._plan(state, prefill_turn)
         if b.scheduled:
             self._prefilled = prefilled
             self._fell_back = prefill_turn and not prefilled
-        return b.build()
+        plan = b.build()
+        return plan if self.fair is None else self.fair.track(plan, state)
 
     def _plan(self, state, prefill_turn: bool) -> tuple[BatchBuilder, bool]:
         """The step's builder and whether it is a prefill step."""
@@ -98,20 +112,24 @@ class ChunkedOnly(Policy):
     def _prefills(self, state, spare) -> BatchBuilder:
         """Chunks of the prompts in progress, or else new prompts, up to chunk_size tokens."""
         cfg = self.config
-        b = BatchBuilder(state, min(self.token_budget(state), cfg.chunk_size), cfg.max_num_seqs)
+        b = self.builder(state, min(self.token_budget(state), cfg.chunk_size), cfg.max_num_seqs)
         continue_prefills(b, state.running, spare=spare)
         if b.scheduled or b.stalled:  # a prompt in progress goes first; a stalled one's room is not for a newcomer
             return b
         room = cfg.max_num_seqs - len(state.running)
         if room > 0:
             prompts = takewhile(lambda r: not resumes_as_decode(b, r), state.waiting)
-            admit_prefills(b, islice(prompts, room))
+            if self.fair is None:
+                admit_prefills(b, islice(prompts, room))
+            else:
+                admit_fairly(self.fair, b, list(prompts), lambda reqs, most: admit_prefills(
+                    b, takewhile(lambda r: len(b.admitted) < room, reqs), cap=most))
         return b
 
     def _decodes(self, state) -> BatchBuilder:
         """One token for every running decode; then swapped decodes rejoin if nobody was preempted."""
         cfg = self.config
-        b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
+        b = self.builder(state, self.token_budget(state), cfg.max_num_seqs)
         fill_decodes(b, state.running)
         room = cfg.max_num_seqs - len(state.running)
         if room > 0 and not b.preempted:

@@ -30,9 +30,15 @@ the first step: it refills by rate x the time since the previous step, and admit
 request takes its whole remaining prompt (after a prefix hit) from it. A request is admitted only
 if its tenant's bucket holds that many tokens; else its tenant's requests are passed over this step
 (others may start). Decodes and chunks of prompts already admitted are not limited (a decode never
-stalls). Work-conserving: in a step that would otherwise run nothing, requests are admitted past
-their buckets (which go negative): the simulator cannot idle a replica until a bucket refills.
-The meter is what providers' tokens-per-minute limits meter (input tokens at admission).
+stalls). Two modes (`token_bucket_mode`). work_conserving (the default): in a step that would
+otherwise run nothing, requests are admitted past their buckets (which go negative), so a replica
+never idles while a tenant is throttled. strict: a throttled tenant stays idle until its bucket
+holds its first waiting request's prompt, even on an idle replica: the empty plan then carries
+`idle_until`, the time the first such bucket refills (level + rate x t >= prompt), so the replica
+sleeps until then or until an arrival or completion changes the state; a prompt larger than its
+tenant's burst could never pass, so strict mode rejects it at arrival. This is the rate limit
+providers enforce (HTTP 429 until tokens accrue; OpenAI and Anthropic meter tokens per minute
+this way). The meter is what providers' tokens-per-minute limits meter (input tokens at admission).
 
 Minimum service quantum. Each step every tenant with prefill work (a waiting request or a prompt
 in flight) has first claim on `quantum` tokens, Deficit Round Robin's per-round quantum (Shreedhar
@@ -50,10 +56,11 @@ first, earliest deadline first, ahead of any order (lpm's cache affinity include
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Literal
 
 from cbsim.schema import option, require
 from cbsim.sim.plan import StepPlan
@@ -61,6 +68,9 @@ from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 
 from .batch import BatchBuilder
+
+FAIR_ORDERS = ("fcfs", "fair")
+REFILL_TOLERANCE = 1e-9  # a bucket refilled to a prompt's size by float arithmetic passes it (no 1e-16 s waits)
 
 
 @dataclass
@@ -74,6 +84,53 @@ class TokenBucketConfig:
     def validate(self) -> None:
         require(self.rate > 0, "rate", "tokens per second > 0", self.rate)
         require(self.burst >= 1, "burst", "tokens >= 1", self.burst)
+
+
+@dataclass
+class FairConfig:
+    """The fair-queue options a policy config mixes in (sarathi, prefill_first, splitfuse, chunked_only)."""
+
+    queue_policy: Literal[FAIR_ORDERS] = option("fcfs", help="order of new prompts: fcfs (arrival), or fair "
+                                                "(per-tenant virtual token counters, policies/fairness.py)")
+    tenant_weights: dict | None = option(None, help="fair: {tenant: weight}; a tenant's share of service is "
+                                         "proportional to its weight; unlisted tenants weigh 1")
+    min_quantum: int = option(0, help="fair: tokens of every step's budget each tenant with prefill work (a "
+                              "waiting prompt or one in flight) has first claim on; decodes leave them, up to half "
+                              "the budget; 0 = none")
+    token_buckets: list[TokenBucketConfig] | None = option(None, help="fair: per-tenant rate limits on admitted "
+                                                           "prompt tokens, [{tenant, rate (tokens/s), burst}]")
+    token_bucket_mode: Literal["work_conserving", "strict"] = option(
+        "work_conserving", help="work_conserving: a step that would run nothing admits past the buckets; strict: "
+        "a throttled tenant waits until its bucket refills, even on an idle replica")
+
+    def validate_fair(self) -> None:
+        check_weights(self.tenant_weights)
+        require(self.min_quantum >= 0, "min_quantum", "tokens >= 0", self.min_quantum)
+        fair_only = self.tenant_weights or self.min_quantum or self.token_buckets
+        require(self.queue_policy == "fair" or not fair_only, "queue_policy",
+                "fair (tenant_weights, min_quantum and token_buckets apply to the fair order)", self.queue_policy)
+        names = [b.tenant for b in self.token_buckets or ()]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        require(duplicate is None, "token_buckets", "one bucket per tenant", duplicate)
+
+
+def make_fair(config) -> "FairQueue | None":
+    """The policy's fair queue, or None for fcfs."""
+    if config.queue_policy != "fair":
+        return None
+    return FairQueue(config.tenant_weights, config.min_quantum, config.token_buckets or (),
+                     strict=config.token_bucket_mode == "strict")
+
+
+def bucket_reject_reason(config, req: Request) -> str:
+    """Strict buckets: a prompt larger than its tenant's burst could never be admitted."""
+    if getattr(config, "token_bucket_mode", None) != "strict":
+        return ""
+    for bucket in config.token_buckets or ():
+        if bucket.tenant == req.tenant and req.prompt_len > bucket.burst:
+            return (f"its prompt of {req.prompt_len} tokens exceeds the burst {bucket.burst:g} of tenant "
+                    f"{req.tenant!r}'s token bucket, which strict mode never exceeds")
+    return ""
 
 
 def check_weights(weights: dict | None, key: str = "tenant_weights") -> None:
@@ -90,10 +147,12 @@ class FairQueue:
     `order`, `admit` and `hold` then decide from what it saw; `track(plan, state)` sees the plan."""
 
     def __init__(self, weights: dict[str, float] | None = None, quantum: int = 0,
-                 buckets: Iterable[TokenBucketConfig] = ()):
+                 buckets: Iterable[TokenBucketConfig] = (), strict: bool = False):
         self.weights = {str(k): float(v) for k, v in (weights or {}).items()}  # YAML may give a key as a number
         self.quantum = quantum
         self.buckets = {b.tenant: b for b in buckets}
+        self.strict = strict
+        self.idle_until: float | None = None  # strict: when the first throttled bucket refills (set by admit)
         self._seen: dict[int, Request] = {}  # requests in the state at the last step
         self._left: dict[str | None, int] = {}  # tenant -> tokens of its requests that left the state
         self._lift: dict[str | None, float] = {}
@@ -147,6 +206,8 @@ class FairQueue:
         if plan.admitted:
             admitted = set(plan.admitted)
             self._seen.update((r.id, r) for r in state.waiting if r.id in admitted)
+        if self.idle_until is not None and plan.is_empty:
+            return dataclasses.replace(plan, idle_until=self.idle_until)
         return plan
 
     def order(self, reqs: Iterable[Request], need: Callable[[Request], int] = lambda r: r.need) -> Iterator[Request]:
@@ -209,8 +270,12 @@ class FairQueue:
             self._quantum_round(b, queues, admit, cap, spent)
         rest = (r for r in self._merge(queues, b.need) if not b.is_scheduled(r))
         admit(self._within_buckets(b, rest, spent), cap)
-        if self.buckets and not b.scheduled and not b.preempted:  # nothing else runs: work-conserving
-            admit(self._merge(queues, b.need), cap)
+        self.idle_until = None
+        if self.buckets and not b.scheduled and not b.preempted:  # nothing else runs
+            if self.strict:
+                self.idle_until = self._refill_time(queues, b)
+            else:  # work-conserving
+                admit(self._merge(queues, b.need), cap)
         self._debit(b, waiting)
 
     def _quantum_round(self, b, queues, admit, cap, spent) -> None:
@@ -232,10 +297,23 @@ class FairQueue:
             t = req.tenant
             if t in self._level:
                 charged = sum(b.need(r) for r in spent.get(t, ()) if b.is_scheduled(r))
-                if self._level[t] - charged < b.need(req):
+                if self._level[t] - charged < b.need(req) * (1 - REFILL_TOLERANCE):
                     continue
                 spent.setdefault(t, []).append(req)
             yield req
+
+    def _refill_time(self, queues: dict, b: BatchBuilder) -> float | None:
+        """The earliest time a throttled tenant's bucket holds its first waiting request's prompt
+        (None if no waiting tenant is throttled: something else holds the queue back)."""
+        times = []
+        for tenant, queue in queues.items():
+            bucket = self.buckets.get(tenant)
+            if bucket is None:
+                continue
+            lack = b.need(queue[0][1]) - self._level[tenant]
+            if lack > 0:
+                times.append(self._now + lack / bucket.rate)
+        return min(times) if times else None
 
     def _debit(self, b: BatchBuilder, waiting: Iterable[Request]) -> None:
         """Take every request admitted in this step (its remaining prompt) from its tenant's bucket."""
@@ -246,6 +324,15 @@ class FairQueue:
             if req.id in admitted and req.tenant in self._level:
                 self._level[req.tenant] -= b.need(req)
                 self._filled[req.tenant] = (self._level[req.tenant], self._now)
+
+
+def admit_fairly(fair: "FairQueue | None", b: BatchBuilder, waiting: Iterable[Request],
+                 admit: Callable[[Iterable[Request], int | None], None], cap: int | None = None) -> None:
+    """Admit `waiting` through `admit(requests, cap)`: in queue order without a fair queue, else fairly."""
+    if fair is None:
+        admit(waiting, cap)
+    else:
+        fair.admit(b, waiting, admit, cap)
 
 
 def urgent_first(reqs: list[Request], now: float, deadline: Callable[[Request], float],

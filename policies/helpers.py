@@ -162,6 +162,9 @@ def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: Prefil
         n = min(req.need, b.tokens_left, max_chunk or req.need)
         if chunk is not None:
             n = min(n, chunk(req.num_computed_tokens))
+        n = b.fit_encoder(req, n)
+        if n <= 0:
+            continue  # its next encoder input does not fit: vLLM passes it over (`continue`)
         if limit and not limit.allows(req, n):
             if skip_blocked:
                 continue
@@ -174,7 +177,7 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
                    limit: PrefillLimit | None = None, min_chunk: int = 1,
                    reserve: Callable[[Request], int] | None = None,
                    chunk_size: Callable[[int], int] | None = None,
-                   cap: int | None = None, skip_blocked: bool = False, slots=None) -> None:
+                   cap: int | None = None, skip_blocked: bool = False) -> None:
     """Admit waiting requests in queue order while the budgets allow.
 
     chunk=True: a request may get only part of its prompt (what the token budget and `cap` leave,
@@ -185,12 +188,14 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
     every request's first chunk.
     The scan ends at the first request that the token budget, min_chunk, max_num_seqs or KV stops;
     one that only `limit` holds back ends it too, unless `skip_blocked`: then it is passed over.
-    A request whose LoRA adapter `slots` (lora.LoraSlots) cannot serve is passed over, as vLLM does.
+    A request whose LoRA adapter the step cannot serve (BatchBuilder.lora_allows, max_loras) is passed
+    over, as vLLM does. The encoder budget cuts a chunk before an encoder input that does not fit
+    (BatchBuilder.fit_encoder); a request it leaves nothing ends the scan, as in vLLM.
     """
     for req in waiting:
         if b.seqs_left <= 0 or b.tokens_left <= 0:
             return
-        if slots is not None and not slots.allows(req):
+        if not b.lora_allows(req):
             continue
         need = b.need(req)
         n = min(need, b.tokens_left) if chunk else need
@@ -198,6 +203,10 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
             n = min(n, cap)
         if chunk and chunk_size is not None:
             n = min(n, chunk_size(b.computed(req)))
+        fitted = b.fit_encoder(req, n)
+        if fitted < n and (fitted <= 0 or not chunk):
+            return
+        n = fitted
         if n < min(min_chunk, need) and b.scheduled:
             return
         if limit and not limit.allows(req, n, need):
@@ -208,5 +217,3 @@ def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = Tr
             return
         if limit:
             limit.take(req, n, need)
-        if slots is not None:
-            slots.take(req)

@@ -13,7 +13,6 @@ from typing import Literal
 from cbsim.schema import option
 
 from .base import Budgets, Policy
-from .batch import BatchBuilder
 from .helpers import admit_prefills, fill_decodes
 from .registry import register
 
@@ -34,7 +33,7 @@ class Orca(Policy):
 
     def schedule(self, state):
         cfg = self.config
-        b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
+        b = self.builder(state, self.token_budget(state), cfg.max_num_seqs)
         fill_decodes(b, state.running)
         reserve = (lambda r: r.prompt_len + r.output_len) if cfg.kv_reservation == "max_len" else None
         admit_prefills(b, state.waiting, chunk=False, reserve=reserve)

@@ -7,6 +7,11 @@ decode: every running decode stalls until the prompt is done (dec@P = 0, the sta
 A prompt in progress that runs out of KV does not preempt a request whose prompt is done while
 that request can decode instead: in a prefill-first loop it might never get to, and two prompts
 would take turns evicting each other forever. The step then decodes, which frees KV.
+
+Fairness (`queue_policy: fair`, policies/fairness.py): new prompts are admitted by their tenant's
+virtual token counter, under optional token buckets and a minimum quantum per tenant (the quantum
+round orders the admissions of a prefill step; decodes never share it, so nothing is held back from
+them). vLLM V0 had no tenant fairness.
 """
 from __future__ import annotations
 
@@ -16,13 +21,14 @@ from cbsim.schema import option, require
 
 from .base import Budgets, Policy
 from .batch import BatchBuilder
+from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
 from .helpers import (DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, is_decode,
                       make_dynamic)
 from .registry import register
 
 
 @dataclass
-class PrefillFirstConfig(Budgets):
+class PrefillFirstConfig(Budgets, FairConfig):
     chunk_size: int | None = option(None, help="max prefill tokens per step; null = whole prompts only")
     dynamic_chunk: DynamicChunkConfig | None = option(None, help="with chunk_size: cost-aware chunk sizes "
                                                       "{target_chunk: 512}, shrinking as a prompt's history "
@@ -30,6 +36,7 @@ class PrefillFirstConfig(Budgets):
 
     def validate(self) -> None:
         Budgets.validate(self)
+        self.validate_fair()
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
                 self.chunk_size)
         if self.dynamic_chunk is not None:
@@ -46,16 +53,30 @@ class PrefillFirst(Policy):
     def __init__(self, config):
         super().__init__(config)
         self.dynamic = make_dynamic(config.dynamic_chunk)
+        self.fair = make_fair(config)
+        self.steady_when_blocked = self.fair is None
+
+    def request_cap(self) -> int | None:
+        return self.config.chunk_size
+
+    def never_runs(self, req, state) -> str:
+        return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 
     @property
     def chunks_prompts(self) -> bool:
         return self.config.chunk_size is not None
 
     def schedule(self, state):
+        if self.fair is None:
+            return self._schedule(state)
+        self.fair.observe(state)
+        return self.fair.track(self._schedule(state), state)
+
+    def _schedule(self, state):
         b = self._prefills(state, spare=is_decode)
         if b.scheduled:
             return b.build()
-        decodes = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
+        decodes = self.builder(state, self.token_budget(state), self.config.max_num_seqs)
         fill_decodes(decodes, state.running)
         if decodes.scheduled:
             return decodes.build()
@@ -69,9 +90,10 @@ class PrefillFirst(Policy):
         budget = self.token_budget(state)
         if cfg.chunk_size is not None:
             budget = min(budget, cfg.chunk_size)
-        b = BatchBuilder(state, budget, cfg.max_num_seqs)
+        b = self.builder(state, budget, cfg.max_num_seqs)
         chunk = chunk_limit(self.dynamic, state)
         continue_prefills(b, state.running, chunk=chunk, spare=spare)
         if not b.stalled:  # the room a stalled prompt frees is not for a newcomer
-            admit_prefills(b, state.waiting, chunk=self.chunks_prompts, chunk_size=chunk)
+            admit_fairly(self.fair, b, state.waiting, lambda reqs, most: admit_prefills(
+                b, reqs, chunk=self.chunks_prompts, chunk_size=chunk, cap=most))
         return b

@@ -35,14 +35,11 @@ The order changes as service accrues, so a blocked queue is not steady (no fast-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from cbsim.schema import option, require
 
 from .base import Budgets, Policy
-from .batch import BatchBuilder
-from .fairness import FairQueue, TokenBucketConfig, check_weights
-from .lora import LoraSlots
+from .fairness import FairConfig, bucket_reject_reason, make_fair
 from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
                       fill_decodes, make_dynamic)
 from .registry import register
@@ -51,7 +48,7 @@ LONG_PREFILL_FRACTION = 0.04  # vLLM SchedulerConfig: threshold = 4 % of max_mod
 
 
 @dataclass
-class SarathiConfig(Budgets):
+class SarathiConfig(Budgets, FairConfig):
     token_budget: int | None = option(8192, help="tokens per step (vLLM max_num_batched_tokens): decodes first, "
                                       "prefill chunks fill the rest; 8192 = vLLM V1's `vllm serve` default on an "
                                       "H100-class GPU (2048 on an A100)")
@@ -71,18 +68,6 @@ class SarathiConfig(Budgets):
                                "as vLLM's _schedule_prefills does (leftover_waiting_sequences)")
     dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware chunk sizes {target_chunk: 512}: "
                                                       "chunks shrink as a prompt's history grows; null = off")
-    queue_policy: Literal["fcfs", "fair"] = option("fcfs", help="order of new prompts: fcfs (arrival), or fair "
-                                                   "(per-tenant virtual token counters, policies/fairness.py)")
-    tenant_weights: dict | None = option(None, help="fair: {tenant: weight}; a tenant's share of service is "
-                                         "proportional to its weight; unlisted tenants weigh 1")
-    min_quantum: int = option(0, help="fair: tokens of every step's budget each tenant with prefill work (a "
-                              "waiting prompt or one in flight) has first claim on; decodes leave them, up to half "
-                              "the budget; 0 = none")
-    token_buckets: list[TokenBucketConfig] | None = option(None, help="fair: per-tenant rate limits on admitted "
-                                                           "prompt tokens, [{tenant, rate (tokens/s), burst}]")
-    max_loras: int | None = option(None, help="LoRA adapters one step may serve (vLLM --max-loras): a waiting "
-                                   "request whose adapter is not among the step's is skipped once that many are "
-                                   "(policies/lora.py); null = no limit")
 
     def validate(self) -> None:
         Budgets.validate(self)
@@ -95,13 +80,7 @@ class SarathiConfig(Budgets):
                 "long_prefill_token_threshold", "an integer >= 1 or null", self.long_prefill_token_threshold)
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
                 self.chunk_size)
-        require(self.max_loras is None or self.max_loras >= 1, "max_loras", "an integer >= 1 or null",
-                self.max_loras)
-        check_weights(self.tenant_weights)
-        require(self.min_quantum >= 0, "min_quantum", "tokens >= 0", self.min_quantum)
-        fair_only = self.tenant_weights or self.min_quantum or self.token_buckets
-        require(self.queue_policy == "fair" or not fair_only, "queue_policy",
-                "fair (tenant_weights, min_quantum and token_buckets apply to the fair order)", self.queue_policy)
+        self.validate_fair()
 
 
 @register("sarathi")
@@ -113,10 +92,15 @@ class Sarathi(Policy):
     def __init__(self, config):
         super().__init__(config)
         self.dynamic = make_dynamic(config.dynamic_chunk)
-        self.fair = None
-        if config.queue_policy == "fair":
-            self.fair = FairQueue(config.tenant_weights, config.min_quantum, config.token_buckets or ())
+        self.fair = make_fair(config)
         self.steady_when_blocked = self.fair is None
+
+    def request_cap(self) -> int | None:
+        caps = [c for c in (self.config.long_prefill_token_threshold, self.config.chunk_size) if c is not None]
+        return min(caps) if caps else None
+
+    def never_runs(self, req, state) -> str:
+        return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 
     def long_threshold(self, max_model_len: int) -> int | None:
         """Remaining prompt tokens above which a prefill counts as long (None: no distinction)."""
@@ -127,7 +111,7 @@ class Sarathi(Policy):
 
     def schedule(self, state):
         cfg, fair = self.config, self.fair
-        b = BatchBuilder(state, self.token_budget(state), cfg.max_num_seqs)
+        b = self.builder(state, self.token_budget(state), cfg.max_num_seqs)
         if fair is not None:
             fair.observe(state)
             held = fair.hold(b, state)
@@ -136,17 +120,15 @@ class Sarathi(Policy):
             fair.release(b, held)
         threshold = self.long_threshold(state.max_model_len)
         limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills, threshold)
-        caps = [c for c in (cfg.long_prefill_token_threshold, cfg.chunk_size) if c is not None]
-        cap = min(caps) if caps else None
+        cap = self.request_cap()
         chunk = chunk_limit(self.dynamic, state)
         skip = not cfg.strict_fcfs
         continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
-        slots = None if cfg.max_loras is None else LoraSlots(cfg.max_loras, filter(b.is_scheduled, state.running))
         if fair is None:
-            admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip, slots=slots)
+            admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
             return b.build()
         fair.admit(b, state.waiting, lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk,
-                                                                        cap=most, skip_blocked=skip, slots=slots), cap)
+                                                                        cap=most, skip_blocked=skip), cap)
         if held:
             fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
         return fair.track(b.build(), state)

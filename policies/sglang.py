@@ -136,8 +136,11 @@ class SGLang(Policy):
         cfg = self.config
         return cfg.aging_seconds is None and cfg.deadline_slack is None and cfg.schedule_policy not in ("edf", "fair")
 
-    def reject_reason(self, req: Request, state: SchedulerState) -> str:
-        reason = Policy.reject_reason(self, req, state)
+    def request_cap(self) -> int | None:
+        return self.config.chunked_prefill_size
+
+    def never_runs(self, req: Request, state: SchedulerState) -> str:
+        reason = Policy.never_runs(self, req, state)
         if reason or self.config.schedule_policy != "edf" or state.chunk_cost is None:
             return reason
         fastest = self._fastest_ttft(req, state)
@@ -168,7 +171,7 @@ class SGLang(Policy):
         b = self._prefill_batch(state, skip, spare=is_decode)
         if b.num_prefills or b.admitted:  # admitted: also a swapped-out decode coming back
             return b.build()
-        decodes = BatchBuilder(state, None, self.config.max_num_seqs)
+        decodes = self.builder(state, None, self.config.max_num_seqs)
         fill_decodes(decodes, state.running)
         if decodes.scheduled:
             return decodes.build()
@@ -176,7 +179,7 @@ class SGLang(Policy):
         return b.build() if b.num_prefills or b.admitted or b.preempted else decodes.build()
 
     def _prefill_batch(self, state, skip: set[int], spare) -> BatchBuilder:
-        b = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
+        b = self.builder(state, self.token_budget(state), self.config.max_num_seqs)
         if self.config.enable_mixed_chunk:
             fill_decodes(b, state.running)
         self._add_prefills(state, b, skip, spare)
@@ -192,6 +195,7 @@ class SGLang(Policy):
             if not req.in_prefill or req.is_done or b.is_scheduled(req) or b.is_out(req):
                 continue
             n = self._chunk(state, req.need, req.num_computed_tokens, min(b.tokens_left, chunk_left))
+            n = b.fit_encoder(req, n)
             if n <= 0 or b.seqs_left <= 0 or not b.schedule_running(req, n, spare=spare):
                 in_flight = True
                 continue
@@ -205,11 +209,15 @@ class SGLang(Policy):
         for req in self.order(state, b):
             if b.seqs_left <= 0 or b.tokens_left <= 0 or chunk_left <= 0 or slots <= 0:
                 return
-            if req.id in skip or (dedupe is not None and dedupe.holds(req, b)):
+            if req.id in skip or (dedupe is not None and dedupe.holds(req, b)) or not b.lora_allows(req):
                 continue
             need = b.need(req)
             room = min(b.tokens_left, chunk_left)
             n = self._chunk(state, need, b.computed(req), room) if self.chunks_prompts else need
+            fitted = b.fit_encoder(req, n)
+            if fitted < n and not self.chunks_prompts:
+                return
+            n = fitted
             if n <= 0 or (n < need and in_flight) or not b.admit(req, n):
                 return
             chunk_left -= n

@@ -9,6 +9,10 @@ No per-request cap and no skipping, as in DeepSpeed-MII (mii/batching/ragged_bat
 `_schedule_prompts`, microsoft/DeepSpeed-MII 40dc4476 in the stored index): a prompt takes
 `min(len(input_tokens), max_ragged_batch_size - scheduled_length)` tokens, only the budget splits
 it, and the scan ends (`break`) once the batch is full or the KV cache cannot hold a prompt.
+
+Fairness (`queue_policy: fair`, policies/fairness.py; DeepSpeed-MII has none): new prompts by their
+tenant's virtual token counter, with optional token buckets and a minimum quantum per tenant that
+the decodes leave (as in sarathi).
 """
 from __future__ import annotations
 
@@ -17,13 +21,13 @@ from dataclasses import dataclass
 from cbsim.schema import option, require
 
 from .base import Budgets, Policy
-from .batch import BatchBuilder
+from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
 from .helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, make_dynamic
 from .registry import register
 
 
 @dataclass
-class SplitFuseConfig(Budgets):
+class SplitFuseConfig(Budgets, FairConfig):
     token_budget: int | None = option(512, help="target tokens per forward pass")
     min_chunk: int = option(16, help="smallest first piece of a new prompt (a shorter prompt goes whole)")
     dynamic_chunk: DynamicChunkConfig | None = option(None, help="cost-aware piece sizes {target_chunk: 512}: "
@@ -31,6 +35,7 @@ class SplitFuseConfig(Budgets):
 
     def validate(self) -> None:
         Budgets.validate(self)
+        self.validate_fair()
         require(self.min_chunk >= 1, "min_chunk", "an integer >= 1", self.min_chunk)
 
 
@@ -43,11 +48,28 @@ class SplitFuse(Policy):
     def __init__(self, config):
         super().__init__(config)
         self.dynamic = make_dynamic(config.dynamic_chunk)
+        self.fair = make_fair(config)
+        self.steady_when_blocked = self.fair is None
+
+    def never_runs(self, req, state) -> str:
+        return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 
     def schedule(self, state):
-        b = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
+        fair = self.fair
+        b = self.builder(state, self.token_budget(state), self.config.max_num_seqs)
+        held = 0
+        if fair is not None:
+            fair.observe(state)
+            held = fair.hold(b, state)
         others = fill_decodes(b, state.running)
+        if held:
+            fair.release(b, held)
         chunk = chunk_limit(self.dynamic, state)
         continue_prefills(b, others, chunk=chunk)
-        admit_prefills(b, state.waiting, min_chunk=self.config.min_chunk, chunk_size=chunk)
-        return b.build()
+        admit_fairly(fair, b, state.waiting, lambda reqs, most: admit_prefills(
+            b, reqs, min_chunk=self.config.min_chunk, chunk_size=chunk, cap=most))
+        if fair is None:
+            return b.build()
+        if held:
+            fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
+        return fair.track(b.build(), state)

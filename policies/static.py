@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from cbsim.schema import option
 
 from .base import Budgets, Policy
-from .batch import BatchBuilder
 from .helpers import admit_prefills
 from .registry import register
 
@@ -30,7 +29,7 @@ class Static(Policy):
     chunks_prompts = False
 
     def schedule(self, state):
-        b = BatchBuilder(state, self.token_budget(state), self.config.max_num_seqs)
+        b = self.builder(state, self.token_budget(state), self.config.max_num_seqs)
         if state.running:
             for req in state.running:
                 if req.is_done:

@@ -22,6 +22,15 @@ class StepPlan:
     # waiting requests (holding no KV) the policy gives up on: they can no longer meet their deadline.
     # Applied at the step's start, before admissions; a plan must still schedule something else.
     rejected: tuple[int, ...] = ()
+    # work beside the decoder's forward, charged in the same step (the replica adds extra_seconds to the
+    # cost model's time, through StepShape): encoder input tokens encoded (policies/encoder.py) and the
+    # seconds of the encoder and of LoRA adapter loads (policies/lora.py)
+    encoder_tokens: int = 0
+    extra_seconds: float = 0.0
+    lora_loads: int = 0  # adapters copied into a GPU slot for this step
+    # an empty plan that waits: nothing may run before this time (a token bucket refills, policies/fairness.py)
+    # unless an arrival or a completion elsewhere changes the state first; None: an empty plan is a bug
+    idle_until: float | None = None
 
     @property
     def num_new_tokens(self) -> dict[int, int]:

@@ -33,7 +33,9 @@ class Request:
     prefix_hashes: tuple[int, ...] | None = None
     priority: int = 0  # larger is more important
     tenant: str | None = None  # who sent it (fair sharing, policies/fairness.py); None: no tenant
-    adapter: str | None = None  # the LoRA adapter it asks for (recorded, not yet scheduled on); None: base model
+    adapter: str | None = None  # the LoRA adapter it asks for (policies/lora.py); None: base model
+    # encoder inputs (images) in the prompt: (offset, length) placeholders, sorted (policies/encoder.py); None: text
+    mm_inputs: tuple[tuple[int, int], ...] | None = None
     # progress
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

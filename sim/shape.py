@@ -4,7 +4,8 @@ The cost model sees only this record; it never sees requests. A prefill row is a
 c new tokens attending to h tokens already in the KV cache. A decode row is its context
 length: the number of tokens the single new token attends to, itself included (h + 1).
 Padding rows (static batching keeps finished requests in the batch) cost like decode rows
-but produce no token.
+but produce no token. `extra_seconds` is time the step spends beside the decoder (a multimodal
+encoder, LoRA adapter loads), priced by the policy that planned it, not by the cost model.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ class StepShape:
     num_padding: int = 0  # how many of the decode rows are padding
     tokens_sampled: int = 0
     kv_swap_bytes: float = 0.0  # KV moved between host and GPU in this step
+    encoder_tokens: int = 0  # multimodal encoder input tokens encoded in this step (policies/encoder.py)
+    # seconds of work beside the decoder's forward in this step (encoder, LoRA loads: StepPlan.extra_seconds),
+    # which the step's time adds to what the cost model prices from the rest of the shape
+    extra_seconds: float = 0.0
 
     @classmethod
     def from_batch(

@@ -1,0 +1,161 @@
+"""Arrival admission (seed 000 §6.3, "tenant quota 以及全局的 overload 状态"): per-tenant quotas and an overload state.
+
+Both judge a request at its arrival, before any of its work runs, and reject it with a reason
+(prefixed "admission:", counted once in num_rejected_admission: the replica sets the reason once,
+when it rejects the arriving request). They see what the replica holds: its waiting and running
+requests, plus those accepted at arrivals it has not made visible yet (routed there by the same
+instant: `ArrivalGate` remembers what it accepted, each until the replica's clock passes its
+arrival, by when it is in the queue, or was rejected by a later check).
+
+Per-tenant quota (`tenant_quotas`, a list of {tenant, max_requests, max_tokens}): a request is
+rejected when its tenant already has max_requests requests here (waiting or running), or when its
+own prompt + output tokens would take the tenant's in-flight tokens (prompt + output of each of its
+requests here) past max_tokens. The request cap is LiteLLM proxy's per-key `max_parallel_requests`
+(docs.litellm.ai, "Virtual Keys" / "Budgets, Rate Limits": a request over it gets HTTP 429); the
+token cap is its analogue in tokens (in flight, not per minute: a per-minute token rate is the fair
+queue's token bucket, policies/fairness.py). A request with no tenant is not limited.
+
+Overload state (`overload`): the replica enters it when, at an arrival, its queue holds at least
+enter_queued requests (waiting, preempted ones included) or enter_queued_tokens prompt tokens still to
+compute (the queue's backlog of prefill work, seed 000 §6.3 "queue 里积压的工作量"); every request
+arriving while it is overloaded is rejected ("overload"); it leaves the state at the first arrival
+that finds the queue at most exit_queued requests and at most exit_queued_tokens tokens. The
+band between exit and enter is the hysteresis: without it (exit = enter) admission flips with
+every departure, the oscillation Mooncake reports for early rejection (Qin et al., "Mooncake",
+FAST 2025, §7.3, load fluctuation between rejection decisions). SGLang's --max-queued-requests is
+the band-less case (sim/admission.py queue_full_reason). No engine has the band: the thresholds are
+the user's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbsim.schema import option, require
+from cbsim.sim.admission import REASON_PREFIX
+from cbsim.sim.request import Request, Status
+from cbsim.sim.state import SchedulerState
+
+
+@dataclass
+class TenantQuotaConfig:
+    """One tenant's cap on what it may have in flight on a replica."""
+
+    tenant: str = option(help="the tenant it limits (a request's `tenant`)")
+    max_requests: int | None = option(None, help="most of its requests waiting or running at once; null = no cap")
+    max_tokens: int | None = option(None, help="most prompt + output tokens of its requests waiting or running at "
+                                    "once; null = no cap")
+
+    def validate(self) -> None:
+        require(self.max_requests is None or self.max_requests >= 1, "max_requests", "an integer >= 1 or null",
+                self.max_requests)
+        require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "an integer >= 1 or null",
+                self.max_tokens)
+        require(self.max_requests is not None or self.max_tokens is not None, "max_requests",
+                "max_requests or max_tokens (a quota with neither limits nothing)", None)
+
+
+@dataclass
+class OverloadConfig:
+    """Thresholds of the overload state, with hysteresis (enter above, leave at or below)."""
+
+    enter_queued: int | None = option(None, help="enter when an arrival finds this many requests queued; null = "
+                                      "not by requests")
+    exit_queued: int = option(0, help="leave when an arrival finds at most this many queued (< enter_queued)")
+    enter_queued_tokens: int | None = option(None, help="enter when an arrival finds this many prompt tokens "
+                                             "queued still to compute; null = not by tokens")
+    exit_queued_tokens: int = option(0, help="leave when at most this many are queued (< enter_queued_tokens)")
+
+    def validate(self) -> None:
+        require(self.enter_queued is not None or self.enter_queued_tokens is not None, "enter_queued",
+                "enter_queued or enter_queued_tokens", None)
+        if self.enter_queued is not None:
+            require(self.enter_queued >= 1, "enter_queued", "an integer >= 1", self.enter_queued)
+            require(0 <= self.exit_queued < self.enter_queued, "exit_queued",
+                    f"an integer >= 0 and below enter_queued ({self.enter_queued})", self.exit_queued)
+        if self.enter_queued_tokens is not None:
+            require(self.enter_queued_tokens >= 1, "enter_queued_tokens", "an integer >= 1",
+                    self.enter_queued_tokens)
+            require(0 <= self.exit_queued_tokens < self.enter_queued_tokens, "exit_queued_tokens",
+                    f"an integer >= 0 and below enter_queued_tokens ({self.enter_queued_tokens})",
+                    self.exit_queued_tokens)
+
+
+def check_quotas(quotas: list[TenantQuotaConfig] | None) -> None:
+    names = [q.tenant for q in quotas or ()]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    require(duplicate is None, "tenant_quotas", "one quota per tenant", duplicate)
+
+
+def queued_prompt_tokens(req: Request) -> int:
+    """Prompt (or recompute) tokens a queued request still has to compute."""
+    return max(req.prompt_len + req.num_output_tokens - req.num_computed_tokens, 0)
+
+
+class ArrivalGate:
+    """One replica's quotas and overload state, judged at each arrival (Policy.reject_reason)."""
+
+    def __init__(self, quotas: list[TenantQuotaConfig] | None, overload: OverloadConfig | None):
+        self.quotas = {q.tenant: q for q in quotas or ()}
+        self.overload = overload
+        self.overloaded = False
+        self.entries = 0  # times the overload state was entered
+        self.rejected = {"quota": 0, "overload": 0}
+        self._accepted: list[Request] = []  # accepted at arrival, perhaps not yet in the state
+
+    def reject_reason(self, req: Request, state: SchedulerState) -> str:
+        """Why `req`, arriving now, is rejected (empty: accepted, and remembered until visible)."""
+        pending = self._pending(state)
+        reason = self._overload_reason(state, pending) or self._quota_reason(req, state, pending)
+        if reason:
+            self.rejected["overload" if "overload" in reason else "quota"] += 1
+            return reason
+        self._accepted.append(req)
+        return ""
+
+    def _pending(self, state: SchedulerState) -> list[Request]:
+        """Requests accepted here that the state does not show yet: arrivals after the last step's start
+        (the replica makes every arrival up to a step's start visible before it plans the step; one at
+        that very instant may be either)."""
+        now = state.now
+        self._accepted = [r for r in self._accepted if r.arrival >= now and r.status != Status.REJECTED]
+        if not self._accepted:
+            return []
+        visible = {r.id for r in state.waiting} | {r.id for r in state.running}  # an arrival at `now` may be
+        return [r for r in self._accepted if r.id not in visible]
+
+    def _overload_reason(self, state: SchedulerState, pending: list[Request]) -> str:
+        cfg = self.overload
+        if cfg is None:
+            return ""
+        queued = len(state.waiting) + len(pending)
+        tokens = sum(map(queued_prompt_tokens, state.waiting)) + sum(map(queued_prompt_tokens, pending))
+        over = ((cfg.enter_queued is not None and queued >= cfg.enter_queued)
+                or (cfg.enter_queued_tokens is not None and tokens >= cfg.enter_queued_tokens))
+        clear = ((cfg.enter_queued is None or queued <= cfg.exit_queued)
+                 and (cfg.enter_queued_tokens is None or tokens <= cfg.exit_queued_tokens))
+        if not self.overloaded and over:
+            self.overloaded = True
+            self.entries += 1
+        elif self.overloaded and clear:
+            self.overloaded = False
+        if not self.overloaded:
+            return ""
+        return (f"{REASON_PREFIX} overload: the replica is overloaded ({queued} requests and {tokens} prompt tokens "
+                f"queued; it entered at enter_queued {cfg.enter_queued} / enter_queued_tokens "
+                f"{cfg.enter_queued_tokens} and leaves at exit_queued {cfg.exit_queued} / exit_queued_tokens "
+                f"{cfg.exit_queued_tokens})")
+
+    def _quota_reason(self, req: Request, state: SchedulerState, pending: list[Request]) -> str:
+        quota = self.quotas.get(req.tenant) if req.tenant is not None else None
+        if quota is None:
+            return ""
+        mine = [r for r in (*state.waiting, *state.running, *pending) if r.tenant == req.tenant]
+        if quota.max_requests is not None and len(mine) >= quota.max_requests:
+            return (f"{REASON_PREFIX} tenant quota: tenant {req.tenant!r} has {len(mine)} requests in flight "
+                    f"(max_requests {quota.max_requests})")
+        tokens = sum(r.prompt_len + r.output_len for r in mine)
+        own = req.prompt_len + req.output_len
+        if quota.max_tokens is not None and tokens + own > quota.max_tokens:
+            return (f"{REASON_PREFIX} tenant quota: tenant {req.tenant!r} has {tokens} tokens in flight, + {own} "
+                    f"would exceed max_tokens {quota.max_tokens}")
+        return ""
