@@ -44,6 +44,8 @@ def ranked_table(result: TuneResult) -> pd.DataFrame:
                    "chunked_prefill_size", "max_num_partial_prefills", "max_long_partial_prefills",
                    "long_prefill_token_threshold", "num_gpus", "probes"):
         table[column] = pd.array([None if v is None or v != v else int(v) for v in table[column]], dtype="Int64")
+    if "pp" in table:  # pipeline stages: 1 where a candidate has none
+        table["pp"] = pd.array([1 if v is None or v != v else int(v) for v in table["pp"]], dtype="Int64")
     table.insert(0, "rank", range(1, len(table) + 1))
     return table
 
@@ -80,6 +82,9 @@ def knobs(config: ExperimentConfig) -> dict:
            "prefill_gpus": _pool_gpus(config, "prefill") if pd_mode else None,
            "decode_gpus": _pool_gpus(config, "decode") if pd_mode else None,
            "policy": (pool_policy(config, "decode") if pd_mode else config.policy)["name"]}
+    pp = int(config.cost_model.get("pp", 1) or 1)
+    if pp > 1:  # a column only in tunes that list pipeline candidates
+        out["pp"] = pp
     for key in ("token_budget", "max_num_seqs", "chunk_size", "chunked_prefill_size", "max_num_partial_prefills",
                 "max_long_partial_prefills", "long_prefill_token_threshold", "strict_fcfs", "schedule_policy"):
         out[key] = settings.get(key)

@@ -16,7 +16,7 @@ from .config import ExperimentConfig, check_name, load_config
 from .errors import ConfigError
 from .schema import option, parse, require
 from .sweep import load_spec_file
-from .tune_stages import STAGE_NAMES, STAGES
+from .tune_stages import STAGE_NAMES, STAGES, parallel_shape
 
 
 @dataclass
@@ -97,9 +97,10 @@ class TuneSpec:
                 stage.check(value, f"stages.{name}[{i}]")
             labels = [json.dumps(v, sort_keys=True) for v in values or []]
             require(len(set(labels)) == len(labels), f"stages.{name}", "distinct candidates", values)
-        for i, tp in enumerate(self.stages.get("parallelism") or []):
-            require(self.gpus.count % tp == 0, f"stages.parallelism[{i}]",
-                    f"a TP degree dividing gpus.count ({self.gpus.count})", tp)
+        for i, shape in enumerate(self.stages.get("parallelism") or []):
+            tp, pp = parallel_shape(shape)
+            require(self.gpus.count % (tp * pp) == 0, f"stages.parallelism[{i}]",
+                    f"a TP degree (times PP stages) dividing gpus.count ({self.gpus.count})", shape)
         for i, split in enumerate(self.stages.get("pd") or []):
             if isinstance(split, dict):
                 require(split["prefill"] + split["decode"] <= self.gpus.count, f"stages.pd[{i}]",

@@ -131,13 +131,37 @@ def _check_pd(value, path: str) -> None:
             raise ConfigError(f"{path}.{key}", f"a multiple of {key}_tp", v)
 
 
-# --- parallelism (TP x replicas over the budget) -------------------------------------------------
+# --- parallelism (TP [x PP] x replicas over the budget) ------------------------------------------
 
-def _tp_overrides(tp: int, ctx: StageContext) -> dict:
-    out = {"cost_model.tp": tp, "cluster.replicas": ctx.gpus // tp}
+def parallel_shape(value) -> tuple[int, int]:
+    """(tp, pp) of a parallelism candidate: an integer TP degree (one pipeline stage), or {tp, pp}."""
+    if isinstance(value, dict):
+        return int(value.get("tp", 1)), int(value.get("pp", 1))
+    return int(value), 1
+
+
+def _check_shape(value, path: str) -> None:
+    if not isinstance(value, dict):
+        _int_or_null(1, null=False)(value, path)
+        return
+    _mapping_of(("tp", "pp"))(value, path)
+    for key, v in value.items():
+        _int_or_null(1, null=False)(v, f"{path}.{key}")
+
+
+def _tp_overrides(value, ctx: StageContext) -> dict:
+    tp, pp = parallel_shape(value)
+    out = {"cost_model.tp": tp, "cluster.replicas": ctx.gpus // (tp * pp)}
+    if pp > 1 or "pp" in ctx.config.cost_model:  # a pipeline candidate, or back to one stage from the base's
+        out["cost_model.pp"] = pp
     if ctx.config.cluster.tp is not None:
         out["cluster.tp"] = tp
     return out
+
+
+def _shape_label(value) -> str:
+    tp, pp = parallel_shape(value)
+    return f"tp{tp}" + (f" pp{pp}" if pp > 1 else "")
 
 
 def _tp_defaults(ctx: StageContext) -> list:
@@ -247,6 +271,8 @@ def _pd_overrides(value, ctx: StageContext) -> dict:
 
 
 def _pd_applies(ctx: StageContext) -> str | None:
+    if int(ctx.config.cost_model.get("pp", 1) or 1) > 1:
+        return "the incumbent's replicas are pipeline-parallel: P/D splits of them are not searched"
     return None if ctx.gpus >= 2 else "one GPU cannot be split into a prefill and a decode pool"
 
 
@@ -315,8 +341,9 @@ def _flow(value) -> str:
 
 STAGES: list[Stage] = [
     Stage("parallelism", "before 2: the deployment shape over the GPU budget",
-          "tensor-parallel degree per replica; replicas = gpus.count / tp (pipeline parallelism is not modelled)",
-          _int_or_null(1, null=False), _tp_overrides, _tp_defaults, label=lambda tp: f"tp{tp}"),
+          "tensor-parallel degree per replica, or {tp, pp} for pipeline stages too (listed candidates only: the "
+          "defaults are TP degrees); replicas = gpus.count / (tp x pp)",
+          _check_shape, _tp_overrides, _tp_defaults, label=_shape_label),
     Stage("policy", "before 2: the scheduler whose knobs the next stages tune",
           "policy names (the base's own section for its name, else that policy's defaults) or policy mappings",
           _check_policy, _policy_overrides, _policy_defaults),
