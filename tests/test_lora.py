@@ -49,7 +49,7 @@ WORKLOAD = st.lists(st.tuples(st.floats(0, 3, allow_nan=False), st.integers(1, 6
 @settings(max_examples=60, deadline=None)
 @given(WORKLOAD, st.integers(1, 3), st.integers(8, 96), st.booleans())
 def test_no_step_serves_more_adapters_than_max_loras(specs, max_loras, budget, fair):
-    specs = sorted(specs)
+    specs = sorted(specs, key=lambda s: s[0])
     policy = {**SARATHI, "token_budget": budget, "max_loras": max_loras}
     if fair:
         policy["queue_policy"] = "fair"
@@ -65,3 +65,88 @@ def test_no_step_serves_more_adapters_than_max_loras(specs, max_loras, budget, f
 def test_max_loras_must_be_positive():
     with pytest.raises(ConfigError, match="max_loras"):
         make_policy({"name": "sarathi", "max_loras": 0})
+
+
+# -- residency: GPU slots and host cache, LRU, load time (policies/lora.py LoraResidency) ----------------
+
+from collections import OrderedDict  # noqa: E402
+
+from test_encoder_budget import POLICIES, run_snapshots  # noqa: E402
+
+from cbsim.policies.lora import adapter_bytes  # noqa: E402
+from cbsim.profiler.specs import model_spec  # noqa: E402
+
+
+def one_at_a_time(adapters):
+    """A request every 10 s (each done within 3 steps of 1 s), with these adapters."""
+    return [Request(i, 10.0 * i, 8, 2, adapter=a) for i, a in enumerate(adapters)]
+
+
+def loads_per_request(run, reqs):
+    """Adapters loaded into GPU slots (and seconds charged) in the step that admitted each request."""
+    out = []
+    for _, plan in run.steps:
+        if plan.admitted:
+            out.append((plan.lora_loads, plan.extra_seconds))
+    assert len(out) == len(reqs)
+    return out
+
+
+@pytest.mark.parametrize("cpu, reads", [(2, [1, 1, 0, 1, 1]), (3, [1, 1, 0, 1, 0])])
+def test_lru_slots_and_host_cache_charge_each_miss(cpu, reads):
+    """Two GPU slots: a, b load; a hits; c evicts b (least recently used); b evicts a. 1 MB adapters at
+    1 GB/s over PCIe (1 ms a copy) and 0.1 GB/s from disk (10 ms a read); a host cache of 3 keeps b."""
+    reqs = one_at_a_time(["a", "b", "a", "c", "b"])
+    residency = {"adapter_bytes": 1e6, "pcie_bandwidth_gb_s": 1.0, "disk_bandwidth_gb_s": 0.1, "max_cpu_loras": cpu}
+    run = run_snapshots({**SARATHI, "max_loras": 2, "lora_residency": residency}, reqs, ff=False)
+    got = loads_per_request(run, reqs)
+    assert [n for n, _ in got] == [1, 1, 0, 1, 1]
+    assert [s for _, s in got] == pytest.approx([0.001 * n + 0.01 * r for (n, _), r in zip(got, reads)])
+    assert all(r.status == Status.FINISHED for r in reqs)
+
+
+def test_adapter_bytes_of_a_llama_3_8b_rank_16_adapter_on_every_linear_layer():
+    """r x sum(d_in + d_out) x layers: 16 x 81,920 x 32 = 41.9 M parameters, 83.9 MB in bf16."""
+    assert adapter_bytes(model_spec("llama-3-8b"), 16, ALL) == 16 * 81_920 * 32 * 2
+
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_residency_options_name_the_key():
+    for bad, key in (({"lora_residency": {"pcie_bandwidth_gb_s": 1, "adapter_bytes": 1}}, "lora_residency"),
+                     ({"max_loras": 2, "lora_residency": {"pcie_bandwidth_gb_s": 1}}, "adapter_bytes"),
+                     ({"max_loras": 2, "lora_residency": {"pcie_bandwidth_gb_s": 1, "rank": 8}}, "model"),
+                     ({"max_loras": 2, "lora_residency": {"pcie_bandwidth_gb_s": 1, "rank": 8, "model": "nope"}},
+                      "model"),
+                     ({"max_loras": 2, "lora_residency": {"pcie_bandwidth_gb_s": 1, "adapter_bytes": 1,
+                                                          "max_cpu_loras": 1}}, "max_cpu_loras")):
+        with pytest.raises(ConfigError, match=key):
+            make_policy({"name": "sarathi", **bad})
+
+
+@settings(max_examples=60, deadline=None)
+@given(WORKLOAD, st.sampled_from(POLICIES), st.integers(1, 3), st.integers(8, 96))
+def test_every_policy_serves_at_most_max_loras_and_charges_exactly_the_lru_misses(specs, name, max_loras, budget):
+    specs = sorted(specs, key=lambda s: s[0])
+    reqs = requests(specs)
+    residency = {"adapter_bytes": 1e9, "pcie_bandwidth_gb_s": 1.0}
+    if name in ("static", "orca"):
+        budget = max(budget, 72)  # whole prompts: prompt + output - 1 must fit a step (else rejected)
+    policy = {"name": name, "token_budget": budget, "max_loras": max_loras, "lora_residency": residency}
+    run = run_snapshots(policy, reqs, num_blocks=400, block_size=4)
+    gpu: OrderedDict = OrderedDict()
+    for before, plan in run.steps:
+        running = [req for rid, (_, status, req) in before.items() if status == Status.RUNNING]
+        admitted = {rid: before[rid][2] for rid in plan.admitted}
+        used = list(dict.fromkeys(r.adapter for r in [*running, *admitted.values()]
+                                  if r.id in plan.scheduled and r.adapter is not None))
+        assert len(used) <= max_loras
+        misses = [a for a in used if a not in gpu]
+        for a in used:
+            gpu[a] = gpu.pop(a, None)
+        while len(gpu) > max_loras:
+            del gpu[next(a for a in gpu if a not in used)]
+        assert plan.lora_loads == len(misses)
+        assert plan.extra_seconds == pytest.approx(len(misses) * 1.0)
+    assert all(r.status == Status.FINISHED for r in reqs)
