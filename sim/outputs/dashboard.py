@@ -22,16 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from ..metrics import level_series, weighted_percentile  # noqa: E402
+from ..metrics import level_series, weighted_percentile
+from .figure import grid, new_figure, save_png, styled
 
 NUM_BINS = 200
+DPI = 100
+# the fixed layout (inches): room for six-character tick labels and an axis label on each side of a
+# panel (twin axes on the right), a title over each row and the figure's title on top
+LAYOUT = dict(left=0.8, right=0.6, top=0.75, bottom=0.6, wgap=1.3, hgap=0.5)
 WINDOW_BINS = 10  # the sliding percentile window spans this many bins
 COLORS = {"waiting": "tab:red", "running": "tab:green", "moving": "tab:purple", "prefill": "tab:blue",
           "decode": "tab:orange", "p50": "tab:blue", "p99": "tab:red", "free": "tab:gray"}
@@ -62,13 +63,7 @@ def write_dashboards(results, out_dir) -> list[Path]:
     views = [("dashboard.png", whole_view(results))]
     if results.handoffs is not None:
         views += [(f"dashboard_{pool}.png", pool_view(results, pool)) for pool in ("prefill", "decode")]
-    paths = []
-    for name, view in views:
-        fig = plot_dashboard(view)
-        fig.savefig(out / name, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        paths.append(out / name)
-    return paths
+    return [save_png(plot_dashboard(view), out / name, DPI) for name, view in views]
 
 
 # ---------------------------------------------------------------- views
@@ -312,7 +307,9 @@ def _kv_panel(ax, view, edges, x):
 def _preemption_panel(ax, view, edges, x):
     p = view.preemptions  # the log: it also holds evictions that ran no step (P/D decode side)
     counts = np.bincount(_bin(edges, p["time"]), minlength=NUM_BINS) if len(p) else np.zeros(NUM_BINS)
-    ax.bar(x, counts, width=edges[1] - edges[0], align="edge", color=COLORS["p99"], alpha=0.6, label="preemptions")
+    # one stepped area, not a bar per bin: the same picture with one artist instead of NUM_BINS
+    ax.fill_between(edges, 0, np.r_[counts, counts[-1]], step="post", color=COLORS["p99"], alpha=0.6, linewidth=0,
+                    label="preemptions")
     right = ax.twinx()
     recomputed = np.bincount(_bin(edges, p["time"]), p["recomputed_tokens"], NUM_BINS) if len(p) else np.zeros(NUM_BINS)
     right.step(x, recomputed, where="post", color=COLORS["prefill"], label="recomputed tokens (right)")
@@ -388,6 +385,7 @@ def _percentile_panel(ax, edges, x, series, title):
     ax.set_ylabel(unit)
 
 
+@styled
 def plot_dashboard(view: PoolView):
     """The dashboard figure of one view (the caller saves and closes it)."""
     edges = _edges(view)
@@ -402,7 +400,8 @@ def plot_dashboard(view: PoolView):
     if view.prefix_hits is not None:
         panels.insert(6, lambda ax: _prefix_panel(ax, view, edges, x))
     rows = (len(panels) + 1) // 2
-    fig, axes = plt.subplots(rows, 2, figsize=(15, 3.1 * rows), sharex=True, squeeze=False)
+    fig = new_figure((15, 3.1 * rows), bleed=0.0)
+    axes = grid(fig, rows, 2, sharex=True, squeeze=False, **LAYOUT)
     for ax, draw in zip(axes.ravel(), panels):
         right = draw(ax)
         handles = ax.get_legend_handles_labels()[0] + (right.get_legend_handles_labels()[0] if right else [])
@@ -416,6 +415,5 @@ def plot_dashboard(view: PoolView):
     for ax in axes[-1]:
         ax.set_xlabel("simulated time (s)")
     fig.suptitle(f"{view.title}: {len(view.steps)} steps in {NUM_BINS} time bins of {edges[1] - edges[0]:.3g} s",
-                 fontsize=12)
-    fig.tight_layout()
+                 fontsize=12, y=1 - 0.25 / fig.get_size_inches()[1])
     return fig

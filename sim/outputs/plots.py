@@ -1,4 +1,4 @@
-"""Plots of one run, written as PNGs (matplotlib, Agg backend; every figure is closed after saving).
+"""Plots of one run, written as PNGs (matplotlib Figures on the Agg canvas, drawn once: figure.py).
 
 Plots read the tables metrics.py builds and compute nothing beyond binning for display. Runs of
 at most `max_raw_steps` steps on at most MAX_RAW_REPLICAS replicas are drawn step by step (each
@@ -15,22 +15,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib import ticker
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from ..metrics import cdf_points, stall_events, weighted_percentile  # noqa: E402
-from .pd_plots import draw_transfers, pool_of, replica_name  # noqa: E402
+from ..metrics import cdf_points, weighted_percentile
+from .figure import new_figure, save_png, styled, suptitle
+from .pd_plots import draw_transfers, replica_name
 
 NUM_BINS = 500
 MAX_RAW_REPLICAS = 4
 MAX_LEGEND_REPLICAS = 8
 PREFILL, DECODE, STALL = "tab:blue", "tab:orange", "tab:red"
 MAX_RAW_STEPS = 20_000
+DPI = 110
 ON_TOP = 10  # zorder of markers that must stay visible above filled areas and lines
 
 
@@ -45,27 +43,18 @@ def plot_run(requests_df: pd.DataFrame, steps_df: pd.DataFrame, itl_values: np.n
     `kv_blocks`, `transfers` and `handoffs` (the Results fields of those names) are optional.
     """
     raw = _is_raw(steps_df, max_raw_steps)
-    figures = {
-        "latency_cdf.png": plot_latency_cdf(requests_df, itl_values, itl_weights, cdf_max_points),
-        "step_timeline.png": plot_step_timeline(steps_df, stalls, raw, pools, transfers, handoffs),
-        "kv_usage.png": plot_kv_usage(steps_df, raw, kv_blocks, pools),
+    figures = {  # drawn and written one at a time
+        "latency_cdf.png": lambda: plot_latency_cdf(requests_df, itl_values, itl_weights, cdf_max_points),
+        "step_timeline.png": lambda: plot_step_timeline(steps_df, stalls, raw, pools, transfers, handoffs),
+        "kv_usage.png": lambda: plot_kv_usage(steps_df, raw, kv_blocks, pools),
     }
-    return _save(figures, out_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [save_png(draw(), out / name, DPI) for name, draw in figures.items()]
 
 
 def _is_raw(steps_df, max_raw_steps) -> bool:
     return len(steps_df) <= max_raw_steps and steps_df["replica"].nunique() <= MAX_RAW_REPLICAS
-
-
-def _save(figures: dict, out_dir) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in figures.items():
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        paths.append(out / name)
-    return paths
 
 
 def _fmt_s(seconds: float) -> str:
@@ -98,9 +87,11 @@ def _cdf_panel(ax, values, weights, label, color, max_points) -> None:
     ax.legend(loc="lower right", fontsize=8)
 
 
+@styled
 def plot_latency_cdf(requests_df, itl_values, itl_weights, max_points=2000):
     """TTFT CDF over requests and ITL CDF over token gaps, log time axis, p50/p90/p99 marked."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = new_figure((11, 4))
+    left, right = fig.subplots(1, 2)
     ttft = requests_df["ttft"].to_numpy(dtype=np.float64)
     ttft = ttft[~np.isnan(ttft)]
     _cdf_panel(left, ttft, np.ones(len(ttft)), "TTFT", PREFILL, max_points)
@@ -110,7 +101,7 @@ def plot_latency_cdf(requests_df, itl_values, itl_weights, max_points=2000):
     _cdf_panel(right, itl_values, itl_weights, "ITL", DECODE, max_points)
     right.set_title(f"Inter-token latency ({int(itl_weights.sum())} gaps)")
     right.set_xlabel("ITL (log scale)")
-    fig.suptitle("Latency distributions")
+    suptitle(fig, "Latency distributions")
     return fig
 
 
@@ -168,6 +159,7 @@ def _groups(steps_df, raw: bool, pools: dict | None) -> list[tuple[str, list]]:
     return [("All replicas", sorted(steps_df["replica"].unique()))]
 
 
+@styled
 def plot_step_timeline(steps_df: pd.DataFrame, stalls=None, raw: bool = True, pools: dict | None = None,
                        transfers: pd.DataFrame | None = None, handoffs: pd.DataFrame | None = None):
     """Prefill vs decode tokens over time (stalls marked), a panel per replica (raw) or per pool,
@@ -175,7 +167,8 @@ def plot_step_timeline(steps_df: pd.DataFrame, stalls=None, raw: bool = True, po
     groups = _groups(steps_df, raw, pools)
     pd_run = handoffs is not None and pools is not None and len(pools) > 1
     rows = len(groups) + 1 + pd_run
-    fig, axes = plt.subplots(rows, 1, figsize=(11, 2.6 * rows), sharex=True, squeeze=False)
+    fig = new_figure((11, 2.6 * rows))
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False)
     axes, dur = axes[:, 0], axes[-1, 0]
     edges, which = (None, None) if raw or not len(steps_df) else _bins(steps_df)
     for ax, (name, members) in zip(axes, groups):
@@ -221,12 +214,14 @@ def _binned_duration(ax, steps_df, edges, which) -> None:
     ax.set_title("Step duration (per time bin)")
 
 
+@styled
 def plot_kv_usage(steps_df: pd.DataFrame, raw: bool = True, kv_blocks: dict | None = None, pools: dict | None = None):
     """KV blocks in use over time, one line per replica (max per time bin for large runs).
 
     With `kv_blocks` (replica -> blocks of its cache): a dashed capacity line and a right axis in %
     of capacity when every cache has the same size; otherwise each replica in % of its own cache."""
-    fig, ax = plt.subplots(figsize=(11, 3.5))
+    fig = new_figure((11, 3.5))
+    ax = fig.subplots()
     replicas = sorted(steps_df["replica"].unique())
     sizes = {int(r): kv_blocks[r] for r in replicas if kv_blocks and kv_blocks.get(r)}
     same = len(set(sizes.values())) == 1 and len(sizes) == len(replicas)
