@@ -1,0 +1,113 @@
+"""cbsim's MoE terms against published numbers, printed as predicted vs published with the source of each row.
+
+1. The all-to-all (collectives.alltoall_seconds as the roofline charges it with data_parallel):
+   DeepEP's low-latency kernels, deepseek-ai/DeepEP docs/legacy.md (commit 0297fc80, "Low-latency kernels
+   with pure RDMA"): H800, one 400 Gb/s CX7 NIC per GPU (~50 GB/s), 128 tokens per rank, hidden 7168, top-8,
+   FP8 dispatch, BF16 combine, latency per call. Kernel times: no engine around them.
+2. Whole runs of data-parallel attention + EP: TensorRT-LLM trtllm-bench throughput (Total Output
+   Throughput, tokens/s), NVIDIA/TensorRT-LLM
+   - docs/source/performance/perf-overview.md (commit 00f37686): Qwen3-235B-A22B FP8, TP8 EP8 with
+     enable_attention_dp, H200 and H100, kv_cache_free_gpu_mem_fraction 0.95, all requests queued;
+   - docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md (commit 01c4ece9) "H200
+     max-throughput": DeepSeek-R1 (DeepSeek-V3's architecture) FP8, TP8 EP8 attention DP, ISL 1024 /
+     OSL 2048, 5,120 requests at concurrency 1,024, max_batch_size 128, max_num_tokens 1,151, KV
+     fraction 0.8: 11,489 tokens/s.
+   cbsim runs 8 replicas (one per attention rank) of roofline data_parallel 8, engine trtllm (whose host
+   terms are 0: no public per-step host timings, so engine overhead is not separated from GPU time
+   here; the published numbers include it), num_blocks from kv_cache_blocks(data_parallel=8).
+   The same rows with TP attention (data_parallel 1, one TP8 replica) are printed for comparison.
+Run: python benchmarks/validate_moe.py [quick]
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from cbsim.api import run_experiment
+from cbsim.profiler.costmodels import load_cost_model
+from cbsim.profiler.costmodels.collectives import alltoall_seconds
+from cbsim.profiler.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
+
+# H800 SXM: H100 silicon with NVLink cut to 400 GB/s (200 GB/s one way; DeepEP: "~160 GB/s NVLink maximum
+# bandwidth" measured) and, in DeepEP's cluster, one 400 Gb/s NIC per GPU.
+H800 = {"name": "h800", "memory_bytes": 80 * GiB, "bf16_flops": 989e12, "fp8_flops": 1979e12, "hbm_bandwidth": 3.35e12,
+        "link_bandwidth": 200e9, "topology": "nvswitch", "inter_node_bandwidth": 50e9, "pcie_bandwidth": 64e9}
+DEEPEP_LL = {8: (77e-6, 114e-6), 16: (118e-6, 195e-6), 32: (155e-6, 273e-6), 64: (173e-6, 314e-6),
+             128: (192e-6, 369e-6), 256: (194e-6, 360e-6)}  # EP: (dispatch, combine) latency
+TRTLLM = "NVIDIA/TensorRT-LLM perf-overview.md @00f37686"
+QWEN3 = {("h200", (128, 128)): 30429, ("h200", (128, 2048)): 42821, ("h200", (128, 4096)): 26852,
+         ("h200", (500, 2000)): 28026, ("h200", (1000, 1000)): 23789, ("h200", (1000, 2000)): 22061,
+         ("h200", (2048, 128)): 3331, ("h200", (2048, 2048)): 16672, ("h200", (5000, 500)): 3623,
+         ("h100", (128, 2048)): 19658, ("h100", (128, 4096)): 12447, ("h100", (500, 2000)): 18351,
+         ("h100", (1000, 1000)): 14898, ("h100", (1000, 2000)): 15136, ("h100", (2048, 2048)): 9924,
+         ("h100", (5000, 500)): 3225}
+REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (1000, 2000): 1500, (2048, 128): 3000,
+            (2048, 2048): 1500, (5000, 500): 1500, (1000, 1000): 3000, (500, 2000): 3000}  # the doc's $num_requests
+
+
+def alltoall_rows() -> list[tuple]:
+    """(EP, kind, published s, predicted s) for DeepEP's low-latency table (128 tokens per rank)."""
+    model = model_spec("deepseek-v3")  # hidden 7168, top-8, fp8 experts: FP8 dispatch (7,392 bytes a token)
+    rows = []
+    for ep, (dispatch, combine) in DEEPEP_LL.items():
+        cost = load_cost_model({"type": "roofline", "gpu": H800, "tp": 1, "expert_parallel": True,
+                                "data_parallel": ep, "engine": "none"}, model)
+        n, per_node = ep, cost.gpus_per_node
+        sizes = cost._a2a_bytes  # per token and GPU: (dispatch, combine)
+        for kind, size, published in (("dispatch", sizes[0], dispatch), ("combine", sizes[1], combine)):
+            predicted = alltoall_seconds(size * 128, n, per_node, cost._link, cost.topology, 50e9)
+            rows.append((ep, kind, published, predicted))
+    return rows
+
+
+def simulate(model: dict, gpu: str, isl: int, osl: int, n: int, data_parallel: bool, **extra) -> float:
+    """Total output tokens/s of a trtllm-bench-like run (all requests queued, or closed-loop clients)."""
+    spec = model_spec(model)
+    util = extra.pop("kv_fraction", 0.95)
+    if data_parallel:
+        cost = {"type": "roofline", "gpu": gpu, "tp": 1, "expert_parallel": True, "data_parallel": 8, "engine": "trtllm"}
+        blocks = kv_cache_blocks(spec, gpu_spec(gpu), 1, 32, util, data_parallel=8)
+        replicas = 8
+    else:
+        cost = {"type": "roofline", "gpu": gpu, "tp": 8, "expert_parallel": True, "engine": "trtllm"}
+        blocks, replicas = kv_cache_blocks(spec, gpu_spec(gpu), 8, 32, util), 1
+    budget, seqs = extra.pop("max_num_tokens", 8192), extra.pop("max_batch_size", 2048)
+    workload = {"num_requests": n, "arrival": {"type": "all_at_once"},
+                "prompt_len": {"type": "fixed", "value": isl}, "output_len": {"type": "fixed", "value": osl}, **extra}
+    result = run_experiment({
+        "name": "validate-moe", "seed": 0, "model": model, "cost_model": cost,
+        "cluster": {"replicas": replicas, "router": "round_robin", "kv_cache": {"num_blocks": blocks, "block_size": 32}},
+        "policy": {"name": "sarathi", "token_budget": budget, "max_num_seqs": seqs},
+        "workload": workload, "output": {"plots": False, "trace": False}})
+    r = result.requests
+    return float(r["output_tokens"].sum() / r["completion_time"].max())
+
+
+def main(quick: bool) -> None:
+    print("All-to-all: DeepEP low-latency kernels (deepseek-ai/DeepEP docs/legacy.md @0297fc80), H800, 128 tokens")
+    print(f"{'EP':>4} {'kind':<9} {'published':>10} {'cbsim':>10} {'error':>7}")
+    for ep, kind, published, predicted in alltoall_rows():
+        print(f"{ep:>4} {kind:<9} {published * 1e6:>8.0f}us {predicted * 1e6:>8.1f}us {predicted / published - 1:>+7.1%}")
+    print()
+    print(f"Whole runs ({TRTLLM}; DeepSeek-R1: Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md @01c4ece9)")
+    print(f"{'model':<16} {'gpu':<5} {'isl/osl':>10} {'published':>10} {'DP attn':>9} {'error':>7} {'TP attn':>9} {'error':>7}")
+    fp8 = {"config": "qwen3-235b-a22b", "weight_dtype": "fp8", "kv_dtype": "fp8"}  # ModelOpt FP8: FP8 KV as well
+    for (gpu, (isl, osl)), published in QWEN3.items():
+        n = REQUESTS[(isl, osl)] // (20 if quick else 1)
+        t0 = time.perf_counter()
+        dp = simulate(fp8, gpu, isl, osl, n, True)
+        tp = simulate(fp8, gpu, isl, osl, n, False)
+        print(f"{'qwen3-235b-a22b':<16} {gpu:<5} {f'{isl}/{osl}':>10} {published:>10,} {dp:>9,.0f} "
+              f"{dp / published - 1:>+7.1%} {tp:>9,.0f} {tp / published - 1:>+7.1%}  ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+    n = 5120 // (10 if quick else 1)
+    r1 = {"config": "deepseek-v3"}  # DeepSeek-R1 = DeepSeek-V3's geometry; its config gives fp8 weights, bf16 KV
+    knobs = dict(kv_fraction=0.8, max_num_tokens=1151, max_batch_size=128)
+    dp = simulate(r1, "h200", 1024, 2048, n, True, max_concurrency=1024, **knobs)
+    tp = simulate(r1, "h200", 1024, 2048, n, False, max_concurrency=1024, **dict(knobs, max_batch_size=1024))
+    print(f"{'deepseek-r1':<16} {'h200':<5} {'1024/2048':>10} {11489:>10,} {dp:>9,.0f} {dp / 11489 - 1:>+7.1%} "
+          f"{tp:>9,.0f} {tp / 11489 - 1:>+7.1%}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] == ["quick"])
