@@ -25,6 +25,7 @@ from .arrivals import StagesArrival, sample_arrivals
 from .clients import ClientPlan
 from .config import MAX_REQUESTS, WorkloadConfig
 from .lengths import sample_lengths
+from .multimodal import add_images
 from .prefixes import multi_turn, system_prompts
 from .trace_source import load_trace
 
@@ -62,7 +63,9 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
         requests = make_requests(np.array([r.arrival for r in rows], dtype=np.float64),
                                  np.array([r.prompt_len for r in rows]), np.array([r.output_len for r in rows]),
                                  priority=np.array([r.priority for r in rows]),
-                                 tenants=[r.tenant for r in rows], adapters=[r.adapter for r in rows])
+                                 tenants=[r.tenant for r in rows], adapters=[r.adapter for r in rows],
+                                 mm_inputs=[None if r.mm_inputs is None else tuple(map(tuple, r.mm_inputs))
+                                            for r in rows])
     elif cfg.source == "trace":
         *columns, groups, dropped, lengths, labels = _from_trace(cfg, rng, base_dir, path)
         requests, sessions = make_requests(*columns, **labels), _renumber(groups, columns[0])
@@ -74,6 +77,8 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
     clients = _clients(cfg, requests, sessions, rng)
     if cfg.tenants:
         _draw_tenants(cfg.tenants, requests, rng)
+    if cfg.multimodal is not None:  # drawn last: every other draw is as without images
+        add_images(cfg.multimodal, requests, rng)
     return Workload(requests, dropped, notes, clients)
 
 
@@ -104,15 +109,17 @@ def _renumber(groups: list[list[int]] | None, arrival: np.ndarray) -> list[list[
 
 def make_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
                   hashes: list[tuple[int, ...]] | None = None, priority: np.ndarray | None = None,
-                  tenants: list | None = None, adapters: list | None = None) -> list[Request]:
+                  tenants: list | None = None, adapters: list | None = None,
+                  mm_inputs: list | None = None) -> list[Request]:
     """Requests from parallel arrays, stably sorted by arrival and numbered in that order
-    (`tenants`, `adapters`: a string or None per row)."""
+    (`tenants`, `adapters`: a string or None per row; `mm_inputs`: (offset, length) pairs or None per row)."""
     order = np.argsort(arrival, kind="stable")
     return [
         Request(id=i, arrival=float(arrival[k]), prompt_len=int(prompt_len[k]), output_len=int(output_len[k]),
                 prefix_hashes=None if hashes is None else hashes[k],
                 priority=0 if priority is None else int(priority[k]),
-                tenant=None if tenants is None else tenants[k], adapter=None if adapters is None else adapters[k])
+                tenant=None if tenants is None else tenants[k], adapter=None if adapters is None else adapters[k],
+                mm_inputs=None if mm_inputs is None else mm_inputs[k])
         for i, k in enumerate(order)
     ]
 
@@ -149,10 +156,13 @@ def _from_trace(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | 
     else:
         raise ConfigError(f"{path}.arrival", "an arrival process (this trace file has no arrival times)",
                           has_got=False)
-    prompt, hashes = trace.prompt_len, trace.prefix_hashes
+    prompt, hashes, images = trace.prompt_len, trace.prefix_hashes, trace.mm_inputs
     if cfg.shared_prefix is not None:
         prompt, hashes = system_prompts(cfg.shared_prefix, prompt, rng)
-    labels = {"tenants": trace.tenants, "adapters": trace.adapters}
+        if images is not None:  # the system prompt goes in front: the images move back by its length
+            shift = cfg.shared_prefix.prefix_len
+            images = [None if m is None else tuple((o + shift, n) for o, n in m) for m in images]
+    labels = {"tenants": trace.tenants, "adapters": trace.adapters, "mm_inputs": images}
     return (arrival, prompt, trace.output_len, hashes, _trace_sessions(trace), dict(trace.dropped), trace.token_lengths,
             labels)
 

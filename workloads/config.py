@@ -26,6 +26,7 @@ from cbsim.schema import coerce, option, parse, require
 
 from .arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
 from .lengths import LENGTHS, LengthConfig
+from .multimodal import MultimodalConfig, check_mm_inputs
 from .prefixes import SharedPrefixConfig
 from .trace_source import TraceConfig
 from .traces import LENGTH_ONLY_FORMATS
@@ -43,11 +44,15 @@ class ExplicitRequest:
     priority: int = option(0, help="scheduling priority; larger is more important")
     tenant: str | None = option(None, help="the tenant that sent it (fair queueing); null: none")
     adapter: str | None = option(None, help="the LoRA adapter it asks for (recorded in the request table); null: none")
+    mm_inputs: list[list[int]] | None = option(None, help="images (encoder inputs) in its prompt: [[offset, length], "
+                                               "...], sorted, within the prompt (policies/encoder.py); null: none")
 
     def validate(self):
         require(self.arrival >= 0, "arrival", "a time >= 0", self.arrival)
         require(self.prompt_len >= 1, "prompt_len", "a length >= 1", self.prompt_len)
         require(self.output_len >= 1, "output_len", "a length >= 1", self.output_len)
+        if self.mm_inputs is not None:
+            check_mm_inputs(self.mm_inputs, self.prompt_len, "mm_inputs")
 
 
 @dataclass
@@ -73,6 +78,10 @@ class WorkloadConfig:
     tenants: dict | None = option(
         None, help="synthetic only: {tenant: weight}: each request's tenant is drawn with probability weight / sum "
                    "(from the run's generator, after everything else is drawn); null: no tenants")
+    multimodal: MultimodalConfig | None = option(
+        None, help="synthetic only: images in prompts {tokens_per_image, fraction, images, offset}: a request carries "
+                   "them with probability fraction (drawn after everything else) and its prompt grows by their "
+                   "placeholders (workloads/multimodal.py); null: text only")
     max_concurrency: int | None = option(
         None, help="closed loop: at most N requests in flight (like vllm bench serve --max-concurrency); a request "
                    "is sent at its arrival time or when a client is free, whichever is later (without 'arrival': "
@@ -193,10 +202,11 @@ def check_workload(cfg: WorkloadConfig, path: str = "workload") -> None:
 
 
 def _check_requests(cfg: WorkloadConfig, path: str) -> None:
-    for name in ("num_requests", "arrival", "prompt_len", "output_len", "trace", "shared_prefix", "tenants"):
+    for name in ("num_requests", "arrival", "prompt_len", "output_len", "trace", "shared_prefix", "tenants",
+                 "multimodal"):
         if getattr(cfg, name) is not None:
             raise ConfigError(f"{path}.{name}", "nothing beside an explicit 'requests' list (it is used as is; "
-                              "give each request its tenant)", has_got=False)
+                              "give each request its tenant and mm_inputs)", has_got=False)
     require(len(cfg.requests) > 0, f"{path}.requests", "a non-empty list", cfg.requests)
 
 
@@ -207,6 +217,9 @@ def _check_trace(cfg: WorkloadConfig, path: str) -> None:
     if cfg.tenants is not None:
         raise ConfigError(f"{path}.tenants", "no tenant mix beside 'trace' (a generic CSV/JSONL trace gives each "
                           "row's tenant in its 'tenant' column)", has_got=False)
+    if cfg.multimodal is not None:
+        raise ConfigError(f"{path}.multimodal", "no synthetic images beside 'trace' (a generic CSV/JSONL trace gives "
+                          "each row's images in its 'mm_inputs' column)", has_got=False)
     for name in ("prompt_len", "output_len"):
         if getattr(cfg, name) is not None:
             raise ConfigError(f"{path}.{name}", "no length distribution beside 'trace' (the trace gives lengths; "

@@ -48,6 +48,7 @@ class TraceData:
     token_lengths: str = "file"  # how lengths were counted: "file", a tokenizer, or the approximation
     tenants: list | None = None  # each row's tenant (a string or None), if the file has the column
     adapters: list | None = None  # each row's LoRA adapter (a string or None), if the file has the column
+    mm_inputs: list | None = None  # each row's images ((offset, length) pairs or None, multimodal.py), if any
 
     def __len__(self) -> int:
         return len(self.prompt_len)
@@ -70,6 +71,7 @@ class TraceData:
             token_lengths=self.token_lengths,
             tenants=None if self.tenants is None else [self.tenants[i] for i in index],
             adapters=None if self.adapters is None else [self.adapters[i] for i in index],
+            mm_inputs=None if self.mm_inputs is None else [self.mm_inputs[i] for i in index],
         )
 
 
@@ -138,12 +140,14 @@ def read_lengths_csv(path: Path, key: str, timed: bool) -> TraceData:
     return _rows(str(path), arrival, _numbers(frame, "num_prefill_tokens"), _numbers(frame, "num_decode_tokens"))
 
 
-def _rows(source: str, arrival, prompt, output, hashes=None, sessions=None, tenants=None, adapters=None) -> TraceData:
+def _rows(source: str, arrival, prompt, output, hashes=None, sessions=None, tenants=None, adapters=None,
+          mm_inputs=None) -> TraceData:
     """A TraceData of the rows that can be requests (the others counted under UNREADABLE), lengths
     as integers and arrivals in seconds from the first kept row."""
     prompt, output = np.asarray(prompt, dtype=np.float64), np.asarray(output, dtype=np.float64)
     arrival = None if arrival is None else np.asarray(arrival, dtype=np.float64)
-    trace = TraceData(source, prompt, output, arrival, hashes, sessions=sessions, tenants=tenants, adapters=adapters)
+    trace = TraceData(source, prompt, output, arrival, hashes, sessions=sessions, tenants=tenants, adapters=adapters,
+                      mm_inputs=mm_inputs)
     for reason, bad in zip(UNREADABLE, (_missing, _infinite_time, _too_long, _fractional)):
         trace = trace.take(~bad(trace), reason)
     trace.prompt_len = trace.prompt_len.astype(np.int64)
