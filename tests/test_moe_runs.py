@@ -63,3 +63,30 @@ def test_every_policy_on_moe_and_mla(model, cost, policy):
     check(fast)
     same(fast, run_experiment(experiment(model, cost, policy, fast_forward=False)))
     assert np.isfinite(fast.steps["duration"]).all()
+
+
+def test_pd_cluster_with_pipeline_prefill_and_data_parallel_decode():
+    """A P/D cluster whose prefill replicas are two pipeline stages and whose decode replicas are ranks of
+    data-parallel attention over 8 GPUs' experts: every request is handed off and finishes, GPUs count
+    tp x pp per replica, and the run is deterministic."""
+    from cbsim.config import load_config
+    from cbsim.replica_gpus import num_gpus
+
+    spec = {"name": "pd-moe", "seed": 3, "model": "qwen3-30b-a3b",
+            "cost_model": {"type": "roofline", "gpu": "h200"},
+            "cluster": {"mode": "pd", "kv_cache": {"block_size": 16, "num_blocks": 600},
+                        "prefill": {"replicas": 2, "policy": {"name": "prefill_first", "token_budget": 2048},
+                                    "cost_model": {"pp": 2}},
+                        "decode": {"replicas": 2, "policy": {"name": "sarathi", "token_budget": 256},
+                                   "cost_model": {"expert_parallel": True, "data_parallel": 8}},
+                        "link": {"latency_s": 0.001, "bandwidth_gb_s": 25}},
+            "workload": {"num_requests": 30, "arrival": {"type": "poisson", "rate": 30.0},
+                         "prompt_len": {"type": "uniform", "min": 50, "max": 900},
+                         "output_len": {"type": "uniform", "min": 2, "max": 40}},
+            "output": {"plots": False, "trace": False}}
+    results = run_experiment(spec)
+    df = results.requests
+    assert (df["status"] == "finished").all() and results.summary["num_handoffs"] == 30
+    assert (df["output_tokens"] == df["output_len"]).all()
+    assert num_gpus(load_config(spec)) == 2 * 2 + 2 * 1
+    same(results, run_experiment(spec))
