@@ -16,8 +16,27 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import ExperimentConfig, load_config, pool_cost_model, pool_policy
+from cbsim.policies import make_policy
+from cbsim.profiler.costmodels import load_cost_model as load
+from cbsim.profiler.costmodels.registry import engine_of
+from cbsim.profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim import metrics
+from cbsim.sim.admission import REASON_PREFIX
+from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.metrics.bench_result import bench_result
+from cbsim.sim.metrics.client_view import client_view, shift_arrivals
+from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
+from cbsim.sim.metrics.summary import usage_summary
+from cbsim.sim.outputs.trace_export import write_chrome_trace
+from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
+from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.simulation import simulate
+from cbsim.workloads import build_run, parse_workload
+
+from .config import ExperimentConfig, load_config
 from .errors import ConfigError
+from .pools import pool_config  # re-exported: preflight, replica_gpus and step_efficiency import it from here
+from .replica_gpus import gpus_per_replica, num_gpus
 
 
 @dataclass
@@ -41,20 +60,12 @@ class Results:
 
     def token_times(self, request_id: int) -> np.ndarray:
         """Every output-token time of one request (expanded from the compact token runs)."""
-        from cbsim.sim.metrics import token_times
-
-        return token_times(self.recorder, request_id)
+        return metrics.token_times(self.recorder, request_id)
 
     def write(self, out_dir: str | Path, progress=None) -> Path:
         """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
         `files` then maps each file written to its size in bytes. `progress` (sim/outputs/progress.py) names
         each phase of a long run's writing."""
-        from cbsim.sim.metrics.bench_result import bench_result
-        from cbsim.sim.outputs.dashboard import write_dashboards
-        from cbsim.sim.metrics import stall_events
-        from cbsim.sim.outputs.plots import plot_run
-        from cbsim.sim.outputs.trace_export import write_chrome_trace
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         cfg = self.config
@@ -81,8 +92,12 @@ class Results:
         path("bench.json").write_text(json.dumps(bench, indent=2) + "\n")
         if cfg.output.plots:
             say("plotting")
+            # lazy: matplotlib (~0.5 s to import) only for a run that plots
+            from cbsim.sim.outputs.dashboard import write_dashboards
+            from cbsim.sim.outputs.plots import plot_run
+
             written += plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
-                                stalls=stall_events(self.itl, cfg.metrics.stall_factor),
+                                stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
                                 cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools,
                                 kv_blocks=self.kv_blocks, transfers=self.transfers, handoffs=self.handoffs)
             written += write_dashboards(self, out)
@@ -102,11 +117,6 @@ class Results:
 
 def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs) -> dict:
     """Recovery, admission, per-pool and per-GPU entries of the summary."""
-    from cbsim.sim import metrics
-    from cbsim.sim.admission import REASON_PREFIX
-
-    from .capacity import num_gpus
-
     out = metrics.recovery_summary(preemptions, transfers[host])
     out["num_rejected_admission"] = int(table["reject_reason"].str.startswith(REASON_PREFIX).sum())
     out.update(metrics.pool_summary(steps, table, pools, handoffs, transfers[~host] if handoffs is not None else None))
@@ -122,21 +132,11 @@ def load_cost_model(mapping: dict, model="llama-3-8b"):
     >>> cost = load_cost_model({"type": "roofline", "gpu": "h100", "tp": 1})
     >>> cost.step_time(StepShape.from_batch(prefill=[(512, 0)], decode=[1000] * 8))
     """
-    from cbsim.profiler.costmodels import load_cost_model as load
-    from cbsim.profiler.specs import model_spec
-
     return load(mapping, model_spec(model, "model"))
 
 
 def build_replica_parts(cfg: ExperimentConfig):
     """Model spec, cost model, KV-cache factory and replica settings for a config."""
-    from cbsim.profiler.costmodels import load_cost_model as load
-    from cbsim.profiler.specs import model_spec
-    from cbsim.sim.kv_cache import KVCache
-    from cbsim.sim.replica import ReplicaSettings
-
-    from .replica_gpus import gpus_per_replica
-
     model = model_spec(cfg.model, "model")
     cost = load(cfg.cost_model, model)
     cluster = cfg.cluster
@@ -154,8 +154,6 @@ def build_replica_parts(cfg: ExperimentConfig):
 
     hash_block = None
     if kv_cfg.prefix_caching:
-        from cbsim.workloads import parse_workload
-
         hash_block = kv_cfg.hash_block_size or parse_workload(cfg.workload, "workload").hash_block_size
 
     def make_kv():
@@ -187,26 +185,12 @@ def preemption_admission_settings(cfg: ExperimentConfig) -> dict:
                 max_queued_requests=adm.max_queued_requests)
 
 
-def pool_config(cfg: ExperimentConfig, pool: str) -> ExperimentConfig:
-    """The experiment as the replicas of P/D pool `pool` see it: the pool's policy, its cost model
-    (its gpu and tp also size its KV cache), its KV block count and whether it caches prefixes."""
-    section = getattr(cfg.cluster, pool)
-    own = section.cost_model or {}
-    kv = cfg.cluster.kv_cache
-    prefix = kv.prefix_caching if section.prefix_caching is None else section.prefix_caching
-    cluster = replace(cfg.cluster, gpu=own.get("gpu", cfg.cluster.gpu), tp=own.get("tp", cfg.cluster.tp),
-                      kv_cache=replace(kv, num_blocks=section.num_blocks or kv.num_blocks, prefix_caching=prefix))
-    return replace(cfg, cost_model=pool_cost_model(cfg, pool), policy=pool_policy(cfg, pool), cluster=cluster)
-
-
 def kv_blocks(cfg: ExperimentConfig, model, tp: int, cost_gpu: str | None = None) -> int:
     """KV blocks per replica: the configured count, or 'auto' sized from the GPU (cluster.gpu, else the
     cost model's) and TP."""
     kv_cfg = cfg.cluster.kv_cache
     if kv_cfg.num_blocks != "auto":
         return kv_cfg.num_blocks
-    from cbsim.profiler.specs import gpu_spec, kv_cache_blocks
-
     gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu") or cost_gpu
     if gpu is None:
         raise ConfigError("cluster.kv_cache.num_blocks", "an integer, or 'auto' with a GPU (set cluster.gpu, or use "
@@ -238,9 +222,6 @@ def sample_shapes(pool, count: int, rng: np.random.Generator) -> list | None:
 def pool_parts(cfg: ExperimentConfig, pool: str, rng: np.random.Generator):
     """(model, PoolParts) of P/D pool `pool`; only the prefill pool, where requests arrive, applies
     admission control."""
-    from cbsim.policies import make_policy
-    from cbsim.sim.pd import PoolParts
-
     pool_cfg = pool_config(cfg, pool)
     model, cost, make_kv, settings = build_replica_parts(pool_cfg)
     if pool == "decode":
@@ -252,8 +233,6 @@ def pool_parts(cfg: ExperimentConfig, pool: str, rng: np.random.Generator):
 
 def pd_settings(cfg: ExperimentConfig, model):
     """The links and hand-off rules of a P/D cluster (bandwidths in bytes/s)."""
-    from cbsim.sim.pd import PDSettings
-
     link, cluster = cfg.cluster.link, cfg.cluster
     return PDSettings(link_mode=link.mode, latency=link.latency_s, bandwidth=link.bandwidth_gb_s * 1e9,
                       lanes=link.lanes, pool_bandwidth=(link.pool_bandwidth_gb_s or link.bandwidth_gb_s) * 1e9,
@@ -264,10 +243,6 @@ def pd_settings(cfg: ExperimentConfig, model):
 def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progress=None, clients=None):
     """(recorder, replicas, pools, P/D cluster or None) of one run of `requests` under `cfg`;
     `clients`: the workload's timeouts and closed-loop clients (workloads/clients.py), colocated only."""
-    from cbsim.policies import make_policy
-    from cbsim.sim.pd import simulate_pd
-    from cbsim.sim.simulation import simulate
-
     try:
         if cfg.cluster.mode == "pd":
             model, prefill = pool_parts(cfg, "prefill", rng)
@@ -300,9 +275,6 @@ def _simulate(cfg: ExperimentConfig, requests, rng: np.random.Generator, progres
 def client_frontend(cfg: ExperimentConfig, requests):
     """(engine, client arrivals or None, requests in scheduler-arrival order): with an engine front
     end, each request reaches the scheduler later than the client sent it (sim/metrics/client_view.py)."""
-    from cbsim.profiler.costmodels.registry import engine_of
-    from cbsim.sim.metrics.client_view import shift_arrivals
-
     try:
         engine = engine_of(cfg.cost_model)
     except ConfigError as err:
@@ -322,12 +294,6 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     `progress`: a cbsim.sim.outputs.progress.Progress that reports a long run as it goes (the CLI passes one
     writing to stderr); None, the default, is silent. It never changes the results.
     """
-    from cbsim.sim import metrics
-    from cbsim.sim.metrics.client_view import client_view
-    from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
-    from cbsim.sim.metrics.summary import usage_summary
-    from cbsim.workloads import build_run, parse_workload
-
     cfg = load_config(config, overrides)
     try:
         rng = np.random.default_rng(cfg.seed)

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import pandas as pd
 import yaml
 
+from .api import run_experiment
 from .config import ExperimentConfig, load_config
 from .errors import ConfigError
+from .replica_gpus import num_gpus  # also capacity.num_gpus for the tuner: replicas x GPUs per replica
 
 
 @dataclass
@@ -44,15 +46,6 @@ class CapacityResult:
     def rate_per_gpu(self) -> float | None:
         """Per-GPU goodput: capacity / the number of GPUs the config uses (replicas x tp)."""
         return None if self.rate is None else self.rate / self.num_gpus
-
-
-def num_gpus(config: ExperimentConfig) -> int:
-    """GPUs an experiment uses: replicas x GPUs per replica (replica_gpus.py: cluster.tp, else the TP
-    the cost model states, a fitted or vidur profile's measured one included, else 1), summed over
-    both pools in P/D mode; the same rule sizes the KV cache."""
-    from .replica_gpus import num_gpus as count
-
-    return count(config)
 
 
 def per_gpu_capacity(result: CapacityResult, config) -> float | None:
@@ -171,8 +164,6 @@ def _probe(base: ExperimentConfig, rate_key: str, rate: float, seeds, slo: dict,
            rows: list, min_attainment: float | None = None, progress=None) -> bool:
     """Run the experiment at `rate` for every seed, record one row per seed, return whether all met;
     `progress` (sim/outputs/progress.py) reports each run that is long, labelled with its rate and seed."""
-    from .api import run_experiment
-
     ok = True
     probe = len({row["rate"] for row in rows})
     for seed in seeds:

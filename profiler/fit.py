@@ -25,7 +25,6 @@ metadata.json beside it. Features are recomputed from the composition strings.
 """
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import hashlib
 import json
@@ -43,8 +42,8 @@ from .costcheck import error_table
 from .costmodels.allreduce import analytic_spec, table_spec
 from .features import (LINEAR_FEATURES, choose_knots, design_matrix, padded_segments, padded_token_column,
                        table_aggregates)
+from .measurement_csv import REQUIRED_COLUMNS, load_measurements, valid_rows  # noqa: F401 (fit.load_measurements)
 
-REQUIRED_COLUMNS = ("batch_id", "cls", "source", "prefill", "decode", "layer_s_median")
 DERIVED_CHECKS = {  # CSV column -> recomputed feature
     "num_tokens": "tokens", "attn_pairs": "pairs", "prefill_kv_read": "prefill_kv",
     "decode_kv_read": "decode_kv", "num_decode": "num_decode", "num_seqs": "num_seqs", "sum_ch": "pairs_history",
@@ -52,57 +51,6 @@ DERIVED_CHECKS = {  # CSV column -> recomputed feature
 DEFAULT_TILES = (None, 64, 128, 256)  # GEMM tile candidates for the step term; None: no step term
 FORMAT = 2  # profile format: 2 adds the tile step term and splits the attention pairs (1: one pair rate)
 PROBS = np.linspace(0.0, 1.0, 101)
-
-
-def load_measurements(csv_path) -> tuple[pd.DataFrame, dict]:
-    """The measurement table and its metadata (metadata.json beside the CSV, or <stem>.json)."""
-    path = Path(csv_path)
-    try:
-        frame = pd.read_csv(path, dtype={"prefill": str, "decode": str, "cls": str, "source": str})
-    except (ValueError, OSError, pd.errors.ParserError) as err:  # missing, empty, binary, malformed
-        raise ConfigError("<file>", "a readable measurement CSV", str(err).splitlines()[0], file=str(path)) from None
-    _check_row_widths(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ConfigError(missing[0], "a measurement CSV column (" + ", ".join(REQUIRED_COLUMNS) + ")",
-                          has_got=False, file=str(path))
-    _check_timings(frame, path)
-    meta = {}
-    for candidate in (path.parent / "metadata.json", path.with_suffix(".json"), path.with_name(path.stem + ".metadata.json")):
-        if candidate.exists():
-            meta = json.loads(candidate.read_text())
-            break
-    return frame, meta
-
-
-def _check_row_widths(path: Path) -> None:
-    """Every row has as many fields as the header: a shorter one is a truncated write, which pandas
-    would silently fill with NaN."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = csv.reader(handle)
-        header = next(rows, None) or []
-        for line, row in enumerate(rows, start=2):
-            if row and len(row) != len(header):
-                raise ConfigError(f"line {line}", f"{len(header)} fields as in the header (a truncated or "
-                                  "extended row)", len(row), file=str(path))
-
-
-def _check_timings(frame: pd.DataFrame, path: Path) -> None:
-    """layer_s_median is a finite time > 0 on every row; the other timing columns, where given, are
-    finite and >= 0. The error names the row (CSV line) and the column."""
-    for column in ("layer_s_median", "layer_s_p10", "layer_s_p90", "lm_head_s"):
-        if column not in frame.columns:
-            continue
-        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
-        if column == "layer_s_median":
-            bad = ~(np.isfinite(values) & (values > 0))
-        else:
-            bad = ~np.isnan(values) & ~(np.isfinite(values) & (values >= 0))
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            expected = "a finite time > 0 (seconds)" if column == "layer_s_median" else "a finite time >= 0 or empty"
-            raise ConfigError(f"{column} (row {row}, line {row + 2})", expected, frame[column].iloc[row],
-                              file=str(path))
 
 
 def with_features(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -132,12 +80,6 @@ def select_graph(frame: pd.DataFrame, graph: str) -> pd.DataFrame:
         raise ValueError(f"graph must be 'prefer' or 'eager', not {graph!r}")
     has_graph = set(frame.loc[is_graph, "batch_id"])
     return frame[is_graph | ~frame["batch_id"].isin(has_graph)]
-
-
-def valid_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows with a finite, positive layer time (a failed or skipped measurement has none)."""
-    y = pd.to_numeric(frame["layer_s_median"], errors="coerce")
-    return frame[np.isfinite(y) & (y > 0)]
 
 
 def columns_of(frame: pd.DataFrame) -> dict[str, np.ndarray]:
