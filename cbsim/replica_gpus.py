@@ -50,7 +50,7 @@ def gpus_per_replica(cfg: ExperimentConfig, cost=None) -> int:
 
 def _may_pipeline(cfg: ExperimentConfig) -> bool:
     """Whether the cost model mapping asks for pipeline stages (so the cost model must be built)."""
-    return int(cfg.cost_model.get("pp", 1) or 1) > 1
+    return cfg.cost_model.get("pp", 1) != 1  # anything else (a bad value too) is the cost model's to judge
 
 
 def replica_kv_blocks(cfg: ExperimentConfig, model, cost) -> int:
