@@ -83,6 +83,7 @@ from .cost import CostModel
 from .kv_cache import KVCache
 from .kv_link import KVLink, Transfer
 from .metrics.recorder import Recorder
+from .pipeline import make_replica
 from .replica import Replica, ReplicaSettings
 from .request import Request, Status
 from .roles import Decode, Prefill
@@ -348,8 +349,9 @@ def build_pd(env, recorder: Recorder, feed, prefill: PoolParts, decode: PoolPart
         for _ in range(parts.replicas):
             kv = parts.make_kv()
             kv.reserve_full_prompt |= role == "prefill"  # a prompt never waits for room held by hand-offs
-            replicas.append(Replica(env, len(replicas), parts.make_policy(), parts.cost, kv, recorder, pool_settings,
-                                    lambda: feed.next_time, noise=parts.noise, pull=feed.deliver_until))
+            replicas.append(make_replica(env, len(replicas), parts.make_policy(), parts.cost, kv, recorder,
+                                         pool_settings, lambda: feed.next_time, noise=parts.noise,
+                                         pull=feed.deliver_until))
     cluster = PDCluster(env, replicas[:prefill.replicas], replicas[prefill.replicas:], settings)
     for replica in replicas:
         replica.horizon = partial(lambda r: cluster.horizon(r, feed.next_time), replica)

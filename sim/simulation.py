@@ -17,6 +17,7 @@ from .clock import UrgentTimeout, delay_to
 from .cost import CostModel
 from .kv_cache import KVCache
 from .metrics.recorder import Recorder
+from .pipeline import make_replica
 from .replica import Replica, ReplicaSettings
 from .request import Request
 from .router import ROUTERS
@@ -69,14 +70,15 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     """Run the requests (sorted by arrival) through `replicas` colocated replicas; returns what was
     recorded. `progress`: a sim.progress.Progress that reports a long run (None: silent).
     `clients`: a workloads.clients.ClientPlan (timeouts, closed-loop clients); None: open loop.
+    A cost model with `pipeline_stages` P > 1 gets pipelined replicas (sim/pipeline.py).
     (P/D clusters: sim/pd.py, simulate_pd.)"""
     env = simpy.Environment()
     recorder = Recorder()
     feed = (clients and clients.feed(env, requests)) or ArrivalFeed(env, requests)
     if clients is not None:
         settings = replace(settings, client_timeout=clients.timeout)
-    pool = [Replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
-                    noise=noise, pull=feed.deliver_until) for i in range(replicas)]
+    pool = [make_replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
+                         noise=noise, pull=feed.deliver_until) for i in range(replicas)]
     if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves
         feed.attach(pool)
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)

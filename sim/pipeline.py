@@ -1,0 +1,207 @@
+"""Pipeline parallelism: a replica of P stages keeps up to P micro-batches in flight.
+
+The model's layers are split over P stages (GPUs or TP groups). A micro-batch passes the stages in
+order; each stage runs one micro-batch at a time, first come first served. The cost model's
+`step_time(shape)` is the time ONE stage takes for the batch (its layers and the activation send to
+the next stage; with unequal stages, the slowest one's), and `pipeline_stages` is P. A batch that
+enters stage 1 at S leaves stage s at E_s = max(E_{s-1}, when stage s finishes the batch before)
++ step_time, and its tokens come out at E_P: P x step_time after S on an idle pipeline, while a new
+batch can enter every step_time.
+
+Scheduling follows vLLM V1 with PP (vllm-project/vllm 00080ee1, vllm/v1/engine/core.py
+`step_with_batch_queue`, and vllm/v1/core/sched/scheduler.py `schedule()`, 00024d31 in the stored
+index): the engine keeps a batch queue of size P (`max_concurrent_batches`). While fewer than P
+batches are in flight it schedules another at once (a batch enters stage 1 when that stage is
+free); when the queue is full, or nothing more can be scheduled, it blocks until the oldest batch's
+output returns, applies it, and schedules again. A request whose batch is in flight is not
+scheduled again until its output returns (the policy does not see it: it is taken out of the
+running list the policy reads); it keeps its KV blocks meanwhile and cannot be a preemption
+victim. Arrivals while the engine blocks wait for the output it waits for.
+
+Recorded steps: one row per micro-batch, from when it enters the LAST stage to when its tokens
+come out (its end). A replica's rows do not overlap, so busy time, utilisation, MFU and the
+duration-weighted KV usage mean what they mean without PP; token times, TTFT and ITL are the
+output times. A request's `first_scheduled` is the time its batch was scheduled.
+
+Not modelled: a prompt's chunks pipelined in consecutive micro-batches (vLLM V1 advances
+num_computed_tokens at scheduling, so a later chunk of a prompt may be scheduled while an earlier
+one is in flight: "PP>1 and we have already scheduled all prompt tokens but they are not finished
+yet"; here a request waits for its batch's output whatever it ran); unequal stage times per batch
+(every stage takes the slowest stage's time); fast-forward (every micro-batch is stepped).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from cbsim.errors import ConfigError
+
+from . import step_apply
+from .clock import delay_to
+from .durations import CLOCK_LIMIT
+from .replica import Replica, SchedulerStuck
+from .request import Status
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    plan: object  # the StepPlan it runs
+    step: int  # its row in the recorder
+    end: float  # when its tokens come out of the last stage
+    members: tuple[int, ...]  # request ids in it (scheduled and padding): invisible to the policy meanwhile
+
+
+class PipelinedReplica(Replica):
+    """A replica whose loop keeps up to `stages` micro-batches in flight (see the module docstring)."""
+
+    def __init__(self, *args, stages: int, **kwargs):
+        self.stages = stages
+        self.stage_free = [0.0] * stages  # when each stage finishes the last batch it was given
+        self.in_flight: deque[MicroBatch] = deque()  # oldest first: outputs return in this order
+        self.busy: set[int] = set()  # ids of the requests in a batch in flight (each in one at most)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.in_flight and super().is_idle
+
+    def run(self):
+        env, state = self.env, self.state
+        while True:
+            now = env.now if self._resume_at is None else self._resume_at
+            self._resume_at = None
+            if self.in_flight and self.in_flight[0].end <= now:
+                self._drain(now)
+                if self.on_leave is not None:  # closed loop: every request leaving at this instant leaves first
+                    self._resume_at = now
+                    yield env.timeout(0)
+                    continue
+            self._take_arrivals(now)
+            if self.landed:
+                self.role.take_landed(now)
+            if not state.waiting and not state.running and not self.in_flight:
+                if self.next_visible() is None:
+                    self.on_idle()
+                yield from self._wait_for_visible()
+                continue
+            if len(self.in_flight) < self.stages:
+                plan = self._schedule(now)
+                if not plan.is_empty:
+                    self.step_start = now
+                    self.recovery.swap_out_booked = 0.0
+                    if not (plan.scheduled or plan.padding):  # no forward pass: nothing enters the pipeline
+                        if self.role.runs_eviction_steps:
+                            self._evict(plan)
+                            self._resume_at = now
+                        else:
+                            yield from self.role.evict_only(plan, now)
+                        continue
+                    self._launch(plan, now)
+                    self._resume_at = now  # the queue is not full: schedule again at once
+                    continue
+                if not self.in_flight:
+                    if not self.role.holds_kv():
+                        raise SchedulerStuck(self._stuck_message())
+                    yield from self._wait_for_visible()  # P/D: KV held for a hand-off; its release wakes us
+                    continue
+            # the queue is full, or nothing more can be scheduled: block until the oldest output returns
+            end = self.step_end = self.in_flight[0].end
+            yield env.timeout(delay_to(env.now, end))
+            self.step_end = None
+            self._resume_at = end
+
+    def _schedule(self, now: float):
+        """The policy's plan at `now` over the requests not in flight."""
+        state = self.state
+        state.now = now
+        busy = self.busy
+        if not busy:
+            return self.policy.schedule(state)
+        everyone = state.running
+        state.running = [r for r in everyone if r.id not in busy]
+        try:
+            return self.policy.schedule(state)
+        finally:
+            state.running = everyone
+
+    def _evict(self, plan) -> None:
+        """A plan that only preempts (or gives up on waiting requests): applied at once, no step recorded.
+        (A victim hidden from the policy cannot be picked, so a visible request can find no room but
+        its own, which a single-stage replica would take from a later admission instead.)"""
+        by_id = self.by_id
+        for rid in plan.preempted:
+            self._preempt(by_id[rid])
+        self.state.running = [r for r in self.state.running if r.status == Status.RUNNING]
+        for rid in plan.rejected:
+            step_apply.reject_waiting(self, by_id[rid])
+
+    def _launch(self, plan, now: float) -> None:
+        """Apply the plan's start half and send the batch down the pipeline."""
+        shape, swap_bytes = self.begin(plan, now)
+        seconds = self.cost.step_time(shape)  # one stage
+        if self.noise is not None:
+            seconds *= self.noise()
+        first = seconds
+        if swap_bytes:  # the batch enters the first stage once its swaps are done
+            first += self.recovery.book_swap_ins(now, swap_bytes)
+        if not now < now + first < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)
+            self._check_step(now, first, shape)
+        if self.admission is not None and shape.prefill:
+            self.admission.observe(sum(c for c, _ in shape.prefill), first)
+        self.role.began(plan, now)
+        free = self.stage_free
+        last_start = max(now, free[0])  # enters the first stage
+        t = free[0] = last_start + first
+        for s in range(1, self.stages):
+            last_start = max(t, free[s])
+            t = last_start + seconds
+            free[s] = t
+        self.recorder.columns["start"].set(self.step, last_start)  # the row: its pass through the last stage
+        members = (*plan.scheduled, *plan.padding)
+        self.busy.update(members)
+        self.in_flight.append(MicroBatch(plan, self.step, t, members))
+
+    def _drain(self, now: float) -> None:
+        """Apply, oldest first, every batch whose output is out by `now`, each at its own end."""
+        in_flight, busy = self.in_flight, self.busy
+        while in_flight and in_flight[0].end <= now:
+            batch = in_flight.popleft()
+            busy.difference_update(batch.members)
+            self.step = batch.step
+            self.commit(batch.plan, batch.end)
+            self.role.committed(batch.plan, batch.end)
+            if self.settings.client_timeout is not None:
+                self._expire(batch.end)
+
+    def _expire(self, now: float) -> None:
+        """Client timeouts at a batch's end; a request in flight leaves when its batch is back."""
+        state = self.state
+        if not self.busy:
+            step_apply.expire(self, now)
+            return
+        everyone = state.running
+        state.running = [r for r in everyone if r.id not in self.busy]
+        step_apply.expire(self, now)
+        state.running = [r for r in everyone if r.status == Status.RUNNING]
+
+
+def replica_class(stages: int) -> type:
+    """The loop for a replica of `stages` pipeline stages: the plain one for a single stage."""
+    return Replica if stages == 1 else PipelinedReplica
+
+
+def pipeline_stages(cost) -> int:
+    """P, from the cost model (`pipeline_stages`, default 1: no pipeline)."""
+    stages = getattr(cost, "pipeline_stages", 1)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ConfigError("cost_model.pp", "an integer >= 1 (pipeline stages)", stages)
+    return stages
+
+
+def make_replica(env, index: int, policy, cost, kv, recorder, settings, horizon, **kwargs) -> Replica:
+    """A replica for `cost`: pipelined when the cost model prices one of P > 1 stages."""
+    stages = pipeline_stages(cost)
+    kind = replica_class(stages)
+    if kind is Replica:
+        return Replica(env, index, policy, cost, kv, recorder, settings, horizon, **kwargs)
+    return kind(env, index, policy, cost, kv, recorder, settings, horizon, stages=stages, **kwargs)
