@@ -88,3 +88,13 @@ def test_a_system_prompt_in_front_moves_a_traces_images_back(monkeypatch, tmp_pa
     reqs = build({"trace": {"format": "generic_csv", "path": str(path)},
                   "shared_prefix": {"mode": "system_prompts", "num_prefixes": 1, "prefix_len": 64}})
     assert [r.mm_inputs for r in reqs] == [((74, 20),), None] and reqs[0].prompt_len == 164
+
+
+def test_synthetic_adapter_mix_is_drawn_last():
+    plain = build(SYNTHETIC)
+    mixed = build({**SYNTHETIC, "adapters": {"x": 2, "y": 1, "base": 1}})
+    assert [(r.arrival, r.prompt_len) for r in plain] == [(r.arrival, r.prompt_len) for r in mixed]
+    counts = {a: sum(r.adapter == a for r in mixed) for a in ("x", "y", None)}
+    assert sum(counts.values()) == 200 and 70 <= counts["x"] <= 130 and counts[None] > 20
+    with pytest.raises(ConfigError, match="adapters.x"):
+        parse_workload({**SYNTHETIC, "adapters": {"x": 0}})

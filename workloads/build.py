@@ -77,8 +77,10 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
     clients = _clients(cfg, requests, sessions, rng)
     if cfg.tenants:
         _draw_tenants(cfg.tenants, requests, rng)
-    if cfg.multimodal is not None:  # drawn last: every other draw is as without images
+    if cfg.multimodal is not None:  # drawn after the rest: every other draw is as without images
         add_images(cfg.multimodal, requests, rng)
+    if cfg.adapters:
+        _draw_adapters(cfg.adapters, requests, rng)
     return Workload(requests, dropped, notes, clients)
 
 
@@ -89,6 +91,14 @@ def _draw_tenants(mix: dict, requests: list[Request], rng: np.random.Generator) 
     weights = np.array([float(mix[n]) for n in names])
     for req, k in zip(requests, rng.choice(len(names), size=len(requests), p=weights / weights.sum())):
         req.tenant = str(names[k])
+
+
+def _draw_adapters(mix: dict, requests: list[Request], rng: np.random.Generator) -> None:
+    """Each request's LoRA adapter, drawn like the tenants (last); the key 'base' means none."""
+    names = list(mix)
+    weights = np.array([float(mix[n]) for n in names])
+    for req, k in zip(requests, rng.choice(len(names), size=len(requests), p=weights / weights.sum())):
+        req.adapter = None if names[k] == "base" else str(names[k])
 
 
 def _clients(cfg: WorkloadConfig, requests: list[Request], sessions, rng: np.random.Generator) -> ClientPlan | None:

@@ -78,6 +78,10 @@ class WorkloadConfig:
     tenants: dict | None = option(
         None, help="synthetic only: {tenant: weight}: each request's tenant is drawn with probability weight / sum "
                    "(from the run's generator, after everything else is drawn); null: no tenants")
+    adapters: dict | None = option(
+        None, help="synthetic only: {adapter: weight}: each request's LoRA adapter is drawn with probability weight / "
+                   "sum (from the run's generator, after tenants and images); a weight under the key 'base' gives "
+                   "base-model requests (no adapter); null: none")
     multimodal: MultimodalConfig | None = option(
         None, help="synthetic only: images in prompts {tokens_per_image, fraction, images, offset}: a request carries "
                    "them with probability fraction (drawn after everything else) and its prompt grows by their "
@@ -100,11 +104,12 @@ class WorkloadConfig:
                 self.think_time)
         require(self.timeout is None or (math.isfinite(self.timeout) and self.timeout > 0), "timeout",
                 "seconds > 0 or null", self.timeout)
-        require(self.tenants is None or len(self.tenants) > 0, "tenants", "a non-empty {tenant: weight} mapping",
-                self.tenants)
-        for name, weight in (self.tenants or {}).items():
-            ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
-            require(ok and weight > 0, f"tenants.{name}", "a weight > 0", weight)
+        for key in ("tenants", "adapters"):
+            mix = getattr(self, key)
+            require(mix is None or len(mix) > 0, key, "a non-empty {name: weight} mapping", mix)
+            for name, weight in (mix or {}).items():
+                ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
+                require(ok and weight > 0, f"{key}.{name}", "a weight > 0", weight)
 
     @property
     def closed_loop(self) -> bool:
@@ -203,7 +208,7 @@ def check_workload(cfg: WorkloadConfig, path: str = "workload") -> None:
 
 def _check_requests(cfg: WorkloadConfig, path: str) -> None:
     for name in ("num_requests", "arrival", "prompt_len", "output_len", "trace", "shared_prefix", "tenants",
-                 "multimodal"):
+                 "adapters", "multimodal"):
         if getattr(cfg, name) is not None:
             raise ConfigError(f"{path}.{name}", "nothing beside an explicit 'requests' list (it is used as is; "
                               "give each request its tenant and mm_inputs)", has_got=False)
@@ -217,6 +222,9 @@ def _check_trace(cfg: WorkloadConfig, path: str) -> None:
     if cfg.tenants is not None:
         raise ConfigError(f"{path}.tenants", "no tenant mix beside 'trace' (a generic CSV/JSONL trace gives each "
                           "row's tenant in its 'tenant' column)", has_got=False)
+    if cfg.adapters is not None:
+        raise ConfigError(f"{path}.adapters", "no adapter mix beside 'trace' (a generic CSV/JSONL trace gives each "
+                          "row's adapter in its 'adapter' column)", has_got=False)
     if cfg.multimodal is not None:
         raise ConfigError(f"{path}.multimodal", "no synthetic images beside 'trace' (a generic CSV/JSONL trace gives "
                           "each row's images in its 'mm_inputs' column)", has_got=False)
