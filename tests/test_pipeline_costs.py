@@ -161,3 +161,42 @@ def test_gpus_per_replica_is_tp_times_pp():
         kv_cache_blocks(model_spec(cfg.model), gpu_spec("h100"), 4, 16, 0.9, pp=2)
     plain = load_config({**base, "cost_model": {"type": "roofline", "gpu": "h100", "tp": 4}})
     assert gpus_per_replica(plain) == 4 and pipeline_stages(plain) == 1
+
+
+def vidur(**keys):
+    return load_cost_model({"type": "vidur", "gpu": "a100", "tp": 2, "engine": "none", **keys},
+                           model_spec("llama-2-70b"))
+
+
+def test_vidur_one_stage_is_bit_identical_and_two_stages_by_hand():
+    """Vidur's A100 Llama-2-70B TP2 profile (token ops, attention and all-reduce measured) as two stages
+    of 40 layers: the slower stage is its 40 layers plus the LM head (the first pays the embedding and
+    the hand-off over NVSwitch, both smaller)."""
+    before, one, two = vidur(), vidur(pp=1), vidur(pp=2)
+    assert two.pipeline_stages == 2 and two.describe()["pp"] == 2 and "pp" not in one.describe()
+    for shape in SHAPES:
+        assert one.step_time(shape).hex() == before.step_time(shape).hex()
+        tokens, rows = shape.num_tokens, shape.tokens_sampled
+        per_layer, fixed = before._token_terms_of(tokens, rows)
+        attn = before._prefill_attention(shape) + before.attention.decode(len(shape.decode), sum(shape.decode))
+        emb, lm = before._emb.at(tokens), before._lm_head.at(rows) * before._lm_ratio
+        send = P2P_FIT["a100"][0] + tokens * 2 * 8192 * 2 / 2 / P2P_FIT["a100"][1]
+        link = link_model(gpu_spec("a100"), "nvswitch")
+        gather = link.base + link.hop + 0.5 * tokens * 2 * 8192 * 2 / link.bandwidth
+        stages = (40 * (per_layer + attn) + emb + send, 40 * (per_layer + attn) + lm + gather)
+        assert two.step_time(shape) == pytest.approx(max(stages), rel=1e-12)
+        assert fixed == pytest.approx(emb + lm, rel=1e-12)
+    contexts = np.array([10, 500, 3000])
+    run = two.decode_run_times(contexts, 3)
+    assert all(run[j] == two.step_time(StepShape.from_batch(decode=contexts + j)) for j in range(3))
+    assert two.collective_time(64.0) == pytest.approx(
+        max(40 * before.allreduce.seconds(64.0) + two._pipeline.handoff_seconds(64.0, s) for s in (0, 1)), rel=1e-12)
+
+
+def test_vidur_bad_pp_and_fitted_refuses_it():
+    with pytest.raises(ConfigError) as err:
+        vidur(pp=0)
+    assert err.value.path == "cost_model.pp"
+    with pytest.raises(ConfigError) as err:
+        vidur(pp=81)
+    assert err.value.path == "cost_model.pp" and "80 layers" in str(err.value)

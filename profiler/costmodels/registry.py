@@ -33,24 +33,24 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
         raise (err if err.path == path or err.path.startswith(path + ".") else err.under(path)) from None
 
 
-ROOFLINE_ONLY = {  # parallelism keys that only the roofline prices, and why the others cannot
-    "pp": "pipeline stages",
-    "data_parallel": "data-parallel attention with expert parallelism",
+ROOFLINE_ONLY = {  # parallelism keys some cost models cannot price, and which can
+    "pp": ("pipeline stages", "roofline and vidur price them; a fitted profile times whole steps as measured"),
+    "data_parallel": ("data-parallel attention with expert parallelism",
+                      "only roofline prices it; vidur and fitted time one TP group's dense steps as measured"),
 }
 
 
 def _roofline_only(cls, mapping: dict, path: str) -> dict:
-    """`mapping` less the roofline-only parallelism keys a cost model without them was given as 1;
-    any other value is a one-line ConfigError (vidur and fitted time whole steps of one TP group as
-    measured, with no stage split, no p2p send and no all-to-all: they cannot price these honestly)."""
+    """`mapping` less the parallelism keys a cost model without them was given as 1; any other value is
+    a one-line ConfigError (a fitted profile times whole steps as measured, with no stage split; vidur
+    and fitted have no all-to-all: they cannot price these honestly)."""
     from dataclasses import fields
 
     own = {f.name for f in fields(cls.Config)}
-    for key, what in ROOFLINE_ONLY.items():
+    for key, (what, which) in ROOFLINE_ONLY.items():
         if key in mapping and key not in own and mapping[key] != 1:
-            raise ConfigError(f"{path}.{key}", f"1 or absent: cost model {mapping.get('type')} has no {what} (only "
-                              "roofline prices them; vidur and fitted time whole steps of one TP group as measured)",
-                              mapping[key])
+            raise ConfigError(f"{path}.{key}", f"1 or absent: cost model {mapping.get('type')} has no {what} "
+                              f"({which})", mapping[key])
     return {k: v for k, v in mapping.items() if k in own or k not in ROOFLINE_ONLY}
 
 

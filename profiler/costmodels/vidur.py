@@ -31,6 +31,7 @@ from cbsim.sim.shape import StepShape
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve, isotonic
+from .pipeline import Pipeline, check_pipeline
 from .profile_check import MAX_LAYERS, check_vidur
 from .registry import register_cost_model
 from .vidur_attention import make_attention
@@ -51,17 +52,22 @@ class VidurCostModel(CostModel):
         num_layers: int | None = option(None, help="decoder layers; default: the profile's")
         monotone: bool = option(True, help="smooth the measured tables into non-decreasing ones (isotonic "
                                 "regression); false reproduces every published median exactly")
+        pp: int = option(1, help="pipeline stages: the profile's layers split as vLLM splits them, step_time one "
+                         "stage's time, the activation hand-off priced as roofline's (pipeline.py: p2p fitted on "
+                         "Vidur's own send_recv tables)")
         engine: Any = engine_option()
         cpu_overhead: CpuOverheadConfig | None = option(None, help="the older form of the engine's host terms "
                                                         "(kept for old configs; use engine:)")
 
         def validate(self) -> None:
             require(self.tp >= 1, "tp", "an integer >= 1", self.tp)
+            require(isinstance(self.pp, int) and not isinstance(self.pp, bool) and self.pp >= 1, "pp",
+                    "an integer >= 1", self.pp)
             require(self.num_layers is None or 1 <= self.num_layers <= MAX_LAYERS, "num_layers",
                     f"an integer >= 1 and <= {MAX_LAYERS}", self.num_layers)
 
     def __init__(self, profile: dict, *, num_layers: int | None = None, monotone: bool = True,
-                 engine: Engine = NO_ENGINE, source: str = ""):
+                 engine: Engine = NO_ENGINE, source: str = "", pp: int = 1):
         if profile.get("type") != "vidur":
             raise ValueError(f"{source or 'profile'} is not a vidur profile (type {profile.get('type')!r})")
         check_vidur(profile, source)  # ProfileError naming the file and key
@@ -70,7 +76,10 @@ class VidurCostModel(CostModel):
         self.monotone = monotone
         self.num_layers = int(num_layers or profile["num_layers"])
         self.engine = engine
-        self._engine = engine.bind(self.num_layers, int(profile["tp"]))
+        self.pipeline_stages = pp
+        self._pipeline = _pipeline(profile, self.num_layers, pp) if pp > 1 else None
+        stage = max(self._pipeline.layers) if self._pipeline else self.num_layers
+        self._engine = engine.bind(stage, int(profile["tp"]))
         ops = profile["token_ops"]
         tokens = ops["num_tokens"]
         self._ops = {op: Curve(tokens, np.asarray(ms) * 1e-3) for op, ms in ops["ms"].items()}
@@ -106,7 +115,7 @@ class VidurCostModel(CostModel):
                                   + " (or convert one with `cbsim vidur-convert` and pass profile:)",
                                   f"{config.gpu}-{normalise_model_name(name)}-tp{config.tp}")
         return cls.from_file(path, num_layers=config.num_layers, monotone=config.monotone,
-                             engine=resolve_engine(config.engine, config.cpu_overhead), key=key)
+                             engine=resolve_engine(config.engine, config.cpu_overhead), key=key, pp=config.pp)
 
     @classmethod
     def from_file(cls, path, key: str = "profile", **kwargs) -> "VidurCostModel":
@@ -136,7 +145,27 @@ class VidurCostModel(CostModel):
         if terms is None:
             terms = self._token_terms[key] = self._token_terms_of(tokens, rows)
         per_layer, fixed = terms
+        if self._pipeline is not None:
+            return self._slowest_stage(tokens, rows, per_layer + attn)
         return self.num_layers * (per_layer + attn) + fixed
+
+    def _slowest_stage(self, tokens: int, rows: int, layer):
+        """One pipeline stage's seconds (the slowest; elementwise over arrays): its layers, the embedding
+        on the first stage, the LM head on the last, and its activation hand-off."""
+        pipe = self._pipeline
+        last = pipe.stages - 1
+        lm = self._lm_head.at(rows) * self._lm_ratio if rows else 0.0
+        slowest = None
+        for s, n in enumerate(pipe.layers):
+            t = (n * layer + (self._emb.at(tokens) if s == 0 else 0.0) + (lm if s == last else 0.0)
+                 + pipe.handoff_seconds(tokens, s))
+            if slowest is None:
+                slowest = t
+            elif isinstance(t, np.ndarray) or isinstance(slowest, np.ndarray):
+                slowest = np.maximum(slowest, t)
+            else:
+                slowest = t if t > slowest else slowest
+        return slowest
 
     def _token_terms_of(self, tokens: int, rows: int) -> tuple[float, float]:
         """(per-layer seconds without attention, per-step fixed seconds): pure in (tokens, rows)."""
@@ -154,6 +183,9 @@ class VidurCostModel(CostModel):
         """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
         per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
         table (sim/metrics/step_efficiency.py)."""
+        if self._pipeline is not None:  # the stage that communicates longest
+            pipe, per_layer = self._pipeline, self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
+            return max(n * per_layer + pipe.handoff_seconds(tokens, s) for s, n in enumerate(pipe.layers))
         return self.num_layers * self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
 
     def _prefill_attention(self, shape: StepShape) -> float:
@@ -198,7 +230,24 @@ class VidurCostModel(CostModel):
             "type": self.name, "profile": self.source, "gpu": p.get("gpu"), "model": p.get("model"), "tp": p["tp"],
             "num_layers": self.num_layers, "monotone": self.monotone, "engine": self.engine.describe(),
             "measured": (p.get("provenance") or {}).get("measured"),
+            **({"pp": self.pipeline_stages} if self.pipeline_stages > 1 else {}),
         }
+
+
+def _pipeline(profile: dict, num_layers: int, pp: int) -> Pipeline:
+    """The stages of a profile's model on its GPU (a100/h100 DGX: NVSwitch, 8 GPUs a node), 16-bit activations."""
+    from ..gpus import gpus_per_node
+    from ..specs import gpu_spec
+    from .collectives import link_model
+
+    check_pipeline(num_layers, pp)
+    hidden = (profile.get("geometry") or {}).get("n_embd")
+    if not isinstance(hidden, int) or hidden < 1:
+        raise ConfigError("cost_model.pp", "1 for a profile without geometry.n_embd (the hidden size the hand-off "
+                          "sends)", pp)
+    gpu = gpu_spec(profile["gpu"], "cost_model.gpu")
+    return Pipeline.build(num_layers, pp, int(profile["tp"]), hidden, 2.0, gpu, gpu.topology,
+                          link_model(gpu, gpu.topology), gpus_per_node(gpu))
 
 
 def normalise_model_name(name: str) -> str:
