@@ -24,6 +24,9 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from cbsim.errors import ConfigError
+from cbsim.profiler.costmodels import load_cost_model
+from cbsim.profiler.costmodels.registry import takes_engine
+from cbsim.profiler.specs import model_spec
 from cbsim.profiler.costmodels.engine import (FRONTEND_TERMS, NO_ENGINE, TERM_NAMES, Engine, EngineTerms,
                                               load_engine)
 from cbsim.profiler.step_table import MeasuredStep
@@ -52,10 +55,6 @@ class KernelRow:
 
 def kernel_rows(steps: list[MeasuredStep], model, cost_model: dict) -> list[KernelRow]:
     """Price every step's kernels with the base cost model at the step's TP (and model)."""
-    from cbsim.profiler.costmodels import load_cost_model
-    from cbsim.profiler.costmodels.registry import takes_engine
-    from cbsim.profiler.specs import model_spec
-
     base = {k: v for k, v in cost_model.items() if k not in ("engine", "cpu_overhead")}
     if not takes_engine(base):
         raise ConfigError("cost_model.type", "a cost model with an engine (roofline, vidur, fitted)", base.get("type"))

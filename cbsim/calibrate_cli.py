@@ -2,7 +2,9 @@
 (list the engine presets) and `cbsim splitwise-steps` (the Splitwise CSV as a step table).
 
 Registered by cbsim.cli through `register(app)`. Exit codes: 0 done, 2 a user error naming the
-file, row or key. The fits themselves are cbsim/calibrate.py and cbsim/calibrate_serving.py.
+file, row or key. The fits themselves are cbsim/calibrate.py and cbsim/calibrate_serving.py; they,
+the engine presets and the Splitwise reader load numpy, scipy or pandas, so the commands import them
+when they run, not when every `cbsim` invocation registers them.
 """
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from typing import List, Optional
 
 import typer
 
+from cbsim.profiler.step_table import read_steps, step_row
+
+from .cli_errors import user_errors
 from .errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
     """Add `calibrate`, `engines` and `splitwise-steps` to `app`."""
-    from cbsim.cli import user_errors
 
     @app.command("calibrate")
     @user_errors
@@ -54,7 +58,7 @@ def register(app: typer.Typer) -> None:
     @app.command("engines")
     def engines_command():
         """List the engine presets and their terms."""
-        from cbsim.profiler.costmodels.engine import load_engine, preset_names
+        from cbsim.profiler.costmodels.engine import load_engine, preset_names  # lazy (module docstring)
 
         for name in preset_names():
             engine = load_engine(name)
@@ -69,8 +73,7 @@ def register(app: typer.Typer) -> None:
     def splitwise_command(csv: Path = typer.Argument(..., help="Splitwise perf_model CSV"),
                           out: Path = typer.Option(..., "--out", help="step table to write (JSON lines)")):
         """Convert the Splitwise profiling CSV into a measured step table for `cbsim calibrate --steps`."""
-        from cbsim.profiler.splitwise import read_splitwise
-        from cbsim.profiler.step_table import step_row
+        from cbsim.profiler.splitwise import read_splitwise  # lazy (module docstring)
 
         rows, notes = read_splitwise(csv)
         _check_out(out)
@@ -83,7 +86,7 @@ def register(app: typer.Typer) -> None:
 def _fit_names(fit: str | None, kernel_scale: bool) -> tuple[str, ...] | None:
     names = tuple(n.strip() for n in fit.split(",") if n.strip()) if fit else None
     if kernel_scale:
-        from .calibrate import DEFAULT_FIT
+        from .calibrate import DEFAULT_FIT  # lazy (module docstring)
 
         names = (names or DEFAULT_FIT) + ("kernel_scale",)
     return names
@@ -96,8 +99,7 @@ def _check_out(out: Path) -> None:
 
 def read_step_tables(paths) -> tuple[list, list, list[str]]:
     """(steps, data provenance, notes) from step tables and Splitwise CSVs."""
-    from cbsim.profiler.splitwise import read_splitwise
-    from cbsim.profiler.step_table import read_steps
+    from cbsim.profiler.splitwise import read_splitwise  # lazy (module docstring)
 
     from .calibrate import file_digest
 
@@ -111,7 +113,7 @@ def read_step_tables(paths) -> tuple[list, list, list[str]]:
 
 
 def _from_steps(paths, cost_model: Path | None, names, engine) -> dict:
-    from .calibrate import DEFAULT_FIT, calibrate_steps
+    from .calibrate import DEFAULT_FIT, calibrate_steps  # lazy (module docstring)
     from .config import read_yaml
 
     if cost_model is None:
@@ -135,7 +137,7 @@ def _from_steps(paths, cost_model: Path | None, names, engine) -> dict:
 
 
 def _from_serving(serving, holdout, names, engine, max_evals: int) -> dict:
-    from .calibrate_serving import DEFAULT_FIT, calibrate_serving, load_cases
+    from .calibrate_serving import DEFAULT_FIT, calibrate_serving, load_cases  # lazy (module docstring)
 
     cases = load_cases(serving, "--serving")
     held = load_cases(holdout, "--holdout")

@@ -20,7 +20,12 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import minimize
 
+from cbsim.profiler.costmodels.engine import TERM_NAMES, load_engine
+
+from .api import run_experiment
+from .compare import experiment_config
 from .errors import ConfigError
+from .measured import load_measured, simulated_metrics
 
 DEFAULT_FIT = ("host_per_step_s", "host_per_seq_s", "frontend_s")
 UNITS = {"host_per_seq_s": 1e-6, "host_per_prefill_s": 1e-6, "host_per_token_s": 1e-6,
@@ -42,9 +47,6 @@ def _pairs(specs, key: str) -> list[tuple[str, str]]:
 
 def load_cases(specs, key: str = "serving"):
     """(experiment config, measured run, notes) for each EXP=MEASURED."""
-    from .compare import experiment_config
-    from .measured import load_measured
-
     cases = []
     for exp, meas in _pairs(specs, key):
         run = load_measured(meas)
@@ -55,9 +57,6 @@ def load_cases(specs, key: str = "serving"):
 
 def simulate_metrics(cfg, engine: dict) -> dict:
     """Metrics of one simulation of `cfg` with `cost_model.engine` replaced by `engine`."""
-    from .api import run_experiment
-    from .measured import simulated_metrics
-
     run_cfg = replace(cfg, cost_model={**cfg.cost_model, "engine": engine}, output=replace(cfg.output, dir=None))
     try:
         results = run_experiment(run_cfg)
@@ -78,8 +77,6 @@ def case_errors(cases, engine: dict) -> list[dict]:
 
 def calibrate_serving(cases, fit=DEFAULT_FIT, base_engine=None, max_evals: int = 60, holdout=()) -> dict:
     """Search the terms `fit`; returns the engine file's content with per-metric errors."""
-    from cbsim.profiler.costmodels.engine import TERM_NAMES, load_engine
-
     names = tuple(fit)
     bad = [n for n in names if n not in TERM_NAMES or n in ("overlap", "cuda_graph_max_batch", "output_lag_steps")]
     if bad:

@@ -1,32 +1,29 @@
 """The `cbsim` command line (typer). User errors print one line naming the file, key and
-expectation, and exit with code 2, without a traceback."""
+expectation, and exit with code 2, without a traceback (cli_errors.py).
+
+Imports: what a command needs from cbsim.config, cbsim.api and cbsim.workloads is imported inside
+the command, because those load numpy and pandas (~1 s) and `cbsim --help` or `cbsim policies`
+should not pay for them; everything light is imported here.
+"""
 from __future__ import annotations
 
-import functools
+import importlib
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from cbsim.policies import policy_help
+from cbsim.profiler.costmodels.registry import engine_of
+from cbsim.sim.outputs.progress import Progress
+
+from .cli_errors import user_errors
 from .errors import ConfigError
+from .server import server_lines
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
-
-
-def user_errors(func):
-    """Turn ConfigError (and a missing file) into a clean message and exit code 2."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except ConfigError as err:
-            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(2)
-
-    return wrapper
 
 
 SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "throughput_tokens_per_s",
@@ -48,8 +45,7 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
                                    "2 s reports every 5 s)")):
     """Run one experiment and write its results folder."""
-    from cbsim.sim.outputs.progress import Progress
-    from cbsim.workloads import drop_warnings
+    from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
     from .api import run_experiment
     from .config import load_config
@@ -79,14 +75,12 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
 def resolved_line(cfg, kv_blocks: dict | None) -> str:
     """What the run resolved its settings to: 'resolved: roofline (gpu h100, tp 1), engine vllm-v1,
     KV 28,181 x 16 tokens per replica, 1 replica, sarathi' (P/D: each pool's block counts)."""
-    from cbsim.profiler.costmodels.registry import engine_of
-
     cost = cfg.cost_model
     where = ", ".join(f"{k} {cost[k]}" for k in ("gpu", "tp", "profile") if cost.get(k) is not None)
     engine = engine_of(cost).name
     blocks = "/".join(f"{n:,}" for n in sorted(set((kv_blocks or {}).values()))) or "?"
     if cfg.cluster.mode == "pd":
-        from .config import pool_policy
+        from .config import pool_policy  # lazy: pandas (module docstring)
 
         pools = ", ".join(f"{pool}: {getattr(cfg.cluster, pool).replicas} x {pool_policy(cfg, pool)['name']}"
                           for pool in ("prefill", "decode"))
@@ -120,11 +114,10 @@ def describe_files(files: dict[str, int]) -> str:
 def validate(file: Path = typer.Argument(..., help="experiment YAML"),
              set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key")):
     """Check an experiment file, and the traces and profiles it reads, without running it."""
-    from cbsim.workloads import drop_warnings
+    from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
     from .config import load_config
     from .preflight import preflight
-    from .server import server_lines
 
     cfg = load_config(file, set_)
     for line in drop_warnings(preflight(cfg)):
@@ -137,8 +130,6 @@ def validate(file: Path = typer.Argument(..., help="experiment YAML"),
 @app.command()
 def policies():
     """List every policy with its parameters and help text."""
-    from cbsim.policies import policy_help
-
     for name, summary, fields in policy_help():
         typer.secho(f"{name}", bold=True, nl=False)
         typer.echo(f"  {summary}")
@@ -149,7 +140,7 @@ def policies():
 @app.command()
 def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
-    from .reference import embed, reference_markdown
+    from .reference import embed, reference_markdown  # lazy: pandas (module docstring)
 
     if readme is None:
         typer.echo(reference_markdown(), nl=False)
@@ -159,8 +150,6 @@ def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite
 
 def _register_optional_commands() -> None:
     """Commands that live beside their subsystem (profiler, workloads) register themselves."""
-    import importlib
-
     for module in ("cbsim.profiler.profile_cli", "cbsim.profiler.fit_cli", "cbsim.workloads.cli",
                    "cbsim.sweep_cli", "cbsim.regress_cli", "cbsim.compare_cli", "cbsim.calibrate_cli", "cbsim.catalog_cli",
                    "cbsim.tune_cli"):

@@ -1,4 +1,4 @@
-"""The measured-vs-simulated CDF figure of `cbsim compare` (matplotlib, Agg backend; closed after saving).
+"""The measured-vs-simulated CDF figure of `cbsim compare` (a matplotlib Figure on the Agg canvas, no pyplot).
 
 One panel per latency (TTFT, ITL, TPOT, E2E), milliseconds on the x axis; the measured and the
 simulated empirical CDFs on the same axes, each side's p50 and p99 marked with a dot. Nothing is computed here
@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cbsim.sim.metrics import cdf_points, weighted_percentile  # noqa: E402
+from cbsim.sim.metrics import cdf_points, weighted_percentile
 
 MEASURED, SIMULATED = "black", "tab:orange"
 PANELS = (("ttft", "TTFT", "requests"), ("itl", "ITL", "token gaps"), ("tpot", "TPOT", "requests"),
@@ -24,7 +22,9 @@ PANELS = (("ttft", "TTFT", "requests"), ("itl", "ITL", "token gaps"), ("tpot", "
 def plot_compare_cdf(result, path: str | Path) -> Path:
     """Write the 2x2 figure of `result` (a CompareResult) to `path`."""
     measured, simulated = measured_samples(result.measured), simulated_samples(result.results)
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig = Figure(figsize=(12, 8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2)
     for ax, (name, label, unit) in zip(axes.ravel(), PANELS):
         _panel(ax, label, unit, measured.get(name), simulated.get(name), result.rows)
         ax.set_title(f"{label}: {_errors(result.rows, name)}", fontsize=10)
@@ -35,7 +35,6 @@ def plot_compare_cdf(result, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

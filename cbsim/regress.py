@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .api import run_experiment
+from .config import load_config, read_yaml
 from .errors import ConfigError
 from .schema import option, parse, require
 
@@ -93,8 +95,6 @@ class Tolerances:
 
 def load_tolerances(suite_dir: Path) -> Tolerances:
     """The suite's tolerances.yaml, or the defaults when it has none."""
-    from .config import read_yaml
-
     path = Path(suite_dir) / TOLERANCES_FILE
     if not path.exists():
         return Tolerances()
@@ -136,9 +136,6 @@ def config_digest(cfg) -> str:
 
 def run_one(path: Path, overrides: list[str] | None = None) -> Outcome:
     """Run one suite experiment (never writing an output folder) and keep its tracked metrics."""
-    from .api import run_experiment
-    from .config import load_config
-
     cfg = load_config(path, overrides)
     cfg.output.dir = None
     started = time.perf_counter()

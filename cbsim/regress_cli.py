@@ -2,7 +2,8 @@
 
 Registered by cbsim.cli through `register(app)`. Exit codes: 0 pass, 1 a regression (or, in mode
 `any`, any change beyond tolerance; also a missing metric or experiment), 2 a user error.
-The comparison rules are documented in cbsim/regress.py.
+The comparison rules are documented in cbsim/regress.py, which the command imports when it runs
+(it runs experiments: numpy, pandas), not when every `cbsim` invocation registers it.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from typing import List, Optional
 
 import typer
 
+from cbsim.cli_errors import user_errors
+from cbsim.errors import ConfigError
+
 DEFAULT_SUITE = Path("experiments/regression")
 
 
 def register(app: typer.Typer) -> None:
     """Add the `regress` command to `app`."""
-    from cbsim.cli import user_errors
 
     @app.command("regress")
     @user_errors
@@ -32,8 +35,7 @@ def register(app: typer.Typer) -> None:
                 changes_only: bool = typer.Option(False, "--changes-only", help="print only rows that are "
                                                   "not ok")):
         """Rerun the regression suite and compare its metrics with the baseline; exit 1 on a regression."""
-        from cbsim.errors import ConfigError
-        from cbsim.regress import (compare, format_report, load_tolerances, read_baseline, run_suite,
+        from cbsim.regress import (compare, format_report, load_tolerances, read_baseline, run_suite,  # lazy
                                    write_baseline)
 
         if update and set_:

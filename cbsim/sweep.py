@@ -17,10 +17,13 @@ Invariants:
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import json
 import os
+import signal
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
@@ -30,6 +33,7 @@ from typing import Any, Callable, Literal
 import pandas as pd
 import yaml
 
+from .api import run_experiment
 from .config import ExperimentConfig, check_name, load_config, read_yaml
 from .errors import ConfigError
 from .schema import option, parse, require
@@ -180,8 +184,6 @@ def point_id(config: ExperimentConfig) -> str:
 
 def run_point(point: Point) -> dict:
     """Run one point; never raises: a failure is a record with status 'failed' and the error text."""
-    from .api import run_experiment
-
     started = time.perf_counter()
     try:
         summary, status, error = run_experiment(point.config).summary, "ok", None
@@ -257,13 +259,8 @@ def die_with_parent(parent: int, interval: float = 0.5) -> None:
     killed with `kill -9` leaves no worker behind). When the worker is that process's child, Linux
     is asked to kill it with its parent (prctl PR_SET_PDEATHSIG); in every case (forkserver or spawn
     workers, other systems) a daemon thread checks every `interval` seconds that the parent lives."""
-    import signal
-    import threading
-
     if os.getppid() == parent:
         try:
-            import ctypes
-
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
         except (OSError, AttributeError):
             pass
@@ -288,7 +285,7 @@ def die_with_parent(parent: int, interval: float = 0.5) -> None:
 def _run_ray(items: list, func, workers: int | None, collect, address: str | None = None) -> None:
     """The same function as Ray tasks; joins `address` or starts a local Ray (`workers` CPUs)."""
     try:
-        import ray
+        import ray  # lazy: an optional dependency (pip install 'cbsim[ray]'), only for --backend ray
     except ImportError as err:
         raise ConfigError("--backend", "ray installed (pip install 'cbsim[ray]')", "ray") from err
     started = not ray.is_initialized()

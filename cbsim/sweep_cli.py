@@ -2,6 +2,8 @@
 
 Registered by cbsim.cli through `register(app)`. Both are thin: they parse options, call
 cbsim.sweep.run_sweep / cbsim.capacity.find_capacities, show progress, and print a short table.
+The sweep, the capacity search, pandas and rich are imported inside the commands: every `cbsim`
+invocation registers these commands, and only these two should load them.
 """
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+import yaml
+
+from cbsim.cli_errors import user_errors
+from cbsim.errors import ConfigError
+from cbsim.sim.outputs.progress import Progress
 
 
 def register(app: typer.Typer) -> None:
-    from cbsim.cli import user_errors
-
     app.command("sweep")(user_errors(sweep))
     app.command("capacity")(user_errors(capacity))
 
@@ -27,7 +32,9 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
           plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots")):
     """Run an experiment over a grid of config values and seeds; finished points are kept, so a
     rerun resumes where a killed sweep stopped."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    # lazy (module docstring): the sweep and rich
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
 
     from cbsim.preflight import check_writable
     from cbsim.sweep import load_sweep, run_sweep
@@ -37,7 +44,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=False) as progress:
+    with Bars(*columns, transient=False) as progress:
         task = progress.add_task(spec.name, total=None)
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
@@ -48,7 +55,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     for _, row in failed.drop_duplicates("error").head(5).iterrows():
         typer.secho(f"  failed: {row['error']}", fg=typer.colors.RED)
     if plots and len(failed) < len(table):
-        from cbsim.sweep_plots import write_sweep_plots
+        from cbsim.sweep_plots import write_sweep_plots  # lazy: matplotlib
 
         x = spec.plot.x or spec.keys[-1]
         for path in write_sweep_plots(table, target, x, spec.plot.metrics, band=spec.plot.band, title=spec.name):
@@ -71,13 +78,10 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a probe run "
                                         "longer than 2 s reports every 5 s)")):
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
-    import pandas as pd
-
-    from cbsim.sim.outputs.progress import Progress
+    import pandas as pd  # lazy (module docstring), as the capacity search
 
     from cbsim.capacity import find_capacities, find_capacity
     from cbsim.config import load_config
-    from cbsim.errors import ConfigError
     from cbsim.preflight import check_writable
 
     if out is not None:
@@ -115,10 +119,6 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
 
 def _policy(text: str):
     """A --policy value: a name, or a YAML mapping of the whole policy section."""
-    import yaml
-
-    from cbsim.errors import ConfigError
-
     value = yaml.safe_load(text)
     if not isinstance(value, (str, dict)):
         raise ConfigError("--policy", "a policy name or a YAML mapping {name: ..., options}", text)
@@ -127,8 +127,6 @@ def _policy(text: str):
 
 def check_parallel_options(backend: str, workers: int | None) -> None:
     """--backend and --workers of the commands that run points in parallel (sweep, tune)."""
-    from cbsim.errors import ConfigError
-
     if backend not in ("local", "ray"):
         raise ConfigError("--backend", "local or ray", backend)
     if workers is not None and workers < 1:

@@ -2,7 +2,9 @@
 
 `register(app)` adds them to the main typer app (cbsim/cli.py calls it). Each command is a thin
 wrapper: parse options, call the library function, print a short summary. User errors
-(ConfigError) go to stderr with exit code 2, like the rest of the CLI.
+(ConfigError) go to stderr with exit code 2, like the rest of the CLI. The fit (scipy, pandas) and
+the Vidur converter are imported when their command runs, not when every `cbsim` invocation
+registers the commands.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def fit_command(
                                    "step; chosen by cross-validation on the grid rows"),
 ) -> None:
     """Fit F(x) to measurements and write a `fitted` profile."""
-    from .costcheck import format_table
+    from .costcheck import format_table  # lazy, as below (module docstring)
     from .fit import fit_profile, load_measurements, tile_label, write_profile
 
     try:
@@ -70,7 +72,7 @@ def costcheck_command(
     rows: str = typer.Option("auto", "--rows", help="heldout, grid, all, or auto (held-out if any)"),
 ) -> None:
     """Held-out error table of a profile against measurements, and a predicted-vs-measured scatter."""
-    from .costcheck import costcheck
+    from .costcheck import costcheck  # lazy (module docstring)
 
     try:
         _, text = costcheck(profile, csv, out_png=out, rows=rows)
@@ -90,7 +92,7 @@ def vidur_convert_command(
     node: Optional[str] = typer.Option(None, "--node", help="network node for the all-reduce table"),
 ) -> None:
     """Convert Vidur's published tables into compact JSON profiles (the shipped set, or one)."""
-    from . import vidur_data
+    from . import vidur_data  # lazy (module docstring)
 
     try:
         root = vidur_data.data_dir(data)
