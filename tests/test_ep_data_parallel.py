@@ -84,13 +84,13 @@ def test_data_parallel_needs_expert_parallel_and_a_network_across_nodes():
                         model_spec("qwen3-30b-a3b"))
 
 
-def test_vidur_and_fitted_refuse_what_they_cannot_price():
+def test_cost_models_refuse_what_they_cannot_price():
     with pytest.raises(ConfigError) as err:
         load_cost_model({"type": "vidur", "data_parallel": 2}, model_spec("llama-2-7b"))
     assert err.value.path == "cost_model.data_parallel" and "only roofline" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        load_cost_model({"type": "fitted", "profile": "x.json", "pp": 2}, model_spec("llama-2-7b"))
-    assert err.value.path == "cost_model.pp" and "fitted profile times whole steps" in str(err.value)
+        load_cost_model({"type": "unit", "pp": 2}, model_spec("llama-2-7b"))
+    assert err.value.path == "cost_model.pp" and "roofline, vidur and fitted price them" in str(err.value)
     assert load_cost_model({"type": "vidur", "data_parallel": 1}, model_spec("llama-2-7b")).describe()["type"] == "vidur"
 
 

@@ -200,3 +200,29 @@ def test_vidur_bad_pp_and_fitted_refuses_it():
     with pytest.raises(ConfigError) as err:
         vidur(pp=81)
     assert err.value.path == "cost_model.pp" and "80 layers" in str(err.value)
+
+
+def fitted(**keys):
+    return load_cost_model({"type": "fitted", "profile": "fitted/a100-llama-2-70b-tp2-published.json", "engine": "none",
+                            **keys}, model_spec("llama-2-70b"))
+
+
+def test_fitted_stages_by_hand():
+    """The shipped fitted profile (A100 Llama-2-70B TP2, fitted on Vidur's published tables) as 2 stages:
+    the slower is 40 fitted layers + the LM head + the all-gather of what it received."""
+    before, one, two = fitted(), fitted(pp=1), fitted(pp=2)
+    assert two.pipeline_stages == 2 and two.describe()["pp"] == 2 and "pp" not in one.describe()
+    link = link_model(gpu_spec("a100"), "nvswitch")
+    for shape in SHAPES:
+        assert one.step_time(shape).hex() == before.step_time(shape).hex()
+        tokens, rows = shape.num_tokens, shape.tokens_sampled
+        lm = before._lm0 + before._lm1 * rows
+        layer = (before.gpu_time(shape) - before.step_overhead - lm) / 80
+        send = P2P_FIT["a100"][0] + tokens * 2 * 8192 * 2 / 2 / P2P_FIT["a100"][1]
+        gather = link.base + link.hop + 0.5 * tokens * 2 * 8192 * 2 / link.bandwidth
+        expected = max(40 * layer + send, 40 * layer + lm + gather) + before.step_overhead
+        assert two.step_time(shape) == pytest.approx(expected, rel=1e-9)
+    contexts = np.array([10, 500, 3000])
+    run = two.decode_run_times(contexts, 3)
+    assert all(run[j] == two.step_time(StepShape.from_batch(decode=contexts + j)) for j in range(3))
+

@@ -37,6 +37,7 @@ from ..features import (PADDED_PREFIX, aggregates, padded_segments, padded_token
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve
+from .pipeline import profile_pipeline
 from .profile_check import MAX_LAYERS, check_fitted
 from .registry import register_cost_model
 
@@ -51,18 +52,23 @@ class FittedCostModel(CostModel):
                               "shipped profiles folder")
         num_layers: int | None = option(None, help="decoder layers; default: the profile's")
         step_overhead: float | None = option(None, help="seconds added per step on the GPU side; default: the profile's")
+        pp: int = option(1, help="pipeline stages: the fitted layer's time on each stage's layers (split as vLLM "
+                         "splits them), step_time one stage's time, the activation hand-off priced as roofline's "
+                         "(pipeline.py); the hidden size is the experiment model's")
         engine: Any = engine_option()
         cpu_overhead: CpuOverheadConfig | None = option(None, help="the older form of the engine's host terms "
                                                         "(kept for old configs; use engine:)")
 
         def validate(self) -> None:
+            require(isinstance(self.pp, int) and not isinstance(self.pp, bool) and self.pp >= 1, "pp",
+                    "an integer >= 1", self.pp)
             require(self.num_layers is None or 1 <= self.num_layers <= MAX_LAYERS, "num_layers",
                     f"an integer >= 1 and <= {MAX_LAYERS}", self.num_layers)
             require(self.step_overhead is None or 0 <= self.step_overhead < math.inf, "step_overhead",
                     "a finite number >= 0", self.step_overhead)
 
     def __init__(self, profile: dict, *, num_layers: int | None = None, step_overhead: float | None = None,
-                 engine: Engine = NO_ENGINE, source: str = ""):
+                 engine: Engine = NO_ENGINE, source: str = "", pp: int = 1, hidden: int | None = None):
         if profile.get("type") != "fitted":
             raise ValueError(f"{source or 'profile'} is not a fitted profile (type {profile.get('type')!r})")
         check_fitted(profile, source)  # ProfileError naming the file and key
@@ -70,7 +76,13 @@ class FittedCostModel(CostModel):
         self.source = source
         self.num_layers = int(num_layers or profile["num_layers"])
         self.engine = engine
-        self._engine = engine.bind(self.num_layers, int(profile.get("tp") or 1))
+        self.pipeline_stages = pp
+        self._pipeline = None
+        if pp > 1:
+            self._pipeline = profile_pipeline(self.num_layers, pp, int(profile.get("tp") or 1), hidden,
+                                              str(profile.get("gpu")), "cost_model.pp")
+        stage = max(self._pipeline.layers) if self._pipeline else self.num_layers
+        self._engine = engine.bind(stage, int(profile.get("tp") or 1))
         self.step_overhead = float(profile["step_overhead"] if step_overhead is None else step_overhead)
         coef = profile["coefficients"]
         knots = profile["knots"]
@@ -94,7 +106,8 @@ class FittedCostModel(CostModel):
             model.check_measured_precision("fitted")
         return cls.from_file(resolve_profile(config.profile), num_layers=config.num_layers,
                              step_overhead=config.step_overhead,
-                             engine=resolve_engine(config.engine, config.cpu_overhead))
+                             engine=resolve_engine(config.engine, config.cpu_overhead), pp=config.pp,
+                             hidden=getattr(model, "hidden", None))
 
     @classmethod
     def from_file(cls, path, **kwargs) -> "FittedCostModel":
@@ -126,12 +139,32 @@ class FittedCostModel(CostModel):
         if self.allreduce is not None:
             layer = layer + self.allreduce.seconds(tokens)
         lm = self._lm0 + self._lm1 * rows if rows else 0.0
+        if self._pipeline is not None:
+            return self._slowest_stage(tokens, layer, lm) + self.step_overhead
         return self.num_layers * layer + lm + self.step_overhead
+
+    def _slowest_stage(self, tokens, layer, lm):
+        """One pipeline stage's seconds (the slowest; elementwise over arrays): its layers, the LM head on
+        the last stage, its activation hand-off (the fit has no embedding term of its own)."""
+        pipe = self._pipeline
+        last, slowest = pipe.stages - 1, None
+        for s, n in enumerate(pipe.layers):
+            t = n * layer + (lm if s == last else 0.0) + pipe.handoff_seconds(tokens, s)
+            if slowest is None:
+                slowest = t
+            elif isinstance(t, np.ndarray) or isinstance(slowest, np.ndarray):
+                slowest = np.maximum(slowest, t)
+            else:
+                slowest = t if t > slowest else slowest
+        return slowest
 
     def collective_time(self, tokens: float) -> float:
         """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
         per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
         table (sim/metrics/step_efficiency.py)."""
+        if self._pipeline is not None:  # the stage that communicates longest
+            pipe, per_layer = self._pipeline, self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
+            return max(n * per_layer + pipe.handoff_seconds(tokens, s) for s, n in enumerate(pipe.layers))
         return self.num_layers * self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
 
     # --- interface ---------------------------------------------------------------------
@@ -178,7 +211,8 @@ class FittedCostModel(CostModel):
         p = self.profile
         return {"type": self.name, "profile": self.source, "model": p.get("model"), "gpu": p.get("gpu"),
                 "tp": p.get("tp"), "format": p.get("format", 1), "tile": self.tile, "num_layers": self.num_layers,
-                "step_overhead": self.step_overhead, "engine": self.engine.describe()}
+                "step_overhead": self.step_overhead, "engine": self.engine.describe(),
+                **({"pp": self.pipeline_stages} if self.pipeline_stages > 1 else {})}
 
 
 def _ramp_curve(knots, slopes) -> Curve:

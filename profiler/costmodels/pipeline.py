@@ -136,3 +136,19 @@ class Pipeline:
 
     def handoff_seconds(self, tokens: float, stage: int) -> float:
         return self.send_seconds(tokens, stage) + self.gather_seconds(tokens, stage)
+
+
+def profile_pipeline(num_layers: int, pp: int, tp: int, hidden, gpu_name: str, path: str) -> Pipeline:
+    """The stages of a measured profile's model (vidur, fitted) on its GPU (the catalog's topology and
+    node), with 16-bit activations (the profiles are 16-bit); `hidden` must be known (ConfigError at `path`)."""
+    from ..gpus import gpus_per_node
+    from ..specs import gpu_spec
+    from .collectives import link_model
+
+    check_pipeline(num_layers, pp)
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+        raise ConfigError(path, "1 for a profile whose model's hidden size is unknown (the hand-off sends "
+                          "hidden x tokens)", pp)
+    gpu = gpu_spec(gpu_name, path)
+    return Pipeline.build(num_layers, pp, tp, hidden, 2.0, gpu, gpu.topology, link_model(gpu, gpu.topology),
+                          gpus_per_node(gpu))

@@ -33,8 +33,8 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
         raise (err if err.path == path or err.path.startswith(path + ".") else err.under(path)) from None
 
 
-ROOFLINE_ONLY = {  # parallelism keys some cost models cannot price, and which can
-    "pp": ("pipeline stages", "roofline and vidur price them; a fitted profile times whole steps as measured"),
+ROOFLINE_ONLY = {  # parallelism keys some cost models cannot price, and which do
+    "pp": ("pipeline stages", "roofline, vidur and fitted price them"),
     "data_parallel": ("data-parallel attention with expert parallelism",
                       "only roofline prices it; vidur and fitted time one TP group's dense steps as measured"),
 }
@@ -42,8 +42,8 @@ ROOFLINE_ONLY = {  # parallelism keys some cost models cannot price, and which c
 
 def _roofline_only(cls, mapping: dict, path: str) -> dict:
     """`mapping` less the parallelism keys a cost model without them was given as 1; any other value is
-    a one-line ConfigError (a fitted profile times whole steps as measured, with no stage split; vidur
-    and fitted have no all-to-all: they cannot price these honestly)."""
+    a one-line ConfigError (vidur and fitted time one TP group's dense steps as measured, with no
+    all-to-all: they cannot price data-parallel attention honestly; unit and linear have no GPUs)."""
     from dataclasses import fields
 
     own = {f.name for f in fields(cls.Config)}

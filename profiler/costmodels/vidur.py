@@ -31,7 +31,7 @@ from cbsim.sim.shape import StepShape
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve, isotonic
-from .pipeline import Pipeline, check_pipeline
+from .pipeline import profile_pipeline
 from .profile_check import MAX_LAYERS, check_vidur
 from .registry import register_cost_model
 from .vidur_attention import make_attention
@@ -77,7 +77,11 @@ class VidurCostModel(CostModel):
         self.num_layers = int(num_layers or profile["num_layers"])
         self.engine = engine
         self.pipeline_stages = pp
-        self._pipeline = _pipeline(profile, self.num_layers, pp) if pp > 1 else None
+        self._pipeline = None
+        if pp > 1:
+            hidden = (profile.get("geometry") or {}).get("n_embd")
+            self._pipeline = profile_pipeline(self.num_layers, pp, int(profile["tp"]), hidden, profile["gpu"],
+                                              "cost_model.pp")
         stage = max(self._pipeline.layers) if self._pipeline else self.num_layers
         self._engine = engine.bind(stage, int(profile["tp"]))
         ops = profile["token_ops"]
@@ -232,22 +236,6 @@ class VidurCostModel(CostModel):
             "measured": (p.get("provenance") or {}).get("measured"),
             **({"pp": self.pipeline_stages} if self.pipeline_stages > 1 else {}),
         }
-
-
-def _pipeline(profile: dict, num_layers: int, pp: int) -> Pipeline:
-    """The stages of a profile's model on its GPU (a100/h100 DGX: NVSwitch, 8 GPUs a node), 16-bit activations."""
-    from ..gpus import gpus_per_node
-    from ..specs import gpu_spec
-    from .collectives import link_model
-
-    check_pipeline(num_layers, pp)
-    hidden = (profile.get("geometry") or {}).get("n_embd")
-    if not isinstance(hidden, int) or hidden < 1:
-        raise ConfigError("cost_model.pp", "1 for a profile without geometry.n_embd (the hidden size the hand-off "
-                          "sends)", pp)
-    gpu = gpu_spec(profile["gpu"], "cost_model.gpu")
-    return Pipeline.build(num_layers, pp, int(profile["tp"]), hidden, 2.0, gpu, gpu.topology,
-                          link_model(gpu, gpu.topology), gpus_per_node(gpu))
 
 
 def normalise_model_name(name: str) -> str:
