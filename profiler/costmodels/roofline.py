@@ -268,7 +268,6 @@ class RooflineCost(CostModel):
         """Step time from aggregate features. tokens, rows: floats; pairs, kv_read: floats or arrays;
         window: (pairs, kv_read) capped at the sliding window, for a model that has one; prefill:
         (pairs, kv_read) of the prefill chunks alone, for an MLA model (their naive form)."""
-        gemm = self._gemm_seconds(tokens)
         flops = self._attn_flops_per_pair * pairs
         if prefill is not None:  # MLA: the prefill pairs at the naive rate, plus decompressing their keys
             per_pair, per_key = self._mla_prefill
@@ -278,12 +277,13 @@ class RooflineCost(CostModel):
             windowed = _max(self._attn_flops_per_pair * window[0] / self._attn_rate,
                             self._kv_bytes_per_token * window[1] / self._bw)
             attention = attention * (1.0 - self._window_share) + windowed * self._window_share
-        layer = gemm + attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
         lm_head = self._lm_seconds(rows) if rows > 0 else 0.0
         embed = self._embed_bytes * tokens / self._bw
-        if self._staged:
+        if self._staged:  # pipeline stages or data-parallel attention: per stage, GEMMs by layer kind
             rest = attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
             return self._slowest_stage(tokens, rest, lm_head, embed) + self._step_overhead
+        layer = (self._gemm_seconds(tokens) + attention + self._elementwise_bytes * tokens / self._bw
+                 + self._layer_overhead)
         return layer * self._layers + lm_head + embed + self.collective_time(tokens) + self._step_overhead
 
     def _slowest_stage(self, tokens: float, rest, lm_head: float, embed: float):
@@ -306,7 +306,8 @@ class RooflineCost(CostModel):
         layers, moe_layers = self._stages[stage]
         comm = 0.0
         if self.tp > 1:
-            comm = (2.0 * layers + (1.0 if stage == 0 else 0.0)) * self._allreduce(self._allreduce_bytes_per_token * tokens)
+            count = 2.0 * layers + (1.0 if stage == 0 else 0.0)
+            comm = count * self._allreduce(self._allreduce_bytes_per_token * tokens)
         if self.data_parallel > 1 and moe_layers:
             comm = comm + moe_layers * self.alltoall_time(tokens)
         if self._pipeline is not None:
