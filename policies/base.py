@@ -42,8 +42,9 @@ class Budgets:
                                                            "[{tenant, max_requests, max_tokens}]: an arrival over its "
                                                            "tenant's cap is rejected (policies/quotas.py)")
     overload: OverloadConfig | None = option(None, help="overload state with hysteresis {enter_queued, exit_queued, "
-                                             "enter_queued_tokens, exit_queued_tokens}: arrivals are rejected "
-                                             "from when the queue reaches enter until it drains to exit")
+                                             "enter_queued_tokens, exit_queued_tokens, enter_predicted_ttft, "
+                                             "exit_predicted_ttft}: arrivals are rejected from when the queue "
+                                             "reaches an enter threshold until it drains to the exits")
 
     def validate(self) -> None:
         require(self.token_budget is None or self.token_budget >= 1, "token_budget", "an integer >= 1 or null",
@@ -77,7 +78,8 @@ class Policy:
         self.config = config
         self.extras = make_extras(config)
         quotas, overload = getattr(config, "tenant_quotas", None), getattr(config, "overload", None)
-        self.gate = ArrivalGate(quotas, overload) if quotas or overload else None
+        self.gate = (ArrivalGate(quotas, overload, getattr(config, "token_budget", None))
+                     if quotas or overload else None)
 
     def schedule(self, state: SchedulerState) -> StepPlan:
         """Called at the start of every step of the replica; returns what that step runs."""

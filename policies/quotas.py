@@ -16,10 +16,13 @@ token cap is its analogue in tokens (in flight, not per minute: a per-minute tok
 queue's token bucket, policies/fairness.py). A request with no tenant is not limited.
 
 Overload state (`overload`): the replica enters it when, at an arrival, its queue holds at least
-enter_queued requests (waiting, preempted ones included) or enter_queued_tokens prompt tokens still to
-compute (the queue's backlog of prefill work, seed 000 §6.3 "queue 里积压的工作量"); every request
+enter_queued requests (waiting, preempted ones included), or enter_queued_tokens prompt tokens still to
+compute (the queue's backlog of prefill work, seed 000 §6.3 "queue 里积压的工作量"), or when the
+queue's predicted TTFT reaches enter_predicted_ttft seconds: the queued prompt tokens over the rate of
+full prefill chunks (the policy's token budget) run alone, by the run's cost model (state.chunk_cost;
+the cold-start seed of sim/admission.py's TTFTPredictor, without its running average). Every request
 arriving while it is overloaded is rejected ("overload"); it leaves the state at the first arrival
-that finds the queue at most exit_queued requests and at most exit_queued_tokens tokens. The
+that finds every signal given at or below its exit threshold. The
 band between exit and enter is the hysteresis: without it (exit = enter) admission flips with
 every departure, the oscillation Mooncake reports for early rejection (Qin et al., "Mooncake",
 FAST 2025, §7.3, load fluctuation between rejection decisions). SGLang's --max-queued-requests is
@@ -28,6 +31,7 @@ the user's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cbsim.schema import option, require
@@ -64,10 +68,21 @@ class OverloadConfig:
     enter_queued_tokens: int | None = option(None, help="enter when an arrival finds this many prompt tokens "
                                              "queued still to compute; null = not by tokens")
     exit_queued_tokens: int = option(0, help="leave when at most this many are queued (< enter_queued_tokens)")
+    enter_predicted_ttft: float | None = option(None, help="enter when the queued prompt tokens would take this many "
+                                                "seconds to prefill in full chunks alone (by the cost model); null "
+                                                "= not by predicted TTFT")
+    exit_predicted_ttft: float = option(0.0, help="leave when they would take at most this long (< enter)")
 
     def validate(self) -> None:
-        require(self.enter_queued is not None or self.enter_queued_tokens is not None, "enter_queued",
-                "enter_queued or enter_queued_tokens", None)
+        require(self.enter_queued is not None or self.enter_queued_tokens is not None
+                or self.enter_predicted_ttft is not None, "enter_queued",
+                "enter_queued, enter_queued_tokens or enter_predicted_ttft", None)
+        if self.enter_predicted_ttft is not None:
+            require(math.isfinite(self.enter_predicted_ttft) and self.enter_predicted_ttft > 0,
+                    "enter_predicted_ttft", "seconds > 0", self.enter_predicted_ttft)
+            require(0 <= self.exit_predicted_ttft < self.enter_predicted_ttft, "exit_predicted_ttft",
+                    f"seconds >= 0 and below enter_predicted_ttft ({self.enter_predicted_ttft:g})",
+                    self.exit_predicted_ttft)
         if self.enter_queued is not None:
             require(self.enter_queued >= 1, "enter_queued", "an integer >= 1", self.enter_queued)
             require(0 <= self.exit_queued < self.enter_queued, "exit_queued",
@@ -94,8 +109,10 @@ def queued_prompt_tokens(req: Request) -> int:
 class ArrivalGate:
     """One replica's quotas and overload state, judged at each arrival (Policy.reject_reason)."""
 
-    def __init__(self, quotas: list[TenantQuotaConfig] | None, overload: OverloadConfig | None):
+    def __init__(self, quotas: list[TenantQuotaConfig] | None, overload: OverloadConfig | None,
+                 chunk: int | None = None):
         self.quotas = {q.tenant: q for q in quotas or ()}
+        self.chunk = chunk  # tokens of a full prefill chunk (the policy's token budget; None: max_model_len)
         self.overload = overload
         self.overloaded = False
         self.entries = 0  # times the overload state was entered
@@ -129,10 +146,13 @@ class ArrivalGate:
             return ""
         queued = len(state.waiting) + len(pending)
         tokens = sum(map(queued_prompt_tokens, state.waiting)) + sum(map(queued_prompt_tokens, pending))
+        ttft = self._predicted_ttft(state, tokens) if cfg.enter_predicted_ttft is not None else 0.0
         over = ((cfg.enter_queued is not None and queued >= cfg.enter_queued)
-                or (cfg.enter_queued_tokens is not None and tokens >= cfg.enter_queued_tokens))
+                or (cfg.enter_queued_tokens is not None and tokens >= cfg.enter_queued_tokens)
+                or (cfg.enter_predicted_ttft is not None and ttft >= cfg.enter_predicted_ttft))
         clear = ((cfg.enter_queued is None or queued <= cfg.exit_queued)
-                 and (cfg.enter_queued_tokens is None or tokens <= cfg.exit_queued_tokens))
+                 and (cfg.enter_queued_tokens is None or tokens <= cfg.exit_queued_tokens)
+                 and (cfg.enter_predicted_ttft is None or ttft <= cfg.exit_predicted_ttft))
         if not self.overloaded and over:
             self.overloaded = True
             self.entries += 1
@@ -140,10 +160,17 @@ class ArrivalGate:
             self.overloaded = False
         if not self.overloaded:
             return ""
+        predicted = f", {ttft:.3g} s to prefill" if cfg.enter_predicted_ttft is not None else ""
         return (f"{REASON_PREFIX} overload: the replica is overloaded ({queued} requests and {tokens} prompt tokens "
-                f"queued; it entered at enter_queued {cfg.enter_queued} / enter_queued_tokens "
-                f"{cfg.enter_queued_tokens} and leaves at exit_queued {cfg.exit_queued} / exit_queued_tokens "
-                f"{cfg.exit_queued_tokens})")
+                f"queued{predicted}; it leaves at exit_queued {cfg.exit_queued}, exit_queued_tokens "
+                f"{cfg.exit_queued_tokens}, exit_predicted_ttft {cfg.exit_predicted_ttft:g} for the thresholds set)")
+
+    def _predicted_ttft(self, state: SchedulerState, tokens: int) -> float:
+        """Seconds to prefill `tokens` in full chunks run alone, by the replica's cost model (0 without one)."""
+        if state.chunk_cost is None or tokens <= 0:
+            return 0.0
+        chunk = self.chunk or state.max_model_len
+        return tokens / chunk * state.chunk_cost(chunk, 0)
 
     def _quota_reason(self, req: Request, state: SchedulerState, pending: list[Request]) -> str:
         quota = self.quotas.get(req.tenant) if req.tenant is not None else None

@@ -55,6 +55,17 @@ def test_overload_by_queued_prompt_tokens():
     assert "200 prompt tokens queued" in reqs[3].reject_reason
 
 
+def test_overload_by_predicted_ttft_of_the_queue():
+    """Unit cost: a full 100-token chunk takes 1 s, so 200 queued prompt tokens predict 2 s."""
+    reqs = staggered([0.0, 0.1, 0.2, 0.3, 3.5], prompt=100)
+    policy = {"name": "sarathi", "token_budget": 100,
+              "overload": {"enter_predicted_ttft": 2.0, "exit_predicted_ttft": 0.5}}
+    run_policy(policy, reqs)
+    assert [r.status for r in reqs] == [Status.FINISHED, Status.FINISHED, Status.FINISHED, Status.REJECTED,
+                                        Status.FINISHED]
+    assert "2 s to prefill" in reqs[3].reject_reason
+
+
 def test_tenant_quota_caps_requests_in_flight_and_other_tenants_pass():
     """Tenant a may have 2 requests waiting or running; its third and fourth arrivals at t = 0 are
     rejected, b's pass; once a's first two finish, a's later request is accepted."""
@@ -78,6 +89,8 @@ def test_tenant_quota_caps_tokens_in_flight():
     ({"overload": {}}, "enter_queued"),
     ({"overload": {"enter_queued": 3, "exit_queued": 3}}, "exit_queued"),
     ({"overload": {"enter_queued_tokens": 10, "exit_queued_tokens": 11}}, "exit_queued_tokens"),
+    ({"overload": {"enter_predicted_ttft": 1.0, "exit_predicted_ttft": 1.0}}, "exit_predicted_ttft"),
+    ({"overload": {"enter_predicted_ttft": 0}}, "enter_predicted_ttft"),
     ({"tenant_quotas": [{"tenant": "a"}]}, "max_requests"),
     ({"tenant_quotas": [{"tenant": "a", "max_requests": 0}]}, "max_requests"),
     ({"tenant_quotas": [{"tenant": "a", "max_requests": 1}, {"tenant": "a", "max_tokens": 9}]}, "tenant_quotas"),
