@@ -10,7 +10,8 @@ arrival, by when it is in the queue, or was rejected by a later check).
 Per-tenant quota (`tenant_quotas`, a list of {tenant, max_requests, max_tokens}): a request is
 rejected when its tenant already has max_requests requests here (waiting or running), or when its
 own prompt + output tokens would take the tenant's in-flight tokens (prompt + output of each of its
-requests here) past max_tokens. The request cap is LiteLLM proxy's per-key `max_parallel_requests`
+requests here) past max_tokens. Both are per replica (each replica's policy judges its own arrivals); a cluster-wide quota would
+sit at the router. The request cap is LiteLLM proxy's per-key `max_parallel_requests`
 (docs.litellm.ai, "Virtual Keys" / "Budgets, Rate Limits": a request over it gets HTTP 429); the
 token cap is its analogue in tokens (in flight, not per minute: a per-minute token rate is the fair
 queue's token bucket, policies/fairness.py). A request with no tenant is not limited.

@@ -35,6 +35,12 @@ Each step:
 3. A non-empty prefill batch runs (with every running decode when enable_mixed_chunk: they take
    their tokens from both budgets first); otherwise one decode step of the running requests.
 
+LoRA (`max_loras`, policies/lora.py): a waiting request whose adapter would take the step past
+max_loras adapters (those of the running batch and of the requests added so far) is skipped, as
+SGLang's get_new_batch_prefill does in current versions (`can_run_lora_batch` over the running
+batch's lora ids; earlier versions ended the scan there). The encoder budget (policies/encoder.py)
+cuts a prompt's chunk before an image it cannot encode.
+
 edf rejects early: a new request that could not meet its deadline even if its prefill ran alone
 now (chunk cost by the run's cost model) is rejected at arrival or, later, while waiting
 (plan.rejected); it is rejected only in a step that runs something else (a rejection-only plan
