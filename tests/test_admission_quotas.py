@@ -105,8 +105,9 @@ WORKLOAD = st.lists(st.tuples(st.floats(0, 6, allow_nan=False), st.integers(1, 8
 
 
 @settings(max_examples=60, deadline=None)
-@given(WORKLOAD, st.sampled_from(POLICIES), st.integers(1, 4), st.integers(1, 6), st.booleans())
-def test_quotas_and_overload_hold_and_count_each_rejection_once(specs, name, max_requests, enter, tokens_cap):
+@given(WORKLOAD, st.sampled_from(POLICIES), st.integers(1, 4), st.integers(1, 6), st.booleans(),
+       st.sampled_from([None, 1.5, 4.0]))
+def test_quotas_and_overload_hold_and_count_each_rejection_once(specs, name, max_requests, enter, tokens_cap, ttft):
     specs = sorted(specs, key=lambda s: s[0])
     reqs = [Request(i, a, p, o, tenant=t) for i, (a, p, o, t) in enumerate(specs)]
     quota = {"tenant": "a", "max_requests": max_requests}
@@ -114,6 +115,8 @@ def test_quotas_and_overload_hold_and_count_each_rejection_once(specs, name, max
         quota["max_tokens"] = 200
     policy = {"name": name, "token_budget": 128, "tenant_quotas": [quota],
               "overload": {"enter_queued": enter, "exit_queued": enter - 1}}
+    if ttft is not None:
+        policy["overload"].update(enter_predicted_ttft=ttft, exit_predicted_ttft=ttft / 2)
     run = run_policy(policy, reqs, trace=True, num_blocks=400, block_size=8, max_model_len=256)
     assert all(r.status in (Status.FINISHED, Status.REJECTED) for r in reqs)
     accepted = [r for r in reqs if r.status == Status.FINISHED]
