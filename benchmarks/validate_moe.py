@@ -16,6 +16,12 @@
    terms are 0: no public per-step host timings, so engine overhead is not separated from GPU time
    here; the published numbers include it), num_blocks from kv_cache_blocks(data_parallel=8).
    The same rows with TP attention (data_parallel 1, one TP8 replica) are printed for comparison.
+3. Whole runs of MoE with the experts split tp ways (no EP): TensorRT-LLM v0.17's table,
+   NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md (commit 258c7540, "All data ... version
+   0.17", output tokens/s, TensorRT engines built with --quantization FP8, which sets an FP8 KV cache;
+   A100 at FP16): Mixtral-8x7B at TP1-8 on H100/H200 and TP2-8 on A100, Mixtral-8x22B TP8. cbsim: one
+   replica, roofline on the same GPU and TP, engine trtllm, sarathi 8,192 tokens / 2,048 sequences,
+   KV fraction 0.95 (as benchmarks/validate_trtllm_fp8.py).
 Run: python benchmarks/validate_moe.py [quick]
 """
 from __future__ import annotations
@@ -43,6 +49,39 @@ QWEN3 = {("h200", (128, 128)): 30429, ("h200", (128, 2048)): 42821, ("h200", (12
          ("h100", (5000, 500)): 3225}
 REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (1000, 2000): 1500, (2048, 128): 3000,
             (2048, 2048): 1500, (5000, 500): 1500, (1000, 1000): 3000, (500, 2000): 3000}  # the doc's $num_requests
+
+
+TRTLLM_017 = "NVIDIA/TensorRT-LLM perf-overview.md @258c7540 (v0.17)"
+MIXTRAL = {  # (model, gpu, tp) -> {(isl, osl): output tokens/s}
+    ("mixtral-8x7b", "h200", 1): {(128, 2048): 15095.21, (1000, 1000): 10371.36, (2048, 128): 2009.67, (5000, 500): 2309.1},
+    ("mixtral-8x7b", "h100", 1): {(128, 2048): 8290.13, (1000, 1000): 6868.52, (2048, 128): 1892.81, (5000, 500): 1764.7},
+    ("mixtral-8x7b", "h200", 2): {(128, 2048): 29584.05, (1000, 1000): 19151.19, (2048, 128): 3383.16, (5000, 500): 4223.68},
+    ("mixtral-8x7b", "h100", 2): {(128, 2048): 22830.08, (1000, 1000): 15770.89, (2048, 128): 3333.68, (5000, 500): 3646.09},
+    ("mixtral-8x7b", "a100", 2): {(128, 2048): 4169.78, (1000, 1000): 3154.52, (2048, 128): 649, (5000, 500): 724.44},
+    ("mixtral-8x7b", "h200", 4): {(128, 2048): 52291.78, (1000, 1000): 33580.9, (2048, 128): 5467.62, (5000, 500): 7084.94},
+    ("mixtral-8x7b", "h100", 4): {(128, 2048): 41164.73, (1000, 1000): 27784.74, (2048, 128): 5234.98, (5000, 500): 6401.56},
+    ("mixtral-8x7b", "a100", 4): {(128, 2048): 10911.86, (1000, 1000): 7122.84, (2048, 128): 1237.62, (5000, 500): 1500.55},
+    ("mixtral-8x7b", "h200", 8): {(128, 2048): 68608.45, (1000, 1000): 44705.48, (2048, 128): 7554.38, (5000, 500): 10271.8},
+    ("mixtral-8x7b", "h100", 8): {(128, 2048): 61607.7, (1000, 1000): 40631.71, (2048, 128): 6988.18, (5000, 500): 9210.11},
+    ("mixtral-8x7b", "a100", 8): {(128, 2048): 20277.88, (1000, 1000): 12851.44, (2048, 128): 2165.52, (5000, 500): 2761.28},
+    ("mixtral-8x22b", "h200", 8): {(128, 2048): 32415.81, (1000, 1000): 19712.35, (2048, 128): 2899.84, (5000, 500): 4031.79},
+    ("mixtral-8x22b", "h100", 8): {(128, 2048): 25150.03, (1000, 1000): 16573.24, (2048, 128): 2794.97, (5000, 500): 3645.27},
+}
+
+
+def simulate_tp(model: str, gpu: str, tp: int, isl: int, osl: int, n: int) -> float:
+    """Output tokens/s of one TP replica (experts split tp ways) in the v0.17 setup; A100 at 16 bits."""
+    spec = model if gpu == "a100" else {"config": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    result = run_experiment({
+        "name": "validate-moe-tp", "seed": 0, "model": spec,
+        "cost_model": {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm"},
+        "cluster": {"kv_cache": {"num_blocks": "auto", "gpu_memory_utilization": 0.95, "block_size": 32}},
+        "policy": {"name": "sarathi", "token_budget": 8192, "max_num_seqs": 2048},
+        "workload": {"num_requests": n, "arrival": {"type": "all_at_once"},
+                     "prompt_len": {"type": "fixed", "value": isl}, "output_len": {"type": "fixed", "value": osl}},
+        "output": {"plots": False, "trace": False}})
+    r = result.requests
+    return float(r["output_tokens"].sum() / r["completion_time"].max())
 
 
 def alltoall_rows() -> list[tuple]:
@@ -100,6 +139,16 @@ def main(quick: bool) -> None:
         print(f"{'qwen3-235b-a22b':<16} {gpu:<5} {f'{isl}/{osl}':>10} {published:>10,} {dp:>9,.0f} "
               f"{dp / published - 1:>+7.1%} {tp:>9,.0f} {tp / published - 1:>+7.1%}  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
+    print()
+    print(f"Experts split tp ways ({TRTLLM_017})")
+    print(f"{'model':<14} {'gpu':<5} {'tp':>2} {'isl/osl':>10} {'published':>10} {'cbsim':>9} {'error':>7}")
+    for (model, gpu, tp), rows in MIXTRAL.items():
+        for (isl, osl), published in rows.items():
+            n = REQUESTS[(isl, osl)] // (20 if quick else 1)
+            sim = simulate_tp(model, gpu, tp, isl, osl, n)
+            print(f"{model:<14} {gpu:<5} {tp:>2} {f'{isl}/{osl}':>10} {published:>10,.0f} {sim:>9,.0f} "
+                  f"{sim / published - 1:>+7.1%}", flush=True)
+    print()
     n = 5120 // (10 if quick else 1)
     r1 = {"config": "deepseek-v3"}  # DeepSeek-R1 = DeepSeek-V3's geometry; its config gives fp8 weights, bf16 KV
     knobs = dict(kv_fraction=0.8, max_num_tokens=1151, max_batch_size=128)
