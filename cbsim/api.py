@@ -27,6 +27,7 @@ from cbsim.sim.metrics.bench_result import bench_result
 from cbsim.sim.metrics.client_view import client_view, shift_arrivals
 from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
 from cbsim.sim.metrics.summary import usage_summary
+from cbsim.sim.outputs.side_by_side import run_side_by_side
 from cbsim.sim.outputs.trace_export import write_chrome_trace
 from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
 from cbsim.sim.replica import ReplicaSettings
@@ -62,12 +63,24 @@ class Results:
         """Every output-token time of one request (expanded from the compact token runs)."""
         return metrics.token_times(self.recorder, request_id)
 
-    def write(self, out_dir: str | Path, progress=None) -> Path:
+    def write(self, out_dir: str | Path, progress=None, parallel: bool | None = None) -> Path:
         """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
         `files` then maps each file written to its size in bytes. `progress` (sim/outputs/progress.py) names
-        each phase of a long run's writing."""
+        each phase of a long run's writing. The figures are drawn in forked processes while the tables
+        and the trace are written (sim/outputs/side_by_side.py: where forking is safe; `parallel`
+        False draws them here first); every file is the same either way."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        say = progress.say if progress is not None else lambda text: None
+        figures = [self._write_plots, self._write_dashboards] if self.config.output.plots else []
+        written = run_side_by_side(lambda: self._write_files(out, say), [lambda job=job: job(out) for job in figures],
+                                   parallel)
+        self.out_dir = out
+        self.files = {file.name: file.stat().st_size for file in _in_order(written)}
+        return out
+
+    def _write_files(self, out: Path, say) -> list[Path]:
+        """Config, tables, summary, bench.json, trace and shapes: the files that are not figures."""
         cfg = self.config
         written: list[Path] = []
 
@@ -75,8 +88,7 @@ class Results:
             written.append(out / name)
             return written[-1]
 
-        say = progress.say if progress is not None else lambda text: None
-        say(f"writing tables to {out}")
+        say(f"writing tables to {out}" + (" (and plotting)" if cfg.output.plots else ""))
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
                   ("transfers", self.transfers))
@@ -90,17 +102,6 @@ class Results:
         path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         bench = bench_result(self, cfg.metrics.percentiles, details=cfg.output.bench_details)
         path("bench.json").write_text(json.dumps(bench, indent=2) + "\n")
-        if cfg.output.plots:
-            say("plotting")
-            # lazy: matplotlib (~0.5 s to import) only for a run that plots
-            from cbsim.sim.outputs.dashboard import write_dashboards
-            from cbsim.sim.outputs.plots import plot_run
-
-            written += plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
-                                stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
-                                cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools,
-                                kv_blocks=self.kv_blocks, transfers=self.transfers, handoffs=self.handoffs)
-            written += write_dashboards(self, out)
         if cfg.output.trace:
             say("writing trace.json")
             write_chrome_trace(self.steps, path("trace.json"), cfg.metrics.trace_max_steps, self.requests,
@@ -110,9 +111,30 @@ class Results:
                 for shape in self.shapes:
                     handle.write(json.dumps({"prefill": [list(p) for p in shape.prefill],
                                              "decode": list(shape.decode)}) + "\n")
-        self.out_dir = out
-        self.files = {file.name: file.stat().st_size for file in written}
-        return out
+        return written
+
+    def _write_plots(self, out: Path) -> list[Path]:
+        """latency_cdf.png, step_timeline.png, kv_usage.png (sim/outputs/plots.py)."""
+        from cbsim.sim.outputs.plots import plot_run  # lazy: matplotlib (~0.5 s), only for a run that plots
+
+        cfg = self.config
+        return plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
+                        stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
+                        cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools, kv_blocks=self.kv_blocks,
+                        transfers=self.transfers, handoffs=self.handoffs)
+
+    def _write_dashboards(self, out: Path) -> list[Path]:
+        """dashboard.png (and per pool of a P/D run: sim/outputs/dashboard.py)."""
+        from cbsim.sim.outputs.dashboard import write_dashboards  # lazy: matplotlib, as above
+
+        return write_dashboards(self, out)
+
+
+def _in_order(paths: list[Path]) -> list[Path]:
+    """The files in the order a run has always listed them: tables and summaries, figures, then the
+    trace and shapes (the figures are written beside the others now, and reported after them)."""
+    late = [p for p in paths if p.name in ("trace.json", "shapes.jsonl")]
+    return [p for p in paths if p not in late] + late
 
 
 def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs) -> dict:

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import cbsim.sim.outputs.progress as progress_module
+import cbsim.cli
+import cbsim.sweep_cli
 from cbsim.api import run_experiment
 from cbsim.cli import app
 from cbsim.sim.outputs.progress import Progress
@@ -117,7 +118,7 @@ def test_the_watcher_never_keeps_a_run_alive():
 
 
 def test_cli_reports_progress_on_stderr_bytes_on_stdout_and_quiet_silences(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress_module, "Progress", functools.partial(Progress, every=0, after=0))
+    monkeypatch.setattr(cbsim.cli, "Progress", functools.partial(Progress, every=0, after=0))
     exp = write(tmp_path, TINY)
     loud = runner.invoke(app, ["run", str(exp), "--out", str(tmp_path / "loud")])
     assert loud.exit_code == 0, loud.output
@@ -139,7 +140,7 @@ def test_capacity_reports_each_probe_run_under_its_rate():
 
 
 def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress_module, "Progress", functools.partial(Progress, every=0, after=0))
+    monkeypatch.setattr(cbsim.sweep_cli, "Progress", functools.partial(Progress, every=0, after=0))
     args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100", "--hi", "40", "--tol", "1"]
     loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
     assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
@@ -173,3 +174,28 @@ def test_the_trace_has_a_lane_per_request(tmp_path):
         out_dir=tmp_path / "none")
     events = json.loads((tmp_path / "none" / "trace.json").read_text())["traceEvents"]
     assert not any(e.get("pid") == REQUESTS_PID for e in events)
+
+
+def test_figures_drawn_side_by_side_are_the_files_drawn_here(tmp_path):
+    """Results.write draws the figures in forked processes where it can (sim/outputs/side_by_side.py);
+    every file, PNGs included, is byte for byte what drawing them here writes, and listed in the same order."""
+    res = run_experiment({**TINY, "output": {"plots": True, "trace": True}})
+    res.write(tmp_path / "here", parallel=False)
+    here = dict(res.files)
+    res.write(tmp_path / "forked", parallel=True)
+    assert list(res.files) == list(here) and any(name.endswith(".png") for name in here)
+    for name in here:
+        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "here" / name).read_bytes(), name
+
+
+def test_a_figure_that_fails_in_a_worker_raises_with_its_traceback(tmp_path, monkeypatch):
+    import cbsim.sim.outputs.plots as plots
+
+    def broken(*args, **kwargs):
+        raise ValueError("no such panel")
+
+    monkeypatch.setattr(plots, "plot_latency_cdf", broken)
+    res = run_experiment({**TINY, "output": {"plots": True}})
+    for parallel in (True, False):
+        with pytest.raises((RuntimeError, ValueError), match="no such panel"):
+            res.write(tmp_path / str(parallel), parallel=parallel)
