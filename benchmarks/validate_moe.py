@@ -19,7 +19,8 @@
 3. Whole runs of MoE with the experts split tp ways (no EP): TensorRT-LLM v0.17's table,
    NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md (commit 258c7540, "All data ... version
    0.17", output tokens/s, TensorRT engines built with --quantization FP8, which sets an FP8 KV cache;
-   A100 at FP16): Mixtral-8x7B at TP1-8 on H100/H200 and TP2-8 on A100, Mixtral-8x22B TP8. cbsim: one
+   A100 at FP16): Mixtral-8x7B at TP1-8 on H100/H200 and TP2-8 on A100, Mixtral-8x22B TP8, after dense
+   rows of the same table (Llama-3.1-8B/70B, Mistral-7B) as the baseline to read them against. cbsim: one
    replica, roofline on the same GPU and TP, engine trtllm, sarathi 8,192 tokens / 2,048 sequences,
    KV fraction 0.95 (as benchmarks/validate_trtllm_fp8.py).
 Run: python benchmarks/validate_moe.py [quick]
@@ -66,6 +67,15 @@ MIXTRAL = {  # (model, gpu, tp) -> {(isl, osl): output tokens/s}
     ("mixtral-8x7b", "a100", 8): {(128, 2048): 20277.88, (1000, 1000): 12851.44, (2048, 128): 2165.52, (5000, 500): 2761.28},
     ("mixtral-8x22b", "h200", 8): {(128, 2048): 32415.81, (1000, 1000): 19712.35, (2048, 128): 2899.84, (5000, 500): 4031.79},
     ("mixtral-8x22b", "h100", 8): {(128, 2048): 25150.03, (1000, 1000): 16573.24, (2048, 128): 2794.97, (5000, 500): 3645.27},
+}
+
+DENSE_017 = {  # the same table's dense rows, the baseline the MoE rows are read against
+    ("llama-3.1-70b", "h100", 4): {(128, 2048): 11511.93, (1000, 1000): 7430.99, (2048, 128): 1302.6, (5000, 500): 1602.78},
+    ("llama-3.1-70b", "h100", 8): {(128, 2048): 17061.82, (1000, 1000): 11451.16, (2048, 128): 1923.41,
+                                   (5000, 500): 2457.42},
+    ("llama-3.1-70b", "a100", 4): {(128, 2048): 2811.27, (1000, 1000): 1921.77, (2048, 128): 325.15, (5000, 500): 392.62},
+    ("llama-3.1-8b", "h100", 1): {(128, 2048): 21109.38, (1000, 1000): 15244.78, (2048, 128): 3556.73, (5000, 500): 3559.36},
+    ("mistral-7b", "h100", 1): {(128, 2048): 23496.42, (1000, 1000): 16035.66, (2048, 128): 3642.48, (5000, 500): 3591.33},
 }
 
 
@@ -142,7 +152,7 @@ def main(quick: bool) -> None:
     print()
     print(f"Experts split tp ways ({TRTLLM_017})")
     print(f"{'model':<14} {'gpu':<5} {'tp':>2} {'isl/osl':>10} {'published':>10} {'cbsim':>9} {'error':>7}")
-    for (model, gpu, tp), rows in MIXTRAL.items():
+    for (model, gpu, tp), rows in {**DENSE_017, **MIXTRAL}.items():
         for (isl, osl), published in rows.items():
             n = REQUESTS[(isl, osl)] // (20 if quick else 1)
             sim = simulate_tp(model, gpu, tp, isl, osl, n)
