@@ -20,7 +20,8 @@ missing column, a malformed row) is a ConfigError naming the file, the key and t
   `prefix_hashes` (a block hash chain: a JSON list in JSONL, space-separated integers or a JSON list
   in a CSV cell), `session_id` (any value; rows of one session are one conversation's turns), and
   `tenant` and `adapter` (any value, read as a string; empty or missing: none) for fair queueing
-  (policies/fairness.py) and the request table.
+  (policies/fairness.py) and the request table, and `mm_inputs` (a request's images: a JSON list of
+  [offset, length] pairs, or "offset:length" items in a CSV cell; workloads/multimodal.py).
 - vllm_bench: the JSON `vllm bench serve --save-result --save-detailed` writes; its `input_lens` and
   `output_lens` (the lengths the benchmark actually sent and received) are replayed exactly, in the
   file's order. No timestamps (its requests were drawn from a rate; set workload.arrival).
@@ -35,6 +36,7 @@ import pandas as pd
 
 from cbsim.errors import ConfigError
 
+from .multimodal import check_mm_inputs, parse_mm_inputs
 from .tokens import TokenCounter
 from .traces import TraceData, _json_number, _numbers, _read_csv, _rows, read_json_lines
 
@@ -104,15 +106,35 @@ def read_burstgpt(path: Path, key: str, counter=None) -> TraceData:
 
 
 def read_generic_csv(path: Path, key: str, counter=None) -> TraceData:
-    """One request per row: arrival_s, prompt_len, output_len[, prefix_hashes][, session_id][, tenant][, adapter]."""
+    """One request per row: arrival_s, prompt_len, output_len[, prefix_hashes][, session_id][, tenant][, adapter]
+    [, mm_inputs]."""
     frame = _read_csv(path, key, GENERIC_COLUMNS)
     hashes = None
     if "prefix_hashes" in frame.columns:
         hashes = [_csv_hashes(cell, row + 2, key, path) for row, cell in enumerate(frame["prefix_hashes"])]
     sessions = _sessions(frame["session_id"].tolist()) if "session_id" in frame.columns else None
     labels = {f"{c}s": _labels(frame[c].tolist()) for c in LABEL_COLUMNS if c in frame.columns}
-    return _rows(str(path), _numbers(frame, "arrival_s"), _numbers(frame, "prompt_len"),
-                 _numbers(frame, "output_len"), hashes, sessions, **labels)
+    prompts = _numbers(frame, "prompt_len")
+    if "mm_inputs" in frame.columns:
+        labels["mm_inputs"] = _images(frame["mm_inputs"].tolist(), prompts, key, path, first_line=2)
+    return _rows(str(path), _numbers(frame, "arrival_s"), prompts, _numbers(frame, "output_len"), hashes, sessions,
+                 **labels)
+
+
+def _images(cells: list, prompts, key: str, path: Path, first_line: int) -> list:
+    """Each row's images from its `mm_inputs` cell (workloads/multimodal.py), checked to lie within
+    the row's prompt; an error names the file and line."""
+    out = []
+    for row, (cell, prompt) in enumerate(zip(cells, prompts)):
+        where = f"{key} (line {row + first_line}).mm_inputs"
+        try:
+            pairs = parse_mm_inputs(cell, where)
+            if pairs is not None and np.isfinite(prompt):
+                check_mm_inputs(pairs, int(prompt), where)
+        except ConfigError as err:
+            raise err.in_file(str(path)) from None
+        out.append(pairs)
+    return out
 
 
 def _labels(values: list) -> list:
@@ -143,10 +165,11 @@ def _csv_hashes(cell, line: int, key: str, path: Path) -> tuple[int, ...]:
 
 def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
     """One JSON object per line with the generic columns (prefix_hashes a list of integers)."""
-    stamps, prompts, outputs, hashes, sessions = [], [], [], [], []
+    stamps, prompts, outputs, hashes, sessions, images = [], [], [], [], [], []
     labels = {c: [] for c in LABEL_COLUMNS}
     with_hashes = with_sessions = False
-    expected = "UTF-8 JSON lines with arrival_s, prompt_len, output_len (optional prefix_hashes, session_id)"
+    expected = ("UTF-8 JSON lines with arrival_s, prompt_len, output_len (optional prefix_hashes, session_id, "
+                "tenant, adapter, mm_inputs)")
 
     def parse(row: dict) -> tuple:
         values = [_json_number(row, name) for name in GENERIC_COLUMNS]
@@ -162,7 +185,10 @@ def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
         sessions.append(row.get("session_id"))
         for column, found in labels.items():
             found.append(row.get(column))
+        images.append(row.get("mm_inputs"))
     present = {f"{c}s": _labels(v) for c, v in labels.items() if any(x is not None for x in v)}
+    if any(cell is not None for cell in images):
+        present["mm_inputs"] = _images(images, prompts, key, path, first_line=1)
     return _rows(str(path), stamps, prompts, outputs, hashes if with_hashes else None,
                  _sessions(sessions) if with_sessions else None, **present)
 
