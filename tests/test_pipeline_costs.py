@@ -226,3 +226,26 @@ def test_fitted_stages_by_hand():
     run = two.decode_run_times(contexts, 3)
     assert all(run[j] == two.step_time(StepShape.from_batch(decode=contexts + j)) for j in range(3))
 
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "gemma-2-27b", "deepseek-v3", "mixtral-8x7b", "qwen3-30b-a3b",
+                                  "deepseek-v2-lite", "qwen2.5-7b"])
+@pytest.mark.parametrize("pp", [1, 2, 3, 5])
+def test_the_stages_hold_every_weight_once(name, pp):
+    """Over the stages of any split, the weights add up to the whole model's (one more head when a tied
+    head lands on another stage than the embedding)."""
+    m = model_spec(name)
+    total, start = 0, 0
+    for s, n in enumerate(stage_layers(m.num_layers, pp)):
+        total += m.stage_weight_bytes(1, start, n, s == 0, s == pp - 1)
+        start += n
+    extra = m.vocab_per_gpu(1) * m.hidden * 16 // 8 if (m.tie_word_embeddings and pp > 1) else 0
+    assert abs(total - (m.weight_bytes(1) + extra)) <= pp  # integer division per stage at most
+    assert start == m.num_layers
+
+
+def test_a_model_that_fits_no_stage_is_a_one_line_error():
+    with pytest.raises(ConfigError) as err:
+        kv_cache_blocks(model_spec("llama-3.1-405b"), gpu_spec("h100"), 1, 16, 0.9, pp=2)
+    assert err.value.path == "cluster.kv_cache.num_blocks" and "TP1 PP2" in str(err.value)
+    assert "\n" not in str(err.value)
