@@ -1,5 +1,6 @@
 """Pipeline parallelism: how a replica's layers split into stages, and what a stage pays to hand its
-activations to the next one.
+activations to the next one. The roofline, vidur and fitted cost models all price `pp` with it: each
+adds its own per-layer time on a stage's layers, and step_time is the slowest stage.
 
 Invariant: a replica of `pp` stages, each a TP group of `tp` GPUs, holds every layer exactly once
 (`stage_layers` sums to num_layers, every stage >= 1 layer). The first stage also holds the
