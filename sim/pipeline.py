@@ -14,9 +14,9 @@ index): the engine keeps a batch queue of size P (`max_concurrent_batches`). Whi
 batches are in flight it schedules another at once (a batch enters stage 1 when that stage is
 free); when the queue is full, or nothing more can be scheduled, it blocks until the oldest batch's
 output returns, applies it, and schedules again. A request whose batch is in flight is not
-scheduled again until its output returns (the policy does not see it: it is taken out of the
-running list the policy reads); it keeps its KV blocks meanwhile and cannot be a preemption
-victim. Arrivals while the engine blocks wait for the output it waits for.
+scheduled again until its output returns (the policy does not see it: it moves from the running
+list the policy reads to `state.in_flight`); it keeps its KV blocks meanwhile and cannot be a
+preemption victim. Arrivals while the engine blocks wait for the output it waits for.
 
 Recorded steps: one row per micro-batch, from when it enters the LAST stage to when its tokens
 come out (its end). A replica's rows do not overlap, so busy time, utilisation, MFU and the
@@ -119,10 +119,11 @@ class PipelinedReplica(Replica):
             return self.policy.schedule(state)
         everyone = state.running
         state.running = [r for r in everyone if r.id not in busy]
+        state.in_flight = tuple(r for r in everyone if r.id in busy)
         try:
             return self.policy.schedule(state)
         finally:
-            state.running = everyone
+            state.running, state.in_flight = everyone, ()
 
     def _evict(self, plan) -> None:
         """A plan that only preempts (or gives up on waiting requests): applied at once, no step recorded.

@@ -33,3 +33,8 @@ class SchedulerState:
     step_cap: float | None = None  # seconds a step may take while requests decode (TPOT slack)
     step_time: Callable[[StepShape], float] | None = None  # the replica's cost model, for step_cap
     admit_paused: bool = False  # P/D prefill side: the transfer queue is over admission.pd_backpressure
+    # pipeline parallelism (sim/pipeline.py): running requests whose micro-batch is in flight. They are
+    # not in `running` (nothing can be scheduled for them until their output returns, and they cannot
+    # be preempted) but hold their KV blocks and count toward per-replica totals (max_num_seqs as vLLM
+    # counts it, tenant service and quotas); empty without PP
+    in_flight: tuple[Request, ...] = ()

@@ -232,3 +232,26 @@ def test_stages_must_be_a_positive_integer():
         with pytest.raises(ConfigError, match="cost_model.pp"):
             simulate(reqs, lambda: make_policy({"name": "sarathi"}), Constant(0.01, bad),
                      lambda: KVCache(100, 16), ReplicaSettings(max_model_len=1000))
+
+
+def test_the_policy_sees_requests_in_flight_apart_from_the_running_ones():
+    seen = []
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner, self.name, self.config = inner, inner.name, inner.config
+            self.steady_when_blocked = inner.steady_when_blocked
+
+        def schedule(self, state):
+            seen.append(({r.id for r in state.running}, {r.id for r in state.in_flight}))
+            return self.inner.schedule(state)
+
+        def reject_reason(self, req, state):
+            return self.inner.reject_reason(req, state)
+
+    reqs = [Request(i, 0.0, 16, 50) for i in range(12)]
+    simulate(reqs, lambda: Spy(make_policy({"name": "sarathi", "max_num_seqs": 4})), Constant(0.01, 2),
+             lambda: KVCache(1000, 16), ReplicaSettings(max_model_len=1000))
+    assert all(not running & flying for running, flying in seen)
+    assert max(len(flying) for _, flying in seen) == 4  # a full micro-batch in flight while the next is planned
+    assert all(len(running | flying) <= 8 for running, flying in seen)  # two micro-batches of at most 4
