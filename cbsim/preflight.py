@@ -16,7 +16,7 @@ import numpy as np
 from .api import build_replica_parts, pool_config, step_noise
 from .config import ExperimentConfig
 from .errors import ConfigError
-from .replica_gpus import gpus_per_replica
+from .replica_gpus import kv_bytes_per_gpu
 from .sim.durations import check_step, check_transfer
 from .sim.shape import StepShape
 from .workloads import build_workload, parse_workload
@@ -37,7 +37,7 @@ def preflight(cfg: ExperimentConfig) -> dict[str, int] | None:
             model, cost, _, settings = build_replica_parts(config)
             step_noise(config, cost, rng)
             probe_step_times(cost, settings.max_model_len)
-            longest = settings.max_model_len * float(model.kv_bytes_per_token(gpus_per_replica(config, cost)))
+            longest = settings.max_model_len * kv_bytes_per_gpu(config, model, cost)
             probe_transfer("preemption.swap_bandwidth_gb_s", settings.swap_bandwidth, 0.0, longest)
             if cfg.cluster.mode == "pd":
                 link, whole = cfg.cluster.link, settings.max_model_len * float(model.kv_bytes_per_token(1))

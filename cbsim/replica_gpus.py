@@ -71,6 +71,12 @@ def replica_kv_blocks(cfg: ExperimentConfig, model, cost) -> int:
                            data_parallel=int(getattr(cost, "data_parallel", 1)))
 
 
+def kv_bytes_per_gpu(cfg: ExperimentConfig, model, cost) -> float:
+    """KV bytes one token takes on one GPU of a replica: its layers' heads over tp (MLA's latent whole
+    on each), its stage's share of the layers with pp stages (what a swap or a transfer moves per GPU)."""
+    return model.kv_bytes_per_token(tensor_parallel(cfg, cost)) / pipeline_stages(cfg, cost)
+
+
 def num_gpus(cfg: ExperimentConfig) -> int:
     """GPUs an experiment uses: replicas x gpus_per_replica, summed over both pools in P/D mode."""
     cluster = cfg.cluster

@@ -38,6 +38,11 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from cbsim.errors import ConfigError
+from cbsim.pools import pool_config
+from cbsim.profiler.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
+from cbsim.replica_gpus import gpus_per_replica, tensor_parallel
+
 COLUMNS = ("flops", "hbm_bytes", "mfu", "hbm_util", "collective_s")
 
 
@@ -48,8 +53,9 @@ class StepHardware:
     model: object  # a cbsim.profiler.specs.ModelSpec
     peak_flops: float  # FLOP/s of one GPU at the GEMMs' precision
     hbm_bandwidth: float  # bytes/s of one GPU
-    gpus: int  # GPUs of the replica (its tensor-parallel degree)
+    gpus: int  # GPUs of the replica: tp x pipeline stages (cbsim/replica_gpus.py)
     collective_time: Callable[[float], float] | None = None  # tokens -> all-reduce seconds of a step
+    tp: int | None = None  # GPUs one layer is sharded over (None: all `gpus`); stages split the layers
 
 
 def with_efficiency(steps: pd.DataFrame, hardware: dict) -> pd.DataFrame:
@@ -79,7 +85,7 @@ def efficiency_columns(steps: pd.DataFrame, hardware: dict) -> dict[str, np.ndar
 
 
 def _replica_columns(s: pd.DataFrame, hw: StepHardware) -> dict[str, np.ndarray]:
-    flops, nbytes = step_flops(s, hw.model), step_bytes(s, hw.model, hw.gpus)
+    flops, nbytes = step_flops(s, hw.model), step_bytes(s, hw.model, hw.tp or hw.gpus)
     duration = s["duration"].to_numpy(dtype=np.float64)
     busy = np.where(duration > 0, duration, np.nan)
     tokens = _tokens(s)
@@ -160,7 +166,9 @@ def _reads(s: pd.DataFrame, window: int | None) -> tuple[np.ndarray, np.ndarray,
 
 
 def step_bytes(s: pd.DataFrame, m, gpus: int) -> np.ndarray:
-    """HBM bytes each step reads on all the replica's GPUs: weights once, and the KV it attends to."""
+    """HBM bytes each step reads on all the replica's GPUs: weights once, and the KV it attends to.
+    `gpus`: the GPUs one layer is sharded over (tp; pipeline stages hold disjoint layers, so they
+    add no replicated bytes)."""
     _, decode, keys = _reads(s, None)
     kv = m.kv_bytes_per_token(gpus) * gpus * (decode + keys)
     if m.sliding_window:
@@ -192,8 +200,6 @@ def hardware_of(cfg, replicas, pools: dict) -> dict:
     """Replica index -> StepHardware (None where no GPU is known) of a run of `cfg`: the model and
     GPU its cost model timed (else the experiment's model and cluster.gpu, or the cost model's gpu),
     its GPUs (cbsim/replica_gpus.py) and its cost model's `collective_time`, if it has one."""
-    from cbsim.api import pool_config
-
     by_index = {replica.index: replica for replica in replicas}
     out = {}
     for pool, indices in pools.items():
@@ -204,10 +210,6 @@ def hardware_of(cfg, replicas, pools: dict) -> dict:
 
 
 def _hardware(cfg, cost) -> StepHardware | None:
-    from cbsim.errors import ConfigError
-    from cbsim.profiler.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
-    from cbsim.replica_gpus import gpus_per_replica
-
     model = getattr(cost, "model", None)
     gpu = getattr(cost, "gpu", None)
     try:
@@ -221,4 +223,4 @@ def _hardware(cfg, cost) -> StepHardware | None:
         return None
     fp8 = model.compute_dtype != "bf16" and model.weight_dtype == "fp8"
     return StepHardware(model, gpu.peak_flops(fp8), gpu.hbm_bandwidth, gpus_per_replica(cfg, cost),
-                        getattr(cost, "collective_time", None))
+                        getattr(cost, "collective_time", None), tensor_parallel(cfg, cost))
