@@ -99,6 +99,10 @@ class PipelinedReplica(Replica):
                     self._launch(plan, now)
                     self._resume_at = now  # the queue is not full: schedule again at once
                     continue
+                idle_until = plan.idle_until  # the policy waits for a time (a token bucket refills)
+                if idle_until is not None and (not self.in_flight or idle_until < self.in_flight[0].end):
+                    yield from self._idle_until(idle_until)
+                    continue
                 if not self.in_flight:
                     if not self.role.holds_kv():
                         raise SchedulerStuck(self._stuck_message())
@@ -142,7 +146,10 @@ class PipelinedReplica(Replica):
         seconds = self.cost.step_time(shape)  # one stage
         if self.noise is not None:
             seconds *= self.noise()
-        first = seconds
+        if plan.extra_seconds:  # an encoder, LoRA loads: charged once, to the first stage (like the swaps)
+            first = seconds + plan.extra_seconds
+        else:
+            first = seconds
         if swap_bytes:  # the batch enters the first stage once its swaps are done
             first += self.recovery.book_swap_ins(now, swap_bytes)
         if not now < now + first < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)

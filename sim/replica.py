@@ -211,6 +211,20 @@ class Replica:
         else:
             yield self.env.timeout(delay_to(self.env.now, later))
 
+    def _idle_until(self, time: float):
+        """Sleep until `time` (a plan's idle_until), or until a request becomes visible or something
+        wakes the replica, whichever comes first; then plan again."""
+        later = self.next_visible()
+        if later is not None and later < time:
+            time = later
+        self._wake = self.env.event()
+        self.step_end = time  # P/D: when this replica plans next at the latest
+        yield self.env.timeout(delay_to(self.env.now, time)) | self._wake
+        if not self._wake.triggered:
+            self._resume_at = time
+        self._wake = None
+        self.step_end = None
+
     # -- the loop ------------------------------------------------------------------------
     def run(self):
         env = self.env
@@ -229,6 +243,9 @@ class Replica:
             state.now = start
             plan = self.policy.schedule(state)
             if plan.is_empty:
+                if plan.idle_until is not None:  # the policy waits for a time (a token bucket refills)
+                    yield from self._idle_until(plan.idle_until)
+                    continue
                 if not self.role.holds_kv():
                     raise SchedulerStuck(self._stuck_message())
                 yield from self._wait_for_visible()  # P/D: KV held for a hand-off; its release wakes us
@@ -242,6 +259,8 @@ class Replica:
             duration = self.cost.step_time(shape)
             if self.noise is not None:
                 duration *= self.noise()
+            if plan.extra_seconds:  # work beside the decoder's forward (an encoder, LoRA loads), priced by the policy
+                duration += plan.extra_seconds
             if swap_bytes:  # the step waits for its swaps
                 duration += self.recovery.book_swap_ins(start, swap_bytes)
             if not start < start + duration < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)

@@ -61,7 +61,8 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
     num_decode = len(decode)
     if num_padding:
         decode.extend(by_id[rid].num_computed_tokens for rid in plan.padding)
-    shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes)
+    shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes, plan.encoder_tokens,
+                      plan.extra_seconds)
     if state.reserve is not None:
         state.reserve.after_step(bool(plan.preempted), num_decode > 0, state.running)
     history, pairs = _prefill_reads(prefill) if prefill else (0, 0)  # what attention read (step_efficiency.py)
