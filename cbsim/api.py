@@ -73,6 +73,9 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         say = progress.say if progress is not None else lambda text: None
         figures = [self._write_plots, self._write_dashboards] if self.config.output.plots else []
+        if figures:  # imported once here, not once per forked process
+            import cbsim.sim.outputs.dashboard  # noqa: F401 - lazy: matplotlib (~0.5 s), only for a run that plots
+            import cbsim.sim.outputs.plots  # noqa: F401
         written = run_side_by_side(lambda: self._write_files(out, say), [lambda job=job: job(out) for job in figures],
                                    parallel)
         self.out_dir = out
@@ -115,7 +118,7 @@ class Results:
 
     def _write_plots(self, out: Path) -> list[Path]:
         """latency_cdf.png, step_timeline.png, kv_usage.png (sim/outputs/plots.py)."""
-        from cbsim.sim.outputs.plots import plot_run  # lazy: matplotlib (~0.5 s), only for a run that plots
+        from cbsim.sim.outputs.plots import plot_run  # lazy: matplotlib, as in write
 
         cfg = self.config
         return plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,

@@ -199,3 +199,16 @@ def test_a_figure_that_fails_in_a_worker_raises_with_its_traceback(tmp_path, mon
     for parallel in (True, False):
         with pytest.raises((RuntimeError, ValueError), match="no such panel"):
             res.write(tmp_path / str(parallel), parallel=parallel)
+
+
+def test_a_run_without_plots_never_imports_matplotlib(tmp_path):
+    """No work for outputs nobody asked for: matplotlib (~0.5 s to import) loads only for a run that plots."""
+    import subprocess
+    import sys
+
+    exp = write(tmp_path, TINY)  # output.plots: false
+    code = ("import sys; from cbsim.cli import app; from typer.testing import CliRunner; "
+            f"r = CliRunner().invoke(app, ['run', {str(exp)!r}, '--quiet', '--out', {str(tmp_path / 'out')!r}]); "
+            "assert r.exit_code == 0, r.output; print(sorted(m for m in sys.modules if m.startswith('matplotlib'))[:3])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

@@ -6,9 +6,10 @@ when it is written (a test compares the two byte for byte). A child is a fork, s
 results already in memory, nothing is pickled; it reports the paths it wrote, or its traceback,
 through a pipe, and ends with os._exit (no atexit handlers, no second flush of this process's
 buffers). Forking is used only where it is safe and pays: Linux (macOS's system libraries are not
-fork-safe; Windows has no fork), more than one CPU, and no other thread running (a fork copies only
-the calling thread, so a lock another thread held would stay held in the child); anywhere else the
-jobs run here, one after another.
+fork-safe; Windows has no fork), no other thread running (a fork copies only the calling thread, so
+a lock another thread held would stay held in the child), and a CPU to spare (more than one, and a
+load average at least one below their count: on a saturated machine the children only take turns,
+and each costs a little CPU of its own); anywhere else the jobs run here, one after another.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ Job = Callable[[], list]  # writes files, returns their paths
 
 def can_fork() -> bool:
     """Whether jobs may run in forked children here (see the module docstring)."""
-    return (sys.platform.startswith("linux") and hasattr(os, "fork") and (os.cpu_count() or 1) > 1
-            and threading.active_count() == 1)
+    cpus = os.cpu_count() or 1
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+            and cpus > 1 and os.getloadavg()[0] <= cpus - 1)
 
 
 def run_side_by_side(here: Job, jobs: list[Job], parallel: bool | None = None) -> list[Path]:
