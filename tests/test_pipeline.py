@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cbsim.sim.pipeline as pipeline
+import test_closed_loop
 import test_pd
 from cbsim.errors import ConfigError
 from cbsim.policies import make_policy
@@ -89,7 +90,8 @@ class Checked(PipelinedReplica):
 
 @contextmanager
 def pipelined(p: int, loop: type = Checked):
-    """Inside: run_policy and test_pd.run_pd split their cost model over `p` stages, run by `loop`."""
+    """Inside: run_policy, test_pd.run_pd and test_closed_loop.run split their cost model over `p`
+    stages, run by `loop`."""
     def staged(mapping, *args, **kwargs):
         return Staged(load_cost_model(mapping, *args, **kwargs), p)
 
@@ -107,6 +109,7 @@ def pipelined(p: int, loop: type = Checked):
         patch.setattr(test_pd, "kv_ledger", ledger)
         patch.setattr(factories, "load_cost_model", staged)
         patch.setattr(test_pd, "load_cost_model", staged)
+        patch.setattr(test_closed_loop, "load_cost_model", staged)
         patch.setattr(pipeline, "replica_class", lambda stages: loop)
         yield
 
@@ -255,3 +258,29 @@ def test_the_policy_sees_requests_in_flight_apart_from_the_running_ones():
     assert all(not running & flying for running, flying in seen)
     assert max(len(flying) for _, flying in seen) == 4  # a full micro-batch in flight while the next is planned
     assert all(len(running | flying) <= 8 for running, flying in seen)  # two micro-batches of at most 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 30), concurrency=st.one_of(st.none(), st.integers(1, 6)), think=st.sampled_from([0.0, 3.0]),
+       timeout=st.one_of(st.none(), st.floats(5.0, 200.0)), blocks=st.integers(12, 80),
+       preemption=st.sampled_from(["recompute", "swap"]), seed=st.integers(0, 50), p=st.sampled_from([2, 4]))
+def test_clients_and_timeouts_keep_their_invariants_with_micro_batches_in_flight(n, concurrency, think, timeout, blocks,
+                                                                                 preemption, seed, p):
+    mapping = {"num_requests": n, "max_concurrency": concurrency, "think_time": think if concurrency else 0.0,
+               "timeout": timeout, "prompt_len": {"type": "uniform", "min": 1, "max": 120},
+               "output_len": {"type": "uniform", "min": 1, "max": 60}}
+    if concurrency is None:
+        mapping["arrival"] = {"type": "poisson", "rate": 0.5}
+    wl = test_closed_loop.workload(mapping, seed)
+    if wl.clients is None:
+        wl.clients = test_closed_loop.ClientPlan()
+    with pipelined(p):
+        pool, kvs = test_closed_loop.run(wl.requests, wl.clients, num_blocks=blocks, policy={"name": "prefill_first"},
+                                         preemption=preemption, max_model_len=16 * blocks, cost=test_closed_loop.LINEAR)
+    assert isinstance(pool[0], Checked)
+    test_closed_loop.assert_done_once_and_freed(wl.requests, kvs)
+    if concurrency is not None:
+        feed = pool[0].on_leave.__self__
+        assert feed.max_in_flight <= concurrency and feed.in_flight == 0 and feed.index == n
+    if timeout is not None:
+        assert all(r.completion_time <= r.arrival + timeout for r in wl.requests if r.status == Status.FINISHED)
