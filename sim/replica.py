@@ -11,6 +11,8 @@ bound once when the replica is built:
 - sim/roles.py: the replica's role (colocated, or a P/D pool's prefill or decode) and its hooks;
 - sim/fast_forward.py: how far a run of identical decode steps may be skipped, computed without
   touching the replica (results identical to stepping one by one).
+A replica of P > 1 pipeline stages runs a loop of its own (sim/pipeline.py PipelinedReplica: up to P
+micro-batches in flight); sim/pipeline.py make_replica picks the loop from the cost model.
 """
 from __future__ import annotations
 
