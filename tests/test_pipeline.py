@@ -284,3 +284,10 @@ def test_clients_and_timeouts_keep_their_invariants_with_micro_batches_in_flight
         assert feed.max_in_flight <= concurrency and feed.in_flight == 0 and feed.index == n
     if timeout is not None:
         assert all(r.completion_time <= r.arrival + timeout for r in wl.requests if r.status == Status.FINISHED)
+
+
+def test_one_stage_cost_models_get_the_plain_replica():
+    for cost in (load_cost_model({"type": "unit"}), Constant(0.01, 1)):
+        _, pool = simulate(make_requests([(0, 10, 2)]), lambda: make_policy({"name": "sarathi"}), cost,
+                           lambda: KVCache(100, 16), ReplicaSettings(max_model_len=1000))
+        assert type(pool[0]) is pipeline.Replica
