@@ -387,7 +387,7 @@ def _percentile_panel(ax, edges, x, series, title):
 
 @styled
 def plot_dashboard(view: PoolView):
-    """The dashboard figure of one view (the caller saves and closes it)."""
+    """The dashboard figure of one view (the caller writes it: figure.save_png)."""
     edges = _edges(view)
     x = edges[:-1]
     panels = [lambda ax: _requests_panel(ax, view, edges, x), lambda ax: _tokens_panel(ax, view, edges, x),
