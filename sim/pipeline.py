@@ -59,6 +59,7 @@ class PipelinedReplica(Replica):
         self.stage_free = [0.0] * stages  # when each stage finishes the last batch it was given
         self.in_flight: deque[MicroBatch] = deque()  # oldest first: outputs return in this order
         self.busy: set[int] = set()  # ids of the requests in a batch in flight (each in one at most)
+        self.evicted = 0  # preemptions of plans that ran no batch, not yet counted in a step row
         super().__init__(*args, **kwargs)
 
     @property
@@ -130,9 +131,11 @@ class PipelinedReplica(Replica):
             state.running, state.in_flight = everyone, ()
 
     def _evict(self, plan) -> None:
-        """A plan that only preempts (or gives up on waiting requests): applied at once, no step recorded.
-        (A victim hidden from the policy cannot be picked, so a visible request can find no room but
-        its own, which a single-stage replica would take from a later admission instead.)"""
+        """A plan that only preempts (or gives up on waiting requests): applied at once, no batch sent;
+        its preemptions count in the row of the next batch (planned at this instant, unless nothing
+        can run now). (A request in flight cannot be a victim, so a visible one can find no room but
+        its own, where a single-stage replica would preempt the latest admitted request instead.)"""
+        self.evicted += len(plan.preempted)
         by_id = self.by_id
         for rid in plan.preempted:
             self._preempt(by_id[rid])
@@ -143,6 +146,9 @@ class PipelinedReplica(Replica):
     def _launch(self, plan, now: float) -> None:
         """Apply the plan's start half and send the batch down the pipeline."""
         shape, swap_bytes = self.begin(plan, now)
+        if self.evicted:
+            self.recorder.columns["preemptions"].set(self.step, len(plan.preempted) + self.evicted)
+            self.evicted = 0
         seconds = self.cost.step_time(shape)  # one stage
         if self.noise is not None:
             seconds *= self.noise()

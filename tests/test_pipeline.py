@@ -7,7 +7,8 @@ Checked: one stage through the pipelined loop is the plain loop, bit for bit; wi
 every policy (hypothesis): the budgets of every micro-batch, KV within the cache, every request
 finishing once with exactly its tokens, strictly increasing token times, tokens conserved, a
 replica's rows never overlapping, at most P batches in flight, no request in two of them, and an
-in-flight request's KV blocks held until its output returns; the same under P/D pools; determinism.
+in-flight request's KV blocks held until its output returns; the same under P/D pools, prefix caching,
+client timeouts and closed-loop clients; determinism.
 Physics: a saturated decode load on P stages of 1/P the time each gives P x the throughput; a load
 of one micro-batch gains nothing (the pipeline bubble); at a fixed concurrency, two micro-batches
 of half the requests give T(N) / T(N / 2) x, which a memory-bound step makes ~1; an isolated
@@ -16,6 +17,7 @@ request's first token takes P stage times.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +26,9 @@ from hypothesis import strategies as st
 
 import cbsim.sim.pipeline as pipeline
 import test_closed_loop
+import test_invariants_prefix
 import test_pd
+import test_prefix
 from cbsim.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model
@@ -90,8 +94,8 @@ class Checked(PipelinedReplica):
 
 @contextmanager
 def pipelined(p: int, loop: type = Checked):
-    """Inside: run_policy, test_pd.run_pd and test_closed_loop.run split their cost model over `p`
-    stages, run by `loop`."""
+    """Inside: run_policy, test_pd.run_pd, test_closed_loop.run and test_prefix.run_prefix split their
+    cost model over `p` stages, run by `loop`."""
     def staged(mapping, *args, **kwargs):
         return Staged(load_cost_model(mapping, *args, **kwargs), p)
 
@@ -110,6 +114,7 @@ def pipelined(p: int, loop: type = Checked):
         patch.setattr(factories, "load_cost_model", staged)
         patch.setattr(test_pd, "load_cost_model", staged)
         patch.setattr(test_closed_loop, "load_cost_model", staged)
+        patch.setattr(test_prefix, "load_cost_model", staged)
         patch.setattr(pipeline, "replica_class", lambda stages: loop)
         yield
 
@@ -291,3 +296,19 @@ def test_one_stage_cost_models_get_the_plain_replica():
         _, pool = simulate(make_requests([(0, 10, 2)]), lambda: make_policy({"name": "sarathi"}), cost,
                            lambda: KVCache(100, 16), ReplicaSettings(max_model_len=1000))
         assert type(pool[0]) is pipeline.Replica
+
+
+@settings(max_examples=60, deadline=None)
+@given(test_invariants_prefix.POLICIES, test_invariants_prefix.SPECS, test_invariants_prefix.ENGINE,
+       st.sampled_from([2, 4]))
+def test_prefix_caching_keeps_its_invariants_with_micro_batches_in_flight(policy, specs, engine, p):
+    plain_check = test_invariants_prefix.check_cache
+
+    def check(state):  # requests in flight hold their prompt's nodes and blocks too
+        plain_check(replace(state, running=[*state.running, *state.in_flight]))
+
+    with pipelined(p), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(test_invariants_prefix, "check_cache", check)
+        run = test_invariants_prefix.simulate(policy, specs, engine, wrap=test_invariants_prefix.Checked)
+    assert isinstance(run.replicas[0], Checked)
+    test_invariants_prefix.check_run(run, policy, engine)
