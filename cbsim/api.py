@@ -19,7 +19,7 @@ import yaml
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model as load
 from cbsim.profiler.costmodels.registry import engine_of
-from cbsim.profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.profiler.specs import model_spec
 from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
 from cbsim.sim.kv_cache import KVCache
@@ -37,7 +37,7 @@ from cbsim.workloads import build_run, parse_workload
 from .config import ExperimentConfig, load_config
 from .errors import ConfigError
 from .pools import pool_config  # re-exported: preflight, replica_gpus and step_efficiency import it from here
-from .replica_gpus import gpus_per_replica, num_gpus
+from .replica_gpus import kv_bytes_per_gpu, num_gpus, replica_kv_blocks
 
 
 @dataclass
@@ -165,10 +165,9 @@ def build_replica_parts(cfg: ExperimentConfig):
     model = model_spec(cfg.model, "model")
     cost = load(cfg.cost_model, model)
     cluster = cfg.cluster
-    hardware = cost.describe()  # a profile (vidur, fitted) knows the GPU and TP it was measured on
-    tp = gpus_per_replica(cfg, cost)  # the one rule, shared with capacity.num_gpus
     kv_cfg = cluster.kv_cache
-    num_blocks = kv_blocks(cfg, model, tp, hardware.get("gpu"))
+    num_blocks = replica_kv_blocks(cfg, model, cost)  # the replica's layout: tp, pp stages, DP ranks
+    bytes_per_token = kv_bytes_per_gpu(cfg, model, cost)  # what a swap moves per GPU
     settings = ReplicaSettings(
         preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
         swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
@@ -183,7 +182,7 @@ def build_replica_parts(cfg: ExperimentConfig):
 
     def make_kv():
         return KVCache(num_blocks, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * num_blocks)),
-                       kv_cfg.reserve_full_prompt, model.kv_bytes_per_token(tp),
+                       kv_cfg.reserve_full_prompt, bytes_per_token,
                        prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block)
 
     return model, cost, make_kv, settings
@@ -208,19 +207,6 @@ def preemption_admission_settings(cfg: ExperimentConfig) -> dict:
                 schedule_conservativeness=adm.schedule_conservativeness,
                 clip_max_new_tokens=adm.clip_max_new_tokens, step_cap=step_cap, pd_backpressure=adm.pd_backpressure,
                 max_queued_requests=adm.max_queued_requests)
-
-
-def kv_blocks(cfg: ExperimentConfig, model, tp: int, cost_gpu: str | None = None) -> int:
-    """KV blocks per replica: the configured count, or 'auto' sized from the GPU (cluster.gpu, else the
-    cost model's) and TP."""
-    kv_cfg = cfg.cluster.kv_cache
-    if kv_cfg.num_blocks != "auto":
-        return kv_cfg.num_blocks
-    gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu") or cost_gpu
-    if gpu is None:
-        raise ConfigError("cluster.kv_cache.num_blocks", "an integer, or 'auto' with a GPU (set cluster.gpu, or use "
-                          "a cost model with a gpu)", "auto")
-    return kv_cache_blocks(model, gpu_spec(gpu, "cluster.gpu"), tp, kv_cfg.block_size, kv_cfg.gpu_memory_utilization)
 
 
 def step_noise(cfg: ExperimentConfig, cost, rng: np.random.Generator):

@@ -2,7 +2,7 @@
 divides by it, so the two can never disagree (issue 14: 13).
 
 Rule: the tensor-parallel degree is `cluster.tp` when the experiment sets it (for a P/D pool, the
-pool's own `cost_model.tp` first: api.pool_config lays it over cluster.tp); else the degree the built
+pool's own `cost_model.tp` first: pools.pool_config lays it over cluster.tp); else the degree the built
 cost model states (`describe()["tp"]`: the TP a fitted or vidur profile was measured at, roofline's
 and vidur's `tp` key); else 1 (unit and linear say nothing about GPUs). A replica holds
 tp x pp GPUs, pp the cost model's pipeline stages (`pipeline_stages`, roofline `pp`; 1 elsewhere).
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from .config import ExperimentConfig
 from .errors import ConfigError
+from .pools import pool_config
+from .profiler.costmodels import load_cost_model
+from .profiler.specs import gpu_spec, kv_cache_blocks, model_spec
 
 
 def _cost(cfg: ExperimentConfig, cost=None):
     """The cost model built for `cfg` (given, or built here)."""
     if cost is not None:
         return cost
-    from cbsim.profiler.costmodels import load_cost_model
-    from cbsim.profiler.specs import model_spec
-
     try:
         return load_cost_model(cfg.cost_model, model_spec(cfg.model, "model"))
     except ConfigError as err:
@@ -40,7 +40,7 @@ def pipeline_stages(cfg: ExperimentConfig, cost=None) -> int:
 
 
 def gpus_per_replica(cfg: ExperimentConfig, cost=None) -> int:
-    """GPUs of one replica of `cfg` (a P/D pool: of api.pool_config(cfg, pool)): tp x pp.
+    """GPUs of one replica of `cfg` (a P/D pool: of pools.pool_config(cfg, pool)): tp x pp.
     `cost`: the cost model built for `cfg`, when the caller has it; otherwise it is built here."""
     if cfg.cluster.tp and cost is None and not _may_pipeline(cfg):
         return int(cfg.cluster.tp)
@@ -59,8 +59,6 @@ def replica_kv_blocks(cfg: ExperimentConfig, model, cost) -> int:
     kv_cfg = cfg.cluster.kv_cache
     if kv_cfg.num_blocks != "auto":
         return kv_cfg.num_blocks
-    from cbsim.profiler.specs import gpu_spec, kv_cache_blocks
-
     hardware = cost.describe()
     gpu = cfg.cluster.gpu or cfg.cost_model.get("gpu") or hardware.get("gpu")
     if gpu is None:
@@ -82,7 +80,5 @@ def num_gpus(cfg: ExperimentConfig) -> int:
     cluster = cfg.cluster
     if cluster.mode != "pd":
         return int(cluster.replicas) * gpus_per_replica(cfg)
-    from .api import pool_config
-
     return sum(int(getattr(cluster, pool).replicas) * gpus_per_replica(pool_config(cfg, pool))
                for pool in ("prefill", "decode"))
