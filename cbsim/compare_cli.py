@@ -10,11 +10,11 @@ from typing import List, Optional
 
 import typer
 
+from cbsim.cli_errors import user_errors
+
 
 def register(app: typer.Typer) -> None:
     """Add the `compare` command to `app`."""
-    from cbsim.cli import user_errors
-
     @app.command("compare")
     @user_errors
     def compare_command(experiment: Path = typer.Argument(..., help="experiment YAML (without a workload: the "

@@ -7,10 +7,10 @@ from typing import Optional
 
 import typer
 
+from cbsim.cli_errors import user_errors
+
 
 def register(app: typer.Typer) -> None:
-    from cbsim.cli import user_errors
-
     app.command("tune")(user_errors(tune))
 
 

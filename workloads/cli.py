@@ -12,10 +12,10 @@ from typing import Optional
 import numpy as np
 import typer
 
+from cbsim.cli_errors import user_errors
+
 
 def register(app: typer.Typer) -> None:
-    from cbsim.cli import user_errors
-
     group = typer.Typer(no_args_is_help=True, help="Inspect the requests an experiment's workload generates.")
     app.add_typer(group, name="workload")
 
