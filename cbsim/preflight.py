@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import build_replica_parts, pool_config, step_noise
+from .api import build_replica_parts, step_noise
 from .config import ExperimentConfig
 from .errors import ConfigError
+from .pools import pool_config
 from .replica_gpus import kv_bytes_per_gpu
 from .sim.durations import check_step, check_transfer
 from .sim.shape import StepShape
