@@ -36,7 +36,7 @@ from cbsim.workloads import build_run, parse_workload
 
 from .config import ExperimentConfig, load_config
 from .errors import ConfigError
-from .pools import pool_config  # re-exported: preflight, replica_gpus and step_efficiency import it from here
+from .pools import pool_config
 from .replica_gpus import kv_bytes_per_gpu, num_gpus, replica_kv_blocks
 
 
