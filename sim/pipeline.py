@@ -91,11 +91,8 @@ class PipelinedReplica(Replica):
                     self.step_start = now
                     self.recovery.swap_out_booked = 0.0
                     if not (plan.scheduled or plan.padding):  # no forward pass: nothing enters the pipeline
-                        if self.role.runs_eviction_steps:
-                            self._evict(plan)
-                            self._resume_at = now
-                        else:
-                            yield from self.role.evict_only(plan, now)
+                        self._evict(plan)
+                        self._resume_at = now
                         continue
                     self._launch(plan, now)
                     self._resume_at = now  # the queue is not full: schedule again at once
@@ -133,8 +130,10 @@ class PipelinedReplica(Replica):
     def _evict(self, plan) -> None:
         """A plan that only preempts (or gives up on waiting requests): applied at once, no batch sent;
         its preemptions count in the row of the next batch (planned at this instant, unless nothing
-        can run now). (A request in flight cannot be a victim, so a visible one can find no room but
-        its own, where a single-stage replica would preempt the latest admitted request instead.)"""
+        can run now); swap-outs go on the host link without holding the replica (a one-stage P/D
+        replica waits for them: roles.evict_only). (A request in flight cannot be a victim, so a
+        visible one can find no room but its own, where a one-stage replica would preempt the latest
+        admitted request instead.)"""
         self.evicted += len(plan.preempted)
         by_id = self.by_id
         for rid in plan.preempted:

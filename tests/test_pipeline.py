@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import cbsim.sim.pipeline as pipeline
@@ -128,7 +128,7 @@ def outcome(run) -> tuple:
 
 
 # -- the loop ---------------------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
+@pytest.mark.slow
 @given(EVERY_POLICY, WORKLOADS, ENGINE)
 def test_one_stage_through_the_pipelined_loop_is_the_plain_loop(policy, specs, engine):
     plain = run_policy(policy, to_requests(specs), max_model_len=MAX_MODEL_LEN, fast_forward=False, **engine)
@@ -138,7 +138,7 @@ def test_one_stage_through_the_pipelined_loop_is_the_plain_loop(policy, specs, e
     assert outcome(piped) == outcome(plain)
 
 
-@settings(max_examples=80, deadline=None)
+@pytest.mark.slow
 @given(EVERY_POLICY, WORKLOADS, ENGINE, st.sampled_from([2, 4]))
 def test_invariants_hold_with_micro_batches_in_flight(policy, specs, engine, p):
     with tracing_queues(), pipelined(p):
@@ -152,7 +152,7 @@ def test_invariants_hold_with_micro_batches_in_flight(policy, specs, engine, p):
     assert (np.diff(steps["end"]) > 0).all()  # outputs return in order, one batch at a time
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.slow
 @given(EVERY_POLICY, WORKLOADS, ENGINE, st.sampled_from([2, 4]))
 def test_pipelined_runs_are_deterministic(policy, specs, engine, p):
     with pipelined(p):
@@ -162,7 +162,6 @@ def test_pipelined_runs_are_deterministic(policy, specs, engine, p):
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None)
 @given(test_pd.WORKLOADS, test_pd.PREFILL_POLICIES, test_pd.DECODE_POLICIES, test_pd.CLUSTERS, test_pd.LINKS,
        st.sampled_from([2, 4]))
 def test_pd_pools_of_pipelined_replicas_keep_the_pd_invariants(rows, prefill_policy, decode_policy, cluster, link, p):
@@ -265,7 +264,7 @@ def test_the_policy_sees_requests_in_flight_apart_from_the_running_ones():
     assert all(len(running | flying) <= 8 for running, flying in seen)  # two micro-batches of at most 4
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.slow
 @given(n=st.integers(1, 30), concurrency=st.one_of(st.none(), st.integers(1, 6)), think=st.sampled_from([0.0, 3.0]),
        timeout=st.one_of(st.none(), st.floats(5.0, 200.0)), blocks=st.integers(12, 80),
        preemption=st.sampled_from(["recompute", "swap"]), seed=st.integers(0, 50), p=st.sampled_from([2, 4]))
@@ -298,7 +297,7 @@ def test_one_stage_cost_models_get_the_plain_replica():
         assert type(pool[0]) is pipeline.Replica
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.slow
 @given(test_invariants_prefix.POLICIES, test_invariants_prefix.SPECS, test_invariants_prefix.ENGINE,
        st.sampled_from([2, 4]))
 def test_prefix_caching_keeps_its_invariants_with_micro_batches_in_flight(policy, specs, engine, p):
