@@ -76,7 +76,9 @@ def resolved_line(cfg, kv_blocks: dict | None) -> str:
     """What the run resolved its settings to: 'resolved: roofline (gpu h100, tp 1), engine vllm-v1,
     KV 28,181 x 16 tokens per replica, 1 replica, sarathi' (P/D: each pool's block counts)."""
     cost = cfg.cost_model
-    where = ", ".join(f"{k} {cost[k]}" for k in ("gpu", "tp", "profile") if cost.get(k) is not None)
+    shown = [k for k in ("gpu", "tp", "profile") if cost.get(k) is not None]
+    shown += [k for k in ("pp", "data_parallel") if cost.get(k, 1) != 1]  # a replica's layout beyond tp
+    where = ", ".join(f"{k} {cost[k]}" for k in shown)
     engine = engine_of(cost).name
     blocks = "/".join(f"{n:,}" for n in sorted(set((kv_blocks or {}).values()))) or "?"
     if cfg.cluster.mode == "pd":
@@ -92,10 +94,13 @@ def resolved_line(cfg, kv_blocks: dict | None) -> str:
 
 
 def summary_text(key: str, value) -> str:
-    """A summary value as printed: in its unit ('69.34 ms', '1976 tokens/s'), counts bare, None as is."""
+    """A summary value as printed: in its unit ('69.34 ms', '44.46 s' from 10 s, '1976 tokens/s'), counts
+    bare, None as is."""
     unit, factor = SUMMARY_UNITS.get(key, ("", 1.0))
     if value is None:
         return "None"
+    if unit == "ms" and value >= 10.0:  # a latency of 10 s or more reads in seconds, not '4.446e+04 ms'
+        unit, factor = "s", 1.0
     text = f"{value * factor:.4g}" if isinstance(value, float) or factor != 1.0 else str(value)
     return f"{text} {unit}" if unit else text
 

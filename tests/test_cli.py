@@ -128,6 +128,8 @@ def test_printed_summary_shows_units():
     assert summary_text("throughput_tokens_per_s", 1976.0) == "1976 tokens/s"
     assert summary_text("slo_attainment", 1) == "100 %" and summary_text("num_finished", 500) == "500"
     assert summary_text("ttft_p99", None) == "None"
+    assert summary_text("ttft_p50", 44.46) == "44.46 s"
+    assert summary_text("ttft_p50", 9.5) == "9500 ms"
 
 
 def test_run_prints_what_it_resolved(tmp_path):
@@ -139,3 +141,5 @@ def test_run_prints_what_it_resolved(tmp_path):
                                               "KV 28,181 x 16 tokens per replica, 1 x sarathi")
     pd_cfg = load_config("experiments/pd_vs_colocated.yaml")
     assert "P/D (prefill: 2 x prefill_first, decode: 1 x sarathi)" in resolved_line(pd_cfg, {0: 5, 1: 5, 2: 7})
+    pp_cfg = load_config("experiments/pipeline_parallel.yaml")
+    assert resolved_line(pp_cfg, {0: 87772}).startswith("resolved: roofline (gpu h100, tp 4, pp 2), ")
