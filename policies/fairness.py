@@ -172,7 +172,7 @@ class FairQueue:
 
         Only requests holding progress are tracked: one that leaves with none adds nothing, and a
         recompute-preempted one (counter reset) leaves the tracked set at no cost."""
-        current = {r.id: r for r in state.running}
+        current = {r.id: r for r in (*state.running, *state.in_flight)}  # in flight (PP): still here
         current.update((r.id, r) for r in state.waiting if r.num_computed_tokens)
         left = self._left
         for rid, req in self._seen.items():
@@ -183,7 +183,7 @@ class FairQueue:
         for req in current.values():
             service[req.tenant] = service.get(req.tenant, 0) + req.num_computed_tokens
         self.waiting_tenants = {r.tenant for r in state.waiting}
-        active = self.waiting_tenants | {r.tenant for r in state.running}
+        active = self.waiting_tenants | {r.tenant for r in (*state.running, *state.in_flight)}
         counter = {t: service.get(t, 0) / self.weight(t) + self._lift.get(t, 0.0) for t in active | set(service)}
         before = [counter[t] for t in self._active & active]
         if before:

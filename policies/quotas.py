@@ -138,7 +138,7 @@ class ArrivalGate:
         self._accepted = [r for r in self._accepted if r.arrival >= now and r.status != Status.REJECTED]
         if not self._accepted:
             return []
-        visible = {r.id for r in state.waiting} | {r.id for r in state.running}  # an arrival at `now` may be
+        visible = {r.id for r in (*state.waiting, *state.running, *state.in_flight)}  # an arrival at `now` may be
         return [r for r in self._accepted if r.id not in visible]
 
     def _overload_reason(self, state: SchedulerState, pending: list[Request]) -> str:
@@ -177,7 +177,7 @@ class ArrivalGate:
         quota = self.quotas.get(req.tenant) if req.tenant is not None else None
         if quota is None:
             return ""
-        mine = [r for r in (*state.waiting, *state.running, *pending) if r.tenant == req.tenant]
+        mine = [r for r in (*state.waiting, *state.running, *state.in_flight, *pending) if r.tenant == req.tenant]
         if quota.max_requests is not None and len(mine) >= quota.max_requests:
             return (f"{REASON_PREFIX} tenant quota: tenant {req.tenant!r} has {len(mine)} requests in flight "
                     f"(max_requests {quota.max_requests})")

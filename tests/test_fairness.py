@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cbsim.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.policies.batch import BatchBuilder
+from cbsim.policies.fairness import FairQueue
 from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
@@ -347,3 +348,15 @@ def test_strict_bucket_end_to_end_the_replica_sleeps_until_the_refill():
     run_policy({"name": "sarathi", "token_budget": 64, "queue_policy": "fair", "token_bucket_mode": "strict",
                 "token_buckets": [{"tenant": "a", "rate": 8.0, "burst": 16.0}]}, reqs)
     assert [r.first_scheduled for r in reqs] == [0.0, 2.0, 4.0]  # 16 tokens every 2 s, the replica idle between
+
+
+def test_a_request_in_flight_under_pp_keeps_its_service_counted_once():
+    # PP hides a request from `running` while its micro-batch is in flight (state.in_flight); the fair
+    # queue must not count it as having left and then count it again when it returns
+    req = Request(0, 0.0, 100, 10, tenant="a")
+    req.num_computed_tokens = 100
+    queue = FairQueue()
+    kv = KVCache(100, 16)
+    for running, in_flight in (([req], ()), ([], (req,)), ([req], ()), ([], (req,))):
+        queue.observe(SchedulerState(kv, 1000, running=running, in_flight=in_flight))
+        assert queue.counter["a"] == 100  # its service, once, whether it is in flight or not
