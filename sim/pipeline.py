@@ -87,18 +87,25 @@ class PipelinedReplica(Replica):
                 continue
             if len(self.in_flight) < self.stages:
                 plan = self._schedule(now)
-                if not plan.is_empty:
+                if not plan.is_empty and (plan.scheduled or plan.padding):
                     self.step_start = now
                     self.recovery.swap_out_booked = 0.0
-                    if not (plan.scheduled or plan.padding):  # no forward pass: nothing enters the pipeline
-                        self._evict(plan)
-                        self._resume_at = now
-                        continue
                     self._launch(plan, now)
                     self._resume_at = now  # the queue is not full: schedule again at once
                     continue
+                if not plan.is_empty and not (plan.preempted and self.in_flight):
+                    self.step_start = now  # no forward pass: nothing enters the pipeline
+                    self.recovery.swap_out_booked = 0.0
+                    self._evict(plan)
+                    self._resume_at = now
+                    continue
+                # left: an empty plan, or only evictions while batches are in flight. Then the room is held
+                # by requests the policy cannot pick (vLLM's victim may be in flight): wait for the oldest
+                # output instead of evicting a visible request for it, which can thrash (two requests
+                # preempting themselves in turn, each while the other is in flight)
                 idle_until = plan.idle_until  # the policy waits for a time (a token bucket refills)
-                if idle_until is not None and (not self.in_flight or idle_until < self.in_flight[0].end):
+                if plan.is_empty and idle_until is not None and (not self.in_flight
+                                                                 or idle_until < self.in_flight[0].end):
                     yield from self._idle_until(idle_until)
                     continue
                 if not self.in_flight:
