@@ -31,7 +31,7 @@ yet"; here a request waits for its batch's output whatever it ran); unequal stag
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from cbsim.errors import ConfigError
@@ -58,7 +58,9 @@ class PipelinedReplica(Replica):
         self.stages = stages
         self.stage_free = [0.0] * stages  # when each stage finishes the last batch it was given
         self.in_flight: deque[MicroBatch] = deque()  # oldest first: outputs return in this order
-        self.busy: set[int] = set()  # ids of the requests in a batch in flight (each in one at most)
+        # request id -> its batches in flight (one, unless a policy preempts a request in flight and
+        # readmits it before that batch is back: its stale entry is ignored at commit, by epoch)
+        self.busy: Counter[int] = Counter()
         self.evicted = 0  # preemptions of plans that ran no batch, not yet counted in a step row
         super().__init__(*args, **kwargs)
 
@@ -178,7 +180,7 @@ class PipelinedReplica(Replica):
             free[s] = t
         self.recorder.columns["start"].set(self.step, last_start)  # the row: its pass through the last stage
         members = (*plan.scheduled, *plan.padding)
-        self.busy.update(members)
+        self.busy.update(members)  # (Counter.update adds one per member)
         self.in_flight.append(MicroBatch(plan, self.step, t, members))
 
     def _drain(self, now: float) -> None:
@@ -186,7 +188,10 @@ class PipelinedReplica(Replica):
         in_flight, busy = self.in_flight, self.busy
         while in_flight and in_flight[0].end <= now:
             batch = in_flight.popleft()
-            busy.difference_update(batch.members)
+            busy.subtract(batch.members)
+            for rid in batch.members:
+                if busy[rid] <= 0:
+                    del busy[rid]
             self.step = batch.step
             self.commit(batch.plan, batch.end)
             self.role.committed(batch.plan, batch.end)

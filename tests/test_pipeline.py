@@ -81,7 +81,7 @@ class Checked(PipelinedReplica):
     def _launch(self, plan, now):
         Checked.launches += 1
         assert len(self.in_flight) < self.stages
-        assert not set(plan.scheduled) & self.busy, "a request in flight was scheduled again"
+        assert not set(plan.scheduled) & set(self.busy), "a request in flight was scheduled again"
         for batch in self.in_flight:  # in-flight requests keep at least the blocks their batch holds
             for rid in batch.plan.scheduled:
                 req = self.by_id.get(rid)
