@@ -14,7 +14,8 @@
      fraction 0.8: 11,489 tokens/s.
    cbsim runs 8 replicas (one per attention rank) of roofline data_parallel 8, engine trtllm (whose host
    terms are 0: no public per-step host timings, so engine overhead is not separated from GPU time
-   here; the published numbers include it), num_blocks from kv_cache_blocks(data_parallel=8).
+   here; the published numbers include it), num_blocks auto (each rank holds 1/8 of the routed
+   experts: kv_cache_blocks(data_parallel=8)).
    The same rows with TP attention (data_parallel 1, one TP8 replica) are printed for comparison.
 3. Whole runs of MoE with the experts split tp ways (no EP): TensorRT-LLM v0.17's table,
    NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md (commit 258c7540, "All data ... version
@@ -30,10 +31,10 @@ from __future__ import annotations
 import sys
 import time
 
-from cbsim.api import run_experiment
 from cbsim.profiler.costmodels import load_cost_model
 from cbsim.profiler.costmodels.collectives import alltoall_seconds
-from cbsim.profiler.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.profiler.specs import GiB, model_spec
+from validate_trtllm_fp8 import offline_throughput  # the shared trtllm-bench setup (same folder)
 
 # H800 SXM: H100 silicon with NVLink cut to 400 GB/s (200 GB/s one way; DeepEP: "~160 GB/s NVLink maximum
 # bandwidth" measured) and, in DeepEP's cluster, one 400 Gb/s NIC per GPU.
@@ -82,16 +83,7 @@ DENSE_017 = {  # the same table's dense rows, the baseline the MoE rows are read
 def simulate_tp(model: str, gpu: str, tp: int, isl: int, osl: int, n: int) -> float:
     """Output tokens/s of one TP replica (experts split tp ways) in the v0.17 setup; A100 at 16 bits."""
     spec = model if gpu == "a100" else {"config": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}
-    result = run_experiment({
-        "name": "validate-moe-tp", "seed": 0, "model": spec,
-        "cost_model": {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm"},
-        "cluster": {"kv_cache": {"num_blocks": "auto", "gpu_memory_utilization": 0.95, "block_size": 32}},
-        "policy": {"name": "sarathi", "token_budget": 8192, "max_num_seqs": 2048},
-        "workload": {"num_requests": n, "arrival": {"type": "all_at_once"},
-                     "prompt_len": {"type": "fixed", "value": isl}, "output_len": {"type": "fixed", "value": osl}},
-        "output": {"plots": False, "trace": False}})
-    r = result.requests
-    return float(r["output_tokens"].sum() / r["completion_time"].max())
+    return offline_throughput(spec, {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm"}, isl, osl, n)
 
 
 def alltoall_rows() -> list[tuple]:
@@ -110,26 +102,13 @@ def alltoall_rows() -> list[tuple]:
 
 
 def simulate(model: dict, gpu: str, isl: int, osl: int, n: int, data_parallel: bool, **extra) -> float:
-    """Total output tokens/s of a trtllm-bench-like run (all requests queued, or closed-loop clients)."""
-    spec = model_spec(model)
-    util = extra.pop("kv_fraction", 0.95)
+    """Total output tokens/s of a trtllm-bench-like run on 8 GPUs: 8 data-parallel attention ranks
+    (EP over all 8), or one TP8 replica with EP (all requests queued, or closed-loop clients)."""
+    cost = {"type": "roofline", "gpu": gpu, "tp": 8, "expert_parallel": True, "engine": "trtllm"}
+    replicas = 1
     if data_parallel:
-        cost = {"type": "roofline", "gpu": gpu, "tp": 1, "expert_parallel": True, "data_parallel": 8, "engine": "trtllm"}
-        blocks = kv_cache_blocks(spec, gpu_spec(gpu), 1, 32, util, data_parallel=8)
-        replicas = 8
-    else:
-        cost = {"type": "roofline", "gpu": gpu, "tp": 8, "expert_parallel": True, "engine": "trtllm"}
-        blocks, replicas = kv_cache_blocks(spec, gpu_spec(gpu), 8, 32, util), 1
-    budget, seqs = extra.pop("max_num_tokens", 8192), extra.pop("max_batch_size", 2048)
-    workload = {"num_requests": n, "arrival": {"type": "all_at_once"},
-                "prompt_len": {"type": "fixed", "value": isl}, "output_len": {"type": "fixed", "value": osl}, **extra}
-    result = run_experiment({
-        "name": "validate-moe", "seed": 0, "model": model, "cost_model": cost,
-        "cluster": {"replicas": replicas, "router": "round_robin", "kv_cache": {"num_blocks": blocks, "block_size": 32}},
-        "policy": {"name": "sarathi", "token_budget": budget, "max_num_seqs": seqs},
-        "workload": workload, "output": {"plots": False, "trace": False}})
-    r = result.requests
-    return float(r["output_tokens"].sum() / r["completion_time"].max())
+        cost, replicas = {**cost, "tp": 1, "data_parallel": 8}, 8
+    return offline_throughput(model, cost, isl, osl, n, replicas=replicas, **extra)
 
 
 def main(quick: bool) -> None:

@@ -21,20 +21,30 @@ PUBLISHED = {  # (model, gpu, tp, ep) -> {(isl, osl): tokens/s}
 REQUESTS = {(128, 128): 3000, (128, 2048): 1000, (2048, 128): 1000, (1000, 1000): 1000, (5000, 500): 500}
 
 
+def offline_throughput(model, cost: dict, isl: int, osl: int, n: int, *, replicas: int = 1,
+                       kv_fraction: float = 0.95, max_num_tokens: int = 8192, max_batch_size: int = 2048,
+                       **workload) -> float:
+    """Total output tokens/s of a trtllm-bench-like run: `n` requests of fixed ISL/OSL all queued at
+    once (or `workload` keys such as max_concurrency), sarathi with trtllm-bench's token budget and
+    batch cap, KV blocks of 32 sized from `kv_fraction` of the memory, `replicas` behind round robin."""
+    result = run_experiment({
+        "name": "trtllm", "seed": 0, "model": model, "cost_model": cost,
+        "cluster": {"replicas": replicas, "router": "round_robin",
+                    "kv_cache": {"num_blocks": "auto", "gpu_memory_utilization": kv_fraction, "block_size": 32}},
+        "policy": {"name": "sarathi", "token_budget": max_num_tokens, "max_num_seqs": max_batch_size},
+        "workload": {"num_requests": n, "arrival": {"type": "all_at_once"},
+                     "prompt_len": {"type": "fixed", "value": isl}, "output_len": {"type": "fixed", "value": osl},
+                     **workload},
+        "output": {"plots": False, "trace": False}})
+    r = result.requests
+    return float(r["output_tokens"].sum() / r["completion_time"].max())
+
+
 def simulate(model, gpu, tp, ep, isl, osl, n):
     cost = {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm"}
     if ep:
         cost["expert_parallel"] = True
-    result = run_experiment({
-        "name": "trtllm", "seed": 0, "model": {"config": model, "weight_dtype": "fp8", "kv_dtype": "fp8"},
-        "cost_model": cost,
-        "cluster": {"kv_cache": {"num_blocks": "auto", "gpu_memory_utilization": 0.95, "block_size": 32}},
-        "policy": {"name": "sarathi", "token_budget": 8192, "max_num_seqs": 2048},
-        "workload": {"num_requests": n, "arrival": {"type": "all_at_once"},
-                     "prompt_len": {"type": "fixed", "value": isl}, "output_len": {"type": "fixed", "value": osl}},
-        "output": {"plots": False, "trace": False}})
-    r = result.requests
-    return float(r["output_tokens"].sum() / r["completion_time"].max())
+    return offline_throughput({"config": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}, cost, isl, osl, n)
 
 
 if __name__ == "__main__":
