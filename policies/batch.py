@@ -75,6 +75,10 @@ class BatchBuilder:
         self.preempted: list[int] = []
         self.padding: list[int] = []
         self._out: set[int] = set()  # ids preempted in this plan
+        # the plan's leading decodes (StepPlan.decode_contexts): while `scheduled` holds only decodes taken
+        # by schedule_decodes' plain path, their contexts and the blocks they grow to, for the replica's begin
+        self._lead_contexts: list[int] = []
+        self._lead_grows: list[tuple[int, int]] = []
         self.num_prefills = 0  # prefill rows (chunks or whole prompts) scheduled so far
         self.stalled = False  # a running request could not get KV and preempted itself: admit nobody
         self.prefix = state.kv.prefix  # None unless prefix caching is on
@@ -183,6 +187,8 @@ class BatchBuilder:
         room = min(self.seqs_left, self.tokens_left)
         taken = 0
         others = []
+        contexts, grows = self._lead_contexts, self._lead_grows
+        lead = len(scheduled) == len(contexts)  # nothing else scheduled yet: the decodes taken lead the plan
         for req in running:
             if taken >= room:
                 self._commit_taken(taken)
@@ -201,11 +207,16 @@ class BatchBuilder:
                     taken, room = 0, min(self.seqs_left, self.tokens_left)
                     if self.schedule_running(req, 1):  # preempts others, or itself
                         room -= 1
+                    lead = len(scheduled) == len(contexts)
                     continue
                 self.free -= extra
+                if lead:
+                    grows.append((rid, target))
             scheduled[rid] = 1
             epochs[rid] = req.epoch
             blocks[rid] = target
+            if lead:
+                contexts.append(computed + 1)
             taken += 1
         self._commit_taken(taken)
         return others
@@ -345,6 +356,8 @@ class BatchBuilder:
             epochs=self.epochs,
             blocks=self.blocks,
             rejected=rejected,
+            decode_contexts=tuple(self._lead_contexts),
+            decode_grows=tuple(self._lead_grows),
         )
 
     def _extras_cost(self) -> tuple[int, float, int]:

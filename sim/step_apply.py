@@ -14,6 +14,7 @@ hold_finished, when the whole batch is done).
 from __future__ import annotations
 
 import math
+from itertools import islice
 
 import numpy as np
 
@@ -35,12 +36,18 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
         reject_waiting(replica, by_id[rid])
     for rid in plan.admitted:
         swap_bytes += admit(replica, by_id[rid], now)
-    prefill, decode = [], []
-    sampled = 0
     blocks, kv = plan.blocks, replica.kv
     kv.evicted_in_step = False  # prefix caching: set by grow if it evicts cached blocks
-    add_decode, add_prefill, grow = decode.append, prefill.append, kv.grow
-    for rid, n in plan.scheduled.items():
+    grow = kv.grow
+    # the plan's leading decodes come checked by the builder (StepPlan.decode_contexts): grow and count them
+    lead = plan.decode_contexts
+    for rid, target in plan.decode_grows:
+        grow(by_id[rid], target)
+    prefill, decode = [], list(lead)
+    sampled = len(lead)
+    add_decode, add_prefill = decode.append, prefill.append
+    entries = plan.scheduled.items()
+    for rid, n in (islice(entries, len(lead), None) if lead else entries):
         req = by_id[rid]
         target = blocks[rid]
         if target > req.num_blocks:
