@@ -77,8 +77,9 @@ class BatchBuilder:
         self._out: set[int] = set()  # ids preempted in this plan
         # the plan's leading decodes (StepPlan.decode_contexts): while `scheduled` holds only decodes taken
         # by schedule_decodes' plain path, their contexts and the blocks they grow to, for the replica's begin
+        self._lead_requests: list[Request] = []
         self._lead_contexts: list[int] = []
-        self._lead_grows: list[tuple[int, int]] = []
+        self._lead_grows: list[tuple[Request, int]] = []
         self.num_prefills = 0  # prefill rows (chunks or whole prompts) scheduled so far
         self.stalled = False  # a running request could not get KV and preempted itself: admit nobody
         self.prefix = state.kv.prefix  # None unless prefix caching is on
@@ -187,8 +188,9 @@ class BatchBuilder:
         room = min(self.seqs_left, self.tokens_left)
         taken = 0
         others = []
-        contexts, grows = self._lead_contexts, self._lead_grows
+        lead_reqs, contexts, grows = self._lead_requests, self._lead_contexts, self._lead_grows
         lead = len(scheduled) == len(contexts)  # nothing else scheduled yet: the decodes taken lead the plan
+        seen = bool(scheduled or out)  # else a request of `running` can be in neither until a preemption
         for req in running:
             if taken >= room:
                 self._commit_taken(taken)
@@ -196,7 +198,7 @@ class BatchBuilder:
             outputs = req.num_output_tokens
             computed = req.num_computed_tokens
             rid = req.id
-            if not outputs or req.prompt_len + outputs - computed != 1 or rid in scheduled or rid in out:
+            if not outputs or req.prompt_len + outputs - computed != 1 or (seen and (rid in scheduled or rid in out)):
                 others.append(req)
                 continue
             target = computed // block_size + 1  # blocks for computed + 1 tokens
@@ -207,15 +209,16 @@ class BatchBuilder:
                     taken, room = 0, min(self.seqs_left, self.tokens_left)
                     if self.schedule_running(req, 1):  # preempts others, or itself
                         room -= 1
-                    lead = len(scheduled) == len(contexts)
+                    lead, seen = len(scheduled) == len(contexts), True
                     continue
                 self.free -= extra
                 if lead:
-                    grows.append((rid, target))
+                    grows.append((req, target))
             scheduled[rid] = 1
             epochs[rid] = req.epoch
             blocks[rid] = target
             if lead:
+                lead_reqs.append(req)
                 contexts.append(computed + 1)
             taken += 1
         self._commit_taken(taken)
@@ -356,6 +359,7 @@ class BatchBuilder:
             epochs=self.epochs,
             blocks=self.blocks,
             rejected=rejected,
+            decode_requests=tuple(self._lead_requests),
             decode_contexts=tuple(self._lead_contexts),
             decode_grows=tuple(self._lead_grows),
         )

@@ -31,12 +31,14 @@ class StepPlan:
     # an empty plan that waits: nothing may run before this time (a token bucket refills, policies/fairness.py)
     # unless an arrival or a completion elsewhere changes the state first; None: an empty plan is a bug
     idle_until: float | None = None
-    # the hot path's shortcut (BatchBuilder.schedule_decodes): the first len(decode_contexts) entries of
-    # `scheduled` are one-token decodes of running requests, with these contexts (computed tokens + 1),
-    # already checked against the KV budget; decode_grows: (request id, blocks) for those of them that
-    # cross into a new block. The replica's begin takes them as they are instead of looking again.
+    # the hot path's shortcut (BatchBuilder.schedule_decodes): the first len(decode_requests) entries of
+    # `scheduled` are one-token decodes of these running requests, whose contexts (computed tokens + 1)
+    # are decode_contexts, already checked against the KV budget; decode_grows: (request, blocks) for
+    # those that cross into a new block. The replica's begin and commit take them as they are instead
+    # of looking each up and classifying it again.
+    decode_requests: tuple = ()
     decode_contexts: tuple[int, ...] = ()
-    decode_grows: tuple[tuple[int, int], ...] = ()
+    decode_grows: tuple = ()
 
     @property
     def num_new_tokens(self) -> dict[int, int]:

@@ -41,8 +41,8 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
     grow = kv.grow
     # the plan's leading decodes come checked by the builder (StepPlan.decode_contexts): grow and count them
     lead = plan.decode_contexts
-    for rid, target in plan.decode_grows:
-        grow(by_id[rid], target)
+    for req, target in plan.decode_grows:
+        grow(req, target)
     prefill, decode = [], list(lead)
     sampled = len(lead)
     add_decode, add_prefill = decode.append, prefill.append
@@ -135,7 +135,24 @@ def commit(replica, plan, end: float) -> None:
     finished = False
     by_id, epochs, previous, running = replica.by_id, plan.epochs, replica.prev_step, Status.RUNNING
     close_run = recorder.close_run
-    for rid, n in plan.scheduled.items():
+    lead = plan.decode_requests  # the plan's leading one-token decodes: each still current samples a token
+    for req in lead:
+        if req.epoch != epochs[req.id] or req.status != running:
+            continue
+        req.num_computed_tokens += 1
+        outputs = req.num_output_tokens + 1
+        req.num_output_tokens = outputs
+        if req.run_tokens and req.last_token_step == previous:  # Recorder.token, inlined
+            req.run_tokens += 1
+        else:
+            close_run(req)
+            req.run_start_step = step
+            req.run_tokens = 1
+        req.last_token_step = step
+        if outputs >= req.output_len:
+            finished = True
+    entries = plan.scheduled.items()
+    for rid, n in (islice(entries, len(lead), None) if lead else entries):
         req = by_id[rid]
         if req.epoch != epochs[rid] or req.status != running:
             continue
