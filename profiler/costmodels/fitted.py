@@ -37,7 +37,7 @@ from ..features import (PADDED_PREFIX, aggregates, padded_segments, padded_token
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve
-from .pipeline import profile_pipeline
+from .pipeline import profile_pipeline, slowest
 from .profile_check import MAX_LAYERS, check_fitted
 from .registry import register_cost_model
 
@@ -147,16 +147,9 @@ class FittedCostModel(CostModel):
         """One pipeline stage's seconds (the slowest; elementwise over arrays): its layers, the LM head on
         the last stage, its activation hand-off (the fit has no embedding term of its own)."""
         pipe = self._pipeline
-        last, slowest = pipe.stages - 1, None
-        for s, n in enumerate(pipe.layers):
-            t = n * layer + (lm if s == last else 0.0) + pipe.handoff_seconds(tokens, s)
-            if slowest is None:
-                slowest = t
-            elif isinstance(t, np.ndarray) or isinstance(slowest, np.ndarray):
-                slowest = np.maximum(slowest, t)
-            else:
-                slowest = t if t > slowest else slowest
-        return slowest
+        last = pipe.stages - 1
+        return slowest(n * layer + (lm if s == last else 0.0) + pipe.handoff_seconds(tokens, s)
+                       for s, n in enumerate(pipe.layers))
 
     def collective_time(self, tokens: float) -> float:
         """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the

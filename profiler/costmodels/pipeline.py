@@ -42,6 +42,8 @@ import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import numpy as np
+
 from cbsim.errors import ConfigError
 
 from .collectives import NET_EFFICIENCY, NET_RING_HOP, LinkModel, _intra_bandwidth
@@ -80,6 +82,20 @@ def p2p_model(gpu, topology: str, tp: int) -> tuple[float, float]:
     if topology == "xgmi_mesh":
         return base, gpu.link_bandwidth / 7 * fraction
     return base, None  # PCIe: the caller uses the fitted PCIe bus bandwidth
+
+
+def slowest(times):
+    """The longest of the stages' seconds: floats, or numpy arrays elementwise (the same results on
+    both, so a decode run priced as arrays equals its steps priced one by one)."""
+    out = None
+    for t in times:
+        if out is None:
+            out = t
+        elif isinstance(t, np.ndarray) or isinstance(out, np.ndarray):
+            out = np.maximum(out, t)
+        else:
+            out = t if t > out else out
+    return out
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ from .collectives import Topology, allreduce_seconds, alltoall_seconds, link_mod
 from .engine import NO_ENGINE, Engine, engine_option, load_engine
 from .gemm_efficiency import gemm_curve
 from .moe_gemms import MoEGemms
-from .pipeline import Pipeline, check_pipeline
+from .pipeline import Pipeline, check_pipeline, slowest
 from .registry import register_cost_model
 
 NO_ENGINE_STEP_OVERHEAD = 300e-6  # the CPU work per step this model charged before the engine component
@@ -292,12 +292,9 @@ class RooflineCost(CostModel):
         embedding on the first stage and the LM head on the last."""
         dense, moe = self._moe.layer_pair(self, tokens) if self.model.is_moe else (self._gemm_seconds(tokens),) * 2
         last = len(self._stages) - 1
-        slowest = None
-        for s, (layers, moe_layers) in enumerate(self._stages):
-            t = ((layers - moe_layers) * dense + moe_layers * moe + layers * rest + self._stage_comm(tokens, s)
-                 + (embed if s == 0 else 0.0) + (lm_head if s == last else 0.0))
-            slowest = t if slowest is None else _max(slowest, t)
-        return slowest
+        return slowest((layers - moe_layers) * dense + moe_layers * moe + layers * rest + self._stage_comm(tokens, s)
+                       + (embed if s == 0 else 0.0) + (lm_head if s == last else 0.0)
+                       for s, (layers, moe_layers) in enumerate(self._stages))
 
     def _stage_comm(self, tokens: float, stage: int) -> float:
         """Seconds stage `stage` spends communicating for a step of `tokens` tokens: its all-reduces (2 per

@@ -31,7 +31,7 @@ from cbsim.sim.shape import StepShape
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve, isotonic
-from .pipeline import profile_pipeline
+from .pipeline import profile_pipeline, slowest
 from .profile_check import MAX_LAYERS, check_vidur
 from .registry import register_cost_model
 from .vidur_attention import make_attention
@@ -159,17 +159,8 @@ class VidurCostModel(CostModel):
         pipe = self._pipeline
         last = pipe.stages - 1
         lm = self._lm_head.at(rows) * self._lm_ratio if rows else 0.0
-        slowest = None
-        for s, n in enumerate(pipe.layers):
-            t = (n * layer + (self._emb.at(tokens) if s == 0 else 0.0) + (lm if s == last else 0.0)
-                 + pipe.handoff_seconds(tokens, s))
-            if slowest is None:
-                slowest = t
-            elif isinstance(t, np.ndarray) or isinstance(slowest, np.ndarray):
-                slowest = np.maximum(slowest, t)
-            else:
-                slowest = t if t > slowest else slowest
-        return slowest
+        return slowest(n * layer + (self._emb.at(tokens) if s == 0 else 0.0) + (lm if s == last else 0.0)
+                       + pipe.handoff_seconds(tokens, s) for s, n in enumerate(pipe.layers))
 
     def _token_terms_of(self, tokens: int, rows: int) -> tuple[float, float]:
         """(per-layer seconds without attention, per-step fixed seconds): pure in (tokens, rows)."""
