@@ -38,7 +38,6 @@ from cbsim.errors import ConfigError
 
 from . import step_apply
 from .clock import delay_to
-from .durations import CLOCK_LIMIT
 from .replica import Replica, SchedulerStuck
 from .request import Status
 
@@ -157,20 +156,8 @@ class PipelinedReplica(Replica):
         if self.evicted:
             self.recorder.columns["preemptions"].set(self.step, len(plan.preempted) + self.evicted)
             self.evicted = 0
-        seconds = self.cost.step_time(shape)  # one stage
-        if self.noise is not None:
-            seconds *= self.noise()
-        if plan.extra_seconds:  # an encoder, LoRA loads: charged once, to the first stage (like the swaps)
-            first = seconds + plan.extra_seconds
-        else:
-            first = seconds
-        if swap_bytes:  # the batch enters the first stage once its swaps are done
-            first += self.recovery.book_swap_ins(now, swap_bytes)
-        if not now < now + first < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)
-            self._check_step(now, first, shape)
-        if self.admission is not None and shape.prefill:
-            self.admission.observe(sum(c for c, _ in shape.prefill), first)
-        self.role.began(plan, now)
+        # one stage's seconds; the first stage also pays the side work and waits for the swap-ins
+        seconds, first = self._priced(plan, shape, swap_bytes, now)
         free = self.stage_free
         last_start = max(now, free[0])  # enters the first stage
         t = free[0] = last_start + first

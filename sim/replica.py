@@ -29,6 +29,7 @@ from .fast_forward import cut_run, decode_run, may_leap
 from .kv_cache import KVCache
 from .kv_link import KVLink
 from .metrics.recorder import Recorder
+from .plan import StepPlan
 from .preemption import make_recovery
 from .request import Request, Status
 from .roles import Colocated
@@ -258,18 +259,7 @@ class Replica:
                 yield from self.role.evict_only(plan, start)
                 continue
             shape, swap_bytes = self.begin(plan, start)
-            duration = self.cost.step_time(shape)
-            if self.noise is not None:
-                duration *= self.noise()
-            if plan.extra_seconds:  # work beside the decoder's forward (an encoder, LoRA loads), priced by the policy
-                duration += plan.extra_seconds
-            if swap_bytes:  # the step waits for its swaps
-                duration += self.recovery.book_swap_ins(start, swap_bytes)
-            if not start < start + duration < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)
-                self._check_step(start, duration, shape)
-            if self.admission is not None and shape.prefill:
-                self.admission.observe(sum(c for c, _ in shape.prefill), duration)
-            self.role.began(plan, start)
+            _, duration = self._priced(plan, shape, swap_bytes, start)
             run = decode_run(self, start, duration, self._step_context) if may_leap(
                 self, plan, shape, swap_bytes) else None
             if run is None:
@@ -314,6 +304,24 @@ class Replica:
                 yield done
         self._cut = None
         return ends, extra
+
+    def _priced(self, plan: StepPlan, shape: StepShape, swap_bytes: float, start: float) -> tuple[float, float]:
+        """(the forward's seconds as the cost model prices them, noise included; the step's whole time:
+        plus the plan's side work (an encoder, LoRA loads, priced by the policy) and the swap-ins it
+        waits for). Checks the whole time against the clock, shows it to the admission signals and
+        tells the role the step began. A pipelined replica charges the extras to its first stage."""
+        seconds = self.cost.step_time(shape)
+        if self.noise is not None:
+            seconds *= self.noise()
+        whole = seconds + plan.extra_seconds if plan.extra_seconds else seconds
+        if swap_bytes:
+            whole += self.recovery.book_swap_ins(start, swap_bytes)
+        if not start < start + whole < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)
+            self._check_step(start, whole, shape)
+        if self.admission is not None and shape.prefill:
+            self.admission.observe(sum(c for c, _ in shape.prefill), whole)
+        self.role.began(plan, start)
+        return seconds, whole
 
     def _check_step(self, start: float, duration: float, shape: StepShape) -> None:
         """DurationError unless the step is an empty one of 0 s (called only when the hot path's
