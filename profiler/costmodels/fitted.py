@@ -155,10 +155,10 @@ class FittedCostModel(CostModel):
         """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
         per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
         table (sim/metrics/step_efficiency.py)."""
-        if self._pipeline is not None:  # the stage that communicates longest
-            pipe, per_layer = self._pipeline, self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
-            return max(n * per_layer + pipe.handoff_seconds(tokens, s) for s, n in enumerate(pipe.layers))
-        return self.num_layers * self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
+        per_layer = self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
+        if self._pipeline is not None:
+            return self._pipeline.collective_seconds(per_layer, tokens)
+        return self.num_layers * per_layer if self.allreduce is not None else 0.0
 
     # --- interface ---------------------------------------------------------------------
 

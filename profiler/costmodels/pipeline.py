@@ -154,6 +154,11 @@ class Pipeline:
     def handoff_seconds(self, tokens: float, stage: int) -> float:
         return self.send_seconds(tokens, stage) + self.gather_seconds(tokens, stage)
 
+    def collective_seconds(self, per_layer: float, tokens: float) -> float:
+        """The communication of the stage that communicates longest: `per_layer` (an all-reduce) on
+        each of its layers plus its activation hand-off."""
+        return max(n * per_layer + self.handoff_seconds(tokens, s) for s, n in enumerate(self.layers))
+
 
 def profile_pipeline(num_layers: int, pp: int, tp: int, hidden, gpu_name: str, path: str) -> Pipeline:
     """The stages of a measured profile's model (vidur, fitted) on its GPU (the catalog's topology and
