@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model
 from cbsim.sim.kv_cache import KVCache
@@ -117,3 +119,17 @@ def assert_user_error(result, *needles):
     assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
     for needle in needles:
         assert str(needle) in text, (needle, text)
+
+
+def assert_same_run(one, other) -> None:
+    """Two runs ((requests, recorder), e.g. stepped and fast-forwarded) gave the same requests' times,
+    the same step table and every token at the same step."""
+    for a, b in zip(one[0], other[0]):
+        assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled) == \
+            (b.status, b.first_token_time, b.completion_time, b.num_preemptions, b.first_scheduled), a.id
+    steps, other_steps = one[1].step_table(), other[1].step_table()
+    for name in steps:
+        assert np.array_equal(steps[name], other_steps[name]), name
+    for name, column in one[1].run_table().items():  # every token's step, hence its time
+        assert np.array_equal(column, other[1].run_table()[name]), name
+

@@ -6,7 +6,6 @@ Cost models: `linear` (the base class's decode_step_time, via step_time) and `vi
 without a serving engine (its own O(1) decode_step_time and vectorised decode_run_times)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +17,7 @@ from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request
 from cbsim.sim.simulation import simulate
+from factories import assert_same_run
 
 POLICIES = {
     "static": {"name": "static", "max_num_seqs": 6},
@@ -65,11 +65,4 @@ def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run)
     with pytest.MonkeyPatch.context() as patch:  # 0: numpy runs only; 10**9: plain-Python runs only
         patch.setattr(fast_forward_module, "SCALAR_RUN", scalar_run)
         fast = run(policy, cost, specs, num_blocks, fast_forward=True)
-    for a, b in zip(stepped[0], fast[0]):
-        assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled) == \
-            (b.status, b.first_token_time, b.completion_time, b.num_preemptions, b.first_scheduled), a.id
-    slow_steps, fast_steps = stepped[1].step_table(), fast[1].step_table()
-    for name in slow_steps:
-        assert np.array_equal(slow_steps[name], fast_steps[name]), name
-    for name, column in stepped[1].run_table().items():  # every token's step, hence its time
-        assert np.array_equal(column, fast[1].run_table()[name]), name
+    assert_same_run(stepped, fast)

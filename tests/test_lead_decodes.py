@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.policies.batch import BatchBuilder
+from factories import assert_same_run
 from test_fast_path import COSTS, POLICIES, WORKLOADS, run
 
 _build = BatchBuilder.build
@@ -47,11 +47,4 @@ def test_shortcut_matches_general_path(policy, cost, specs, num_blocks, fast_for
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(BatchBuilder, "build", build_without_shortcut)
         general = run(policy, cost, specs, num_blocks, fast_forward=fast_forward)
-    for a, b in zip(lean[0], general[0]):
-        assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled) == \
-            (b.status, b.first_token_time, b.completion_time, b.num_preemptions, b.first_scheduled), a.id
-    lean_steps, general_steps = lean[1].step_table(), general[1].step_table()
-    for name in lean_steps:
-        assert np.array_equal(lean_steps[name], general_steps[name]), name
-    for name, column in lean[1].run_table().items():
-        assert np.array_equal(column, general[1].run_table()[name]), name
+    assert_same_run(lean, general)
