@@ -19,6 +19,7 @@ import yaml
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model as load
 from cbsim.profiler.costmodels.registry import engine_of
+from cbsim.profiler.kv_window import cache_window
 from cbsim.profiler.specs import model_spec
 from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
@@ -180,10 +181,14 @@ def build_replica_parts(cfg: ExperimentConfig):
     if kv_cfg.prefix_caching:
         hash_block = kv_cfg.hash_block_size or parse_workload(cfg.workload, "workload").hash_block_size
 
+    window = cache_window(model, kv_cfg.block_size, kv_cfg.hybrid_kv_cache_manager, kv_cfg.prefix_caching,
+                          cluster.mode == "pd")
+    units = num_blocks * (window.units_per_block if window is not None else 1)  # a window counts g layer-pages
+
     def make_kv():
-        return KVCache(num_blocks, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * num_blocks)),
+        return KVCache(units, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * units)),
                        kv_cfg.reserve_full_prompt, bytes_per_token,
-                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block)
+                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block, window=window)
 
     return model, cost, make_kv, settings
 

@@ -43,6 +43,11 @@ class KVCacheConfig:
                                          "workload's (shared_prefix.hash_block_size, or trace.hash_block_size, 512 "
                                          "for Mooncake), else block_size. Independent of block_size: the cache "
                                          "keeps units of lcm(block_size, hash_block_size) tokens")
+    hybrid_kv_cache_manager: bool = option(True, help="sliding-window models (model sliding_window, e.g. Mistral-7B-"
+                                           "v0.1, Gemma-2): free a windowed layer's blocks once they leave the "
+                                           "window, as vLLM's hybrid KV cache manager does (its default); false: "
+                                           "every layer keeps every block (vLLM --disable-hybrid-kv-cache-manager). "
+                                           "No effect without a window; not with prefix_caching or cluster.mode pd")
 
     def validate(self) -> None:
         require(1 <= self.block_size <= MAX_BLOCK_SIZE, "block_size", f"an integer >= 1 and <= {MAX_BLOCK_SIZE}",

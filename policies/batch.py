@@ -24,6 +24,12 @@ than state.step_cap while a running request decodes); vLLM V0's swapped queue (s
 no new prompt while a request is swapped out, no swap-in in a step that preempts); P/D backpressure
 (state.admit_paused: no admission on a prefill replica while the transfer queue is over its limit).
 
+Sliding window (state.kv.window, sim/kv_cache.py): a request's target is kv.held_for its step, which
+may be below what it holds (blocks that left the window are freed before the step's new ones are
+allocated, as vLLM's allocate_slots does): the difference returns to `free` for the requests after
+it in the plan. Decodes then take schedule_running's path (`_schedule_windowed_decodes`), so the
+plain path of schedule_decodes and the leading-decode shortcut stay as without a window.
+
 Prefix caching (state.kv.prefix): `free` counts available blocks (free + evictable). A waiting
 request that can hit the cache is admitted past its cached prefix (`hit`, the same path the replica
 acquires at admission: the cache does not change between plan and admission); the hit's nodes that
@@ -162,7 +168,10 @@ class BatchBuilder:
         Returns False (nothing scheduled) if the request itself had to be preempted or, with
         preempt=False, if its blocks do not fit.
         """
-        target = self.kv.blocks_for(req.num_computed_tokens + num_tokens)
+        computed = req.num_computed_tokens
+        window = self.kv.window is not None
+        target = self.kv.held_for(req, computed, computed + num_tokens) if window else self.kv.blocks_for(
+            computed + num_tokens)
         extra = target - req.num_blocks
         while extra > self.free:
             if not preempt:
@@ -172,7 +181,7 @@ class BatchBuilder:
             if victim is None:
                 self.stalled = True
                 return False
-        self._take(req, num_tokens, target, max(extra, 0))
+        self._take(req, num_tokens, target, extra if window else max(extra, 0))  # a window's old blocks are freed
         return True
 
     def schedule_decodes(self, running) -> list[Request]:
@@ -183,6 +192,8 @@ class BatchBuilder:
         The hot path of every step, kept tight: a decode needs a new block only at a block
         boundary, and only a shortage takes the general (preempting) path.
         """
+        if self.kv.window is not None:
+            return self._schedule_windowed_decodes(running)
         block_size = self.kv.block_size
         scheduled, epochs, blocks, out = self.scheduled, self.epochs, self.blocks, self._out
         room = min(self.seqs_left, self.tokens_left)
@@ -224,6 +235,20 @@ class BatchBuilder:
         self._commit_taken(taken)
         return others
 
+    def _schedule_windowed_decodes(self, running) -> list[Request]:
+        """schedule_decodes with a sliding window (kv.window): every decode through schedule_running,
+        whose target frees the blocks that left the window; the same order, budgets and result."""
+        others = []
+        for req in running:
+            if min(self.seqs_left, self.tokens_left) <= 0:
+                return list(running)
+            if (not req.num_output_tokens or req.prompt_len + req.num_output_tokens - req.num_computed_tokens != 1
+                    or req.id in self.scheduled or req.id in self._out):
+                others.append(req)
+                continue
+            self.schedule_running(req, 1)  # preempts others, or itself
+        return others
+
     def _commit_taken(self, count: int) -> None:
         self.seqs_left -= count
         self.tokens_left -= count
@@ -257,7 +282,10 @@ class BatchBuilder:
         if self.kv.reserve_full_prompt:
             tokens = max(tokens, req.num_tokens)
         alloc = max(tokens, reserve_tokens)
-        target = self.kv.blocks_for(alloc)
+        if self.kv.window is None:
+            target = self.kv.blocks_for(alloc)
+        else:
+            target = self.kv.held_for(req, req.num_computed_tokens, alloc)
         extra = target - req.num_blocks
         if extra > self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
             return False

@@ -22,11 +22,20 @@ max_model_len. (vLLM pads groups to equal layer counts; Gemma-2, Mistral and Qwe
 padding. With --disable-hybrid-kv-cache-manager windowed layers are allocated like full ones: the
 capacity cbsim's cache has today.)
 
-cbsim's KV cache (sim/kv_cache.py) charges ceil(n / bs) all-layer blocks per request; charging
-`pages_held` instead needs the engine's block arithmetic (policies/batch.py, sim/step_apply.py,
-sim/fast_forward.py) to ask the cache for a request's blocks: see .notes/parallelism-costs.md.
+The simulated cache (sim/kv_cache.py) charges these pages when a `WindowPages` is given to it
+(cluster.kv_cache.hybrid_kv_cache_manager, on by default as in vLLM): it counts in units of
+g = gcd(full layers, windowed layers) layer-pages, vLLM's hybrid block when its groups need no
+padding (Mistral-7B: g = 32, one unit is one all-layer block; Gemma-2-27B: g = 23, two units a
+block), and a request holds, during a step that takes it from `computed` to `tokens` computed
+tokens, the units of `pages_held(model, tokens, bs, computed)`: vLLM's allocate_slots first calls
+remove_skipped_blocks(num_computed_tokens), then allocates the blocks of the step's new tokens.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+
+from cbsim.errors import ConfigError
 
 from .specs import ModelSpec
 
@@ -35,13 +44,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def pages_held(model: ModelSpec, tokens: int, block_size: int) -> int:
-    """Layer-pages a request of `tokens` computed tokens holds (windowed layers freed as vLLM frees them)."""
+def pages_held(model: ModelSpec, tokens: int, block_size: int, computed: int | None = None) -> int:
+    """Layer-pages a request of `tokens` computed tokens holds (windowed layers freed as vLLM frees them);
+    with `computed`: during the step that takes it from `computed` to `tokens` (freed for `computed`)."""
     blocks = _cdiv(tokens, block_size)
     full = model.num_layers - model.sliding_layers
     if not model.sliding_window:
         return model.num_layers * blocks
-    skipped = max(0, tokens - model.sliding_window + 1) // block_size
+    skipped = max(0, (tokens if computed is None else computed) - model.sliding_window + 1) // block_size
     return full * blocks + model.sliding_layers * (blocks - skipped)
 
 
@@ -72,3 +82,62 @@ def kv_cache_tokens(model: ModelSpec, num_blocks: int, block_size: int, max_mode
     """vLLM's "GPU KV cache size: N tokens": max_concurrency x max_model_len (without a window, and
     block_size dividing max_model_len: num_blocks x block_size)."""
     return int(max_concurrency(model, num_blocks, block_size, max_model_len, max_num_batched_tokens) * max_model_len)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPages:
+    """A windowed model's pages in the simulated cache's units (g layer-pages, g = gcd(full, windowed)).
+
+    `top` is the blocks a request has allocated (ceil of the highest token it was given room for);
+    its windowed layers hold them less the blocks wholly before the window of its `computed` tokens.
+    """
+
+    window: int  # tokens the windowed layers attend to (ModelSpec.sliding_window)
+    block_size: int  # tokens per page
+    full: int  # full-attention layers / g
+    sliding: int  # windowed layers / g
+    group: int  # g: layer-pages per unit
+
+    @classmethod
+    def of(cls, model: ModelSpec, block_size: int) -> WindowPages | None:
+        """The model's window in the cache's units, or None if it has none."""
+        if not model.sliding_window:
+            return None
+        full = model.num_layers - model.sliding_layers
+        g = gcd(full, model.sliding_layers)
+        return cls(model.sliding_window, block_size, full // g, model.sliding_layers // g, g)
+
+    @property
+    def units_per_block(self) -> int:
+        """Units in one all-layer block (num_layers / g)."""
+        return self.full + self.sliding
+
+    def skipped_blocks(self, computed: int) -> int:
+        """Blocks of a windowed layer freed once `computed` tokens are computed (get_num_skipped_tokens)."""
+        return max(0, computed - self.window + 1) // self.block_size
+
+    def held(self, top: int, computed: int) -> int:
+        """Units of a request with `top` blocks allocated and `computed` tokens computed."""
+        return (self.full + self.sliding) * top - self.sliding * self.skipped_blocks(computed)
+
+    def top_of(self, units: int, computed: int) -> int:
+        """The `top` that `held(top, computed)` == `units` (exact)."""
+        top, rest = divmod(units + self.sliding * self.skipped_blocks(computed), self.full + self.sliding)
+        if rest:
+            raise ValueError(f"{units} units are no whole number of blocks at {computed} computed tokens")
+        return top
+
+
+def cache_window(model: ModelSpec, block_size: int, hybrid: bool, prefix_caching: bool, pd: bool) -> WindowPages | None:
+    """The window the simulated cache charges (cluster.kv_cache.hybrid_kv_cache_manager), or None:
+    the model has none, or the key is false. Prefix caching and P/D hand-offs count whole blocks, so
+    a window is refused with them (set the key false to run them as vLLM without the hybrid manager)."""
+    window = WindowPages.of(model, block_size) if hybrid else None
+    if window is None:
+        return None
+    for on, key in ((prefix_caching, "cluster.kv_cache.prefix_caching"), (pd, "cluster.mode")):
+        if on:
+            raise ConfigError("cluster.kv_cache.hybrid_kv_cache_manager", f"false with {key} (model {model.name} has "
+                              f"a {model.sliding_window}-token sliding window; the simulated cache frees its pages "
+                              "only without prefix caching and P/D)", True)
+    return window

@@ -31,7 +31,8 @@ def may_leap(replica, plan, shape, swap_bytes) -> bool:
                 or replica.noise is not None or (waiting and not replica.policy.steady_when_blocked)
                 or (waiting and replica.state.reserve is not None)  # its ratio decays every step
                 or replica.kv.evicted_in_step  # an eviction can unblock a waiting request (its hit is gone)
-                or plan.extra_seconds)  # work beside the decoder (an encoder, LoRA loads) is this step's alone
+                or plan.extra_seconds  # work beside the decoder (an encoder, LoRA loads) is this step's alone
+                or replica.kv.window is not None)  # a sliding window frees blocks as it moves: stepped one by one
 
 
 def next_deadline(replica) -> float:

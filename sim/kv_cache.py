@@ -15,6 +15,18 @@ once, however many requests share it. So: free + held (requests' own blocks + re
 Eviction happens only inside `grow`, so a run of decode steps that fits in the free blocks
 (the replica's fast-forward horizon) leaves the cache, and every admission decision, unchanged.
 
+Sliding-window models (`window`, a profiler.kv_window.WindowPages; cluster.kv_cache.
+hybrid_kv_cache_manager): every count (num_blocks, free, watermark, a request's num_blocks, the
+step table's kv_blocks_used) is in units of g layer-pages, g = gcd(full, windowed layers): vLLM's
+hybrid block; num_blocks = all-layer blocks x num_layers / g. A request holds, during a step that
+takes it from c to n computed tokens, `window.held(top, c)` units: `top` = the most blocks it was
+ever given room for (ceil(n / block_size), or more for a reservation), less, on windowed layers,
+the blocks wholly before the window of its c tokens (vLLM frees them before allocating the step's
+new ones). So a request's units SHRINK while it runs: `resize` grows or shrinks them at the step's
+start, and the invariant above holds with held counted that way. `blocks_for` (admission tests,
+reserves) counts all layers with nothing freed: what a request alone may need in one step (a whole
+prompt), so a request that fits_ever can always run. No prefix caching or P/D with a window.
+
 P/D decode side (sim/pd.py): a request whose KV is on its way holds, from its reservation, the
 cached units of its prompt that are already here (`claim_cached`) while a holder request keeps
 room for the rest; at landing (`receive`) that room becomes the request's own blocks and its
@@ -22,6 +34,8 @@ prompt units are cached. A request holds blocks in one cache at a time: `receive
 have let go of the prefill replica's blocks first.
 """
 from __future__ import annotations
+
+from cbsim.profiler.kv_window import WindowPages
 
 from .prefix_cache import PrefixCache
 from .request import Request
@@ -34,9 +48,14 @@ class KVCacheError(RuntimeError):
 class KVCache:
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0,
                  reserve_full_prompt: bool = False, bytes_per_token: float = 0.0,
-                 prefix_caching: bool = False, hash_block_size: int | None = None):
+                 prefix_caching: bool = False, hash_block_size: int | None = None,
+                 window: WindowPages | None = None):
+        """`num_blocks` and `watermark_blocks` in the cache's units (all-layer blocks; with `window`,
+        g layer-pages); `bytes_per_token` across all layers."""
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
+        if window is not None and (prefix_caching or window.block_size != block_size):
+            raise ValueError("a window needs the cache's block_size and no prefix caching")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
@@ -46,6 +65,11 @@ class KVCache:
         self.host_blocks = 0
         self.prefix = PrefixCache(block_size, hash_block_size or block_size) if prefix_caching else None
         self.evicted_in_step = False  # grow evicted since the replica last cleared it (no fast-forward then)
+        self.window = window  # None: every layer holds every block (the hot paths assume it)
+        self.units_per_block = window.units_per_block if window is not None else 1
+        self._top: dict[int, int] = {}  # window only: request id -> blocks it has room for (WindowPages.held)
+        if window is not None:
+            self.blocks_for = self._units_for
 
     @property
     def used_blocks(self) -> int:
@@ -63,10 +87,35 @@ class KVCache:
 
     @property
     def block_bytes(self) -> float:
+        """Bytes of one unit (a block; with a window, g layer-pages)."""
+        if self.window is not None:
+            return self.block_size * self.bytes_per_token / self.units_per_block
         return self.block_size * self.bytes_per_token
 
     def blocks_for(self, tokens: int) -> int:
+        """Blocks of `tokens` tokens (with a window, `_units_for`, bound in __init__)."""
         return -(-tokens // self.block_size)
+
+    def _units_for(self, tokens: int) -> int:
+        """Units of `tokens` tokens on every layer, nothing freed (blocks x num_layers / g)."""
+        return -(-tokens // self.block_size) * self.units_per_block
+
+    # -- sliding window (only with self.window) --------------------------------------------
+    def held_for(self, req: Request, computed: int, tokens: int) -> int:
+        """Units `req` holds during a step from `computed` to `tokens` computed tokens (or room for
+        `tokens`, a reservation): its top grows to cover `tokens`, its window's old blocks are freed."""
+        top = max(self._top.get(req.id, 0), -(-tokens // self.block_size))
+        return self.window.held(top, computed)
+
+    def resize(self, req: Request, target: int) -> None:
+        """Give `req` exactly `target` units (from held_for at its current progress), growing or
+        shrinking; called at the step's start, in plan order (the builder counted frees the same way)."""
+        extra = target - req.num_blocks
+        if extra > self.free_blocks:
+            raise KVCacheError(f"request {req.id} needs {extra} blocks, {self.free_blocks} free")
+        self.free_blocks -= extra
+        req.num_blocks = target
+        self._top[req.id] = self.window.top_of(target, req.num_computed_tokens)
 
     def fits_ever(self, tokens: int) -> bool:
         """Whether a request holding `tokens` tokens could run alone on an empty cache."""
@@ -93,6 +142,8 @@ class KVCache:
             self.prefix.release(req)
         else:
             self.free_blocks += req.num_blocks
+            if self.window is not None:
+                self._top.pop(req.id, None)
         req.num_blocks = 0
 
     # -- prefix caching (only with self.prefix) -------------------------------------------

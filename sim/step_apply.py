@@ -7,9 +7,11 @@ commits a fast-forwarded run of identical decode steps (sim/fast_forward.py) at 
 same result as committing its steps one by one.
 
 Invariants: a plan entry whose request changed epoch since planning (preempted in between) is
-ignored; a request's KV blocks never shrink while it runs; every finished request leaves the
-running set, its KV freed, at the end of the step that produced its last token (or, with
-hold_finished, when the whole batch is done).
+ignored; a request's KV blocks never shrink while it runs, except with a sliding window
+(kv.window): then `begin` sets every scheduled request's units to the plan's, in plan order, so
+blocks that left the window are freed (sim/kv_cache.py KVCache.resize); every finished request
+leaves the running set, its KV freed, at the end of the step that produced its last token (or,
+with hold_finished, when the whole batch is done).
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
         swap_bytes += admit(replica, by_id[rid], now)
     blocks, kv = plan.blocks, replica.kv
     kv.evicted_in_step = False  # prefix caching: set by grow if it evicts cached blocks
+    if kv.window is not None:  # grow or shrink to the plan's units (the loop below then grows nothing)
+        resize = kv.resize
+        for rid in plan.scheduled:
+            resize(by_id[rid], blocks[rid])
     grow = kv.grow
     # the plan's leading decodes come checked by the builder (StepPlan.decode_contexts): grow and count them
     lead = plan.decode_contexts
