@@ -24,7 +24,8 @@
    rows of the same table (Llama-3.1-8B/70B, Mistral-7B) as the baseline to read them against. cbsim: one
    replica, roofline on the same GPU and TP, engine trtllm, sarathi 8,192 tokens / 2,048 sequences,
    KV fraction 0.95 (as benchmarks/validate_trtllm_fp8.py).
-Run: python benchmarks/validate_moe.py [quick]
+Run: python benchmarks/validate_moe.py [quick] [random]   (random: cost_model.moe_routing random, the
+expected load of uniform random routing, profiler/costmodels/routing.py; default mean)
 """
 from __future__ import annotations
 
@@ -80,10 +81,11 @@ DENSE_017 = {  # the same table's dense rows, the baseline the MoE rows are read
 }
 
 
-def simulate_tp(model: str, gpu: str, tp: int, isl: int, osl: int, n: int) -> float:
+def simulate_tp(model: str, gpu: str, tp: int, isl: int, osl: int, n: int, routing: str = "mean") -> float:
     """Output tokens/s of one TP replica (experts split tp ways) in the v0.17 setup; A100 at 16 bits."""
     spec = model if gpu == "a100" else {"config": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}
-    return offline_throughput(spec, {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm"}, isl, osl, n)
+    cost = {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm", "moe_routing": routing}
+    return offline_throughput(spec, cost, isl, osl, n)
 
 
 def alltoall_rows() -> list[tuple]:
@@ -101,17 +103,19 @@ def alltoall_rows() -> list[tuple]:
     return rows
 
 
-def simulate(model: dict, gpu: str, isl: int, osl: int, n: int, data_parallel: bool, **extra) -> float:
+def simulate(model: dict, gpu: str, isl: int, osl: int, n: int, data_parallel: bool, routing: str = "mean",
+             **extra) -> float:
     """Total output tokens/s of a trtllm-bench-like run on 8 GPUs: 8 data-parallel attention ranks
     (EP over all 8), or one TP8 replica with EP (all requests queued, or closed-loop clients)."""
-    cost = {"type": "roofline", "gpu": gpu, "tp": 8, "expert_parallel": True, "engine": "trtllm"}
+    cost = {"type": "roofline", "gpu": gpu, "tp": 8, "expert_parallel": True, "engine": "trtllm", "moe_routing": routing}
     replicas = 1
     if data_parallel:
         cost, replicas = {**cost, "tp": 1, "data_parallel": 8}, 8
     return offline_throughput(model, cost, isl, osl, n, replicas=replicas, **extra)
 
 
-def main(quick: bool) -> None:
+def main(quick: bool, routing: str = "mean") -> None:
+    print(f"cost_model.moe_routing: {routing}")
     print("All-to-all: DeepEP low-latency kernels (deepseek-ai/DeepEP docs/legacy.md @0297fc80), H800, 128 tokens")
     print(f"{'EP':>4} {'kind':<9} {'published':>10} {'cbsim':>10} {'error':>7}")
     for ep, kind, published, predicted in alltoall_rows():
@@ -123,8 +127,8 @@ def main(quick: bool) -> None:
     for (gpu, (isl, osl)), published in QWEN3.items():
         n = REQUESTS[(isl, osl)] // (20 if quick else 1)
         t0 = time.perf_counter()
-        dp = simulate(fp8, gpu, isl, osl, n, True)
-        tp = simulate(fp8, gpu, isl, osl, n, False)
+        dp = simulate(fp8, gpu, isl, osl, n, True, routing)
+        tp = simulate(fp8, gpu, isl, osl, n, False, routing)
         print(f"{'qwen3-235b-a22b':<16} {gpu:<5} {f'{isl}/{osl}':>10} {published:>10,} {dp:>9,.0f} "
               f"{dp / published - 1:>+7.1%} {tp:>9,.0f} {tp / published - 1:>+7.1%}  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
@@ -134,18 +138,18 @@ def main(quick: bool) -> None:
     for (model, gpu, tp), rows in {**DENSE_017, **MIXTRAL}.items():
         for (isl, osl), published in rows.items():
             n = REQUESTS[(isl, osl)] // (20 if quick else 1)
-            sim = simulate_tp(model, gpu, tp, isl, osl, n)
+            sim = simulate_tp(model, gpu, tp, isl, osl, n, routing)
             print(f"{model:<14} {gpu:<5} {tp:>2} {f'{isl}/{osl}':>10} {published:>10,.0f} {sim:>9,.0f} "
                   f"{sim / published - 1:>+7.1%}", flush=True)
     print()
     n = 5120 // (10 if quick else 1)
     r1 = {"config": "deepseek-v3"}  # DeepSeek-R1 = DeepSeek-V3's geometry; its config gives fp8 weights, bf16 KV
     knobs = dict(kv_fraction=0.8, max_num_tokens=1151, max_batch_size=128)
-    dp = simulate(r1, "h200", 1024, 2048, n, True, max_concurrency=1024, **knobs)
-    tp = simulate(r1, "h200", 1024, 2048, n, False, max_concurrency=1024, **dict(knobs, max_batch_size=1024))
+    dp = simulate(r1, "h200", 1024, 2048, n, True, routing, max_concurrency=1024, **knobs)
+    tp = simulate(r1, "h200", 1024, 2048, n, False, routing, max_concurrency=1024, **dict(knobs, max_batch_size=1024))
     print(f"{'deepseek-r1':<16} {'h200':<5} {'1024/2048':>10} {11489:>10,} {dp:>9,.0f} {dp / 11489 - 1:>+7.1%} "
           f"{tp:>9,.0f} {tp / 11489 - 1:>+7.1%}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] == ["quick"])
+    main("quick" in sys.argv[1:], "random" if "random" in sys.argv[1:] else "mean")

@@ -27,6 +27,13 @@ GiB = 1 << 30
 
 WEIGHT_BITS = MappingProxyType({"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int4": 4})
 KV_BYTES = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1})
+# int4 group quantisation (GPTQ, AWQ as vLLM lays them out: vllm-project/vllm
+# model_executor/layers/quantization/awq.py @92d756e9 and gptq.py @e5dd90be): per group of
+# `group_size` input weights of an output column, one 16-bit scale (`scales`, params_dtype) and one
+# 4-bit zero point packed 8 to an int32 (`qzeros`), beside the weights packed 8 to an int32 (`qweight`).
+INT4_GROUP_SCALE_BYTES = 2.0
+INT4_GROUP_ZERO_BYTES = 0.5
+INT4_GROUP_SIZE = 128  # AutoAWQ's q_group_size and AutoGPTQ's group_size default
 WeightDtype = Literal["bf16", "fp16", "fp32", "fp8", "int4"]
 KVDtype = Literal["bf16", "fp16", "fp32", "fp8"]
 

@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..specs import ModelSpec
+from .routing import UniformRouting
 
 if TYPE_CHECKING:
     from .roofline import RooflineCost
@@ -34,10 +35,17 @@ class MoEGemms:
 
     With data-parallel attention over `data_parallel` ranks the experts spread over tp x
     data_parallel GPUs and receive every rank's tokens (`ranks` x T, all ranks stepping the same
-    shape); attention, the dense MLP, the shared experts and the router run on this rank's T."""
+    shape); attention, the dense MLP, the shared experts and the router run on this rank's T.
+
+    `routing` "random" (routing.py): tokens pick k distinct experts uniformly at random, and the routed
+    experts' grouped GEMMs are charged what that gives in expectation on the busiest GPU: its padded
+    row tiles (a fused-MoE kernel computes whole tiles per expert, spread over the SMs, so on one GPU
+    the busiest expert gates nothing but its own padding), its rows and its touched experts' weights;
+    `imbalance` then multiplies those tiles (the skew of a real router on top of chance). "mean" is
+    the rule above: every touched expert and GPU at the mean, the busiest expert at `imbalance` x mean."""
 
     def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False,
-                 data_parallel: int = 1):
+                 data_parallel: int = 1, routing: str = "mean"):
         def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
             shapes = tuple((float(k), float(n)) for k, n in shapes)
             return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
@@ -48,30 +56,23 @@ class MoEGemms:
         self.shared = gemms(m.mlp_shapes(shared, tp) if shared else ())
         self.ep = tp * data_parallel if expert_parallel else 1
         self.ranks = float(data_parallel)  # ranks whose tokens meet at the experts (data-parallel attention)
-        self._busiest: dict[float, float] = {}  # tokens -> busiest_gpu_experts (steps repeat their sizes)
+        self.routing = UniformRouting(m.num_experts, m.experts_per_token, self.ep)  # caches per token count
+        self.random = routing == "random"
         self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, 1 if expert_parallel else tp))
         self.router = (float(m.hidden), float(m.num_experts))
-        self.num_experts, self.top_k = float(m.num_experts), float(m.experts_per_token)
         self.moe_layers = float(m.num_moe_layers)
         self.dense_layers = float(m.num_layers - m.num_moe_layers)
         self.imbalance = imbalance
 
     def touched(self, tokens: float) -> float:
         """Expected distinct experts a step of `tokens` tokens routes to."""
-        e, k = self.num_experts, self.top_k
-        return e * (1.0 - (1.0 - k / e) ** tokens)
+        return self.routing.touched(tokens)
 
     def busiest_gpu_experts(self, tokens: float) -> float:
-        """E[max over tp GPUs of the experts a step touches on one GPU] (expert parallelism)."""
-        if tokens not in self._busiest:
-            m, n = int(self.num_experts) // self.ep, self.ep
-            q = 1.0 - (1.0 - self.top_k / self.num_experts) ** tokens
-            cdf, expected = 0.0, 0.0
-            for j in range(m):  # E[max] = sum over j >= 1 of P(max >= j) = 1 - P(X <= j - 1)^n
-                cdf += math.comb(m, j) * q ** j * (1.0 - q) ** (m - j)
-                expected += 1.0 - min(cdf, 1.0) ** n
-            self._busiest[tokens] = expected
-        return self._busiest[tokens]
+        """E[max over the EP GPUs of the experts a step touches on one GPU] (expert parallelism)."""
+        if self.random:
+            return self.routing.busiest_rank_experts(tokens)
+        return self.routing.independent_busiest_experts(tokens)
 
     def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
         if tokens <= 0:
@@ -96,14 +97,30 @@ class MoEGemms:
         attention = gemms(self.attention)
         dense = gemms(self.dense)
         routed_tokens = tokens * self.ranks if self.ranks > 1 else tokens
+        routed = (self._random_routed(cost, routed_tokens) if self.random
+                  else self._mean_routed(cost, routed_tokens))
+        router = cost._bf16_gemm_seconds(tokens, *self.router)
+        moe = gemms(self.shared) + routed + router
+        return attention, dense, moe
+
+    def _mean_routed(self, cost: "RooflineCost", routed_tokens: float) -> float:
+        """The routed experts at the mean (routing "mean"): touched experts at mean rows, the busiest
+        expert at `imbalance` x mean; with EP the busiest GPU's touched experts on their share of rows."""
         groups = self.touched(routed_tokens)
-        rows = routed_tokens * self.top_k
+        rows = routed_tokens * self.routing.top_k
         busiest = min(routed_tokens, self.imbalance * rows / groups)
         if self.ep > 1:  # the busiest GPU: its touched experts, whole, on their rows
             touched = groups
             groups = self.busiest_gpu_experts(routed_tokens)
             rows = groups * rows / touched
-        routed = sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
-        router = cost._bf16_gemm_seconds(tokens, *self.router)
-        moe = gemms(self.shared) + routed + router
-        return attention, dense, moe
+        return sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
+
+    def _random_routed(self, cost: "RooflineCost", routed_tokens: float) -> float:
+        """The routed experts under uniform random routing (routing "random"): the busiest GPU's expected
+        rows, touched experts and padded tiles (x `imbalance`, at most every touched expert on every token)."""
+        r = self.routing
+        rows = r.busiest_rank_rows(routed_tokens)
+        groups = r.busiest_rank_experts(routed_tokens)
+        cap = groups * math.ceil(routed_tokens / r.tile)
+        tiles = min(r.busiest_rank_tiles(routed_tokens) * self.imbalance, cap)
+        return sum(cost._routed_seconds(tiles, groups, rows, k, n) for k, n in self.experts)

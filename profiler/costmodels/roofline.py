@@ -20,12 +20,20 @@ the replica adds host-link time itself.
 Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.py):
 - Precision. Linear-layer weights stream at their own width (fp8: 1 byte, int4: 0.5); with fp8
   weights on a GPU with FP8 tensor cores (compute_dtype auto or fp8) their GEMMs run at the FP8 peak
-  (same fitted fraction c: an assumption); int4 is weight-only (bf16 peak). The LM head, router,
-  attention and activations stay 16-bit; KV bytes follow kv_dtype.
+  (same fitted fraction c: an assumption); int4 is weight-only (bf16 peak). int4 also reads, per
+  group of `weight_group_size` input weights (default 128), a 16-bit scale and a packed 4-bit zero
+  point (vLLM's AWQ and GPTQ layouts, specs.py): 0.5 + 2.5 / g bytes a weight, 0.5195 at g = 128
+  (+3.9 %). fp8 scales are not counted: one float32 per output channel is 4 / K bytes a weight (0.1 %
+  of fp8's 1 byte at K = 4,096), one per 128 x 128 block (DeepSeek-V3) 4 / 16,384 (0.02 %), one per
+  tensor nothing. The LM head, router, attention and activations stay 16-bit; KV bytes follow
+  kv_dtype.
 - MoE. An MoE layer adds the router and the shared experts (one MLP) and replaces the dense MLP by
   two grouped GEMMs over the experts a step touches: D = E (1 - (1 - k/E)^T) of E experts in
   expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
-  busiest expert gets `moe_imbalance` times the mean). Dense first layers (first_k_dense) keep
+  busiest expert gets `moe_imbalance` times the mean). With `moe_routing: random` the rows follow
+  uniform random routing instead (routing.py): the expected padded row tiles of the fused kernel,
+  and with expert parallelism the expected busiest GPU (its rows, tiles and touched experts), the
+  tiles times `moe_imbalance` (a real router's skew beyond chance). Dense first layers (first_k_dense) keep
   their MLP. Experts are split tp ways like the MLP, or with `expert_parallel` spread whole over
   the TP group's GPUs (across nodes the same all-reduce combines them, priced across the nodes).
 - Data-parallel attention (`data_parallel: D` with `expert_parallel`; vLLM --data-parallel-size with
@@ -79,10 +87,11 @@ from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
 from ..gpus import gpus_per_node as catalog_gpus_per_node
-from ..specs import TP_DEGREES, GPUSpec, ModelSpec, gpu_spec
+from ..specs import (INT4_GROUP_SCALE_BYTES, INT4_GROUP_SIZE, INT4_GROUP_ZERO_BYTES, TP_DEGREES,
+                     GPUSpec, ModelSpec, gpu_spec)
 from .collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
 from .engine import NO_ENGINE, Engine, engine_option, load_engine
-from .gemm_efficiency import gemm_curve
+from .gemm_efficiency import TILE, gemm_curve
 from .moe_gemms import MoEGemms
 from .pipeline import Pipeline, check_pipeline, slowest
 from .registry import register_cost_model
@@ -122,6 +131,13 @@ class RooflineCost(CostModel):
         moe_imbalance: float = option(
             1.0, help="MoE: tokens of the busiest expert over the mean (>= 1); the expert GEMMs are charged as if "
             "every expert a step touches received that many")
+        moe_routing: Literal["mean", "random"] = option(
+            "mean", help="MoE: how a step's rows spread over the experts: mean (every touched expert and EP GPU at the "
+            "mean) or random (tokens pick k distinct experts uniformly at random: the expected padded row tiles and, "
+            "with expert parallelism, the expected busiest GPU; moe_imbalance then multiplies its tiles)")
+        weight_group_size: int = option(
+            INT4_GROUP_SIZE, help="int4 weights: input weights per 16-bit scale and 4-bit zero point (GPTQ/AWQ "
+            "group_size; 0.5 + 2.5 / g bytes a weight)")
         expert_parallel: bool = option(
             False, help="MoE: the TP group's GPUs each hold num_experts / tp whole experts (vLLM "
             "--enable-expert-parallel without data parallelism) instead of a 1/tp slice of every expert")
@@ -147,6 +163,9 @@ class RooflineCost(CostModel):
                 require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,
                         "an integer >= 1", value)
             require(self.moe_imbalance >= 1.0, "moe_imbalance", "a number >= 1", self.moe_imbalance)
+            require(isinstance(self.weight_group_size, int) and not isinstance(self.weight_group_size, bool)
+                    and self.weight_group_size >= 1, "weight_group_size", "a positive integer (weights per int4 "
+                    "scale group, e.g. 128)", self.weight_group_size)
             require(self.tp in TP_DEGREES, "tp", "one of " + ", ".join(map(str, TP_DEGREES)), self.tp)
             require(self.gpus_per_node is None or (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1),
                     "gpus_per_node", "an integer >= 1 or null", self.gpus_per_node)
@@ -163,7 +182,8 @@ class RooflineCost(CostModel):
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
                  topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False,
-                 gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1):
+                 gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1, moe_routing: str = "mean",
+                 weight_group_size: int = INT4_GROUP_SIZE):
         model.check_tp(tp, "cost_model.tp")
         check_pipeline(model.num_layers, pp)
         _check_data_parallel(model, tp, data_parallel, expert_parallel)
@@ -198,7 +218,12 @@ class RooflineCost(CostModel):
         if model.is_moe:
             self.factors["moe_imbalance"] = moe_imbalance
             self.factors["expert_parallel"] = expert_parallel
+            if moe_routing != "mean":
+                self.factors["moe_routing"] = moe_routing
+        if model.weight_dtype == "int4":
+            self.factors["weight_group_size"] = weight_group_size
         self._expert_parallel = expert_parallel
+        self._moe_routing, self._group_size = moe_routing, weight_group_size
         self._fp8 = _fp8_compute(model, gpu)
         self._moe_imbalance = float(moe_imbalance)
         self._precompute(gemm_efficiency, attention_efficiency, memory_efficiency, layer_overhead, step_overhead)
@@ -208,16 +233,17 @@ class RooflineCost(CostModel):
         return cls(model, gpu_spec(config.gpu, "cost_model.gpu"), config.tp, config.gemm_efficiency,
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
                    config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance,
-                   config.expert_parallel, config.gpus_per_node, config.pp, config.data_parallel)
+                   config.expert_parallel, config.gpus_per_node, config.pp, config.data_parallel, config.moe_routing,
+                   config.weight_group_size)
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
         """Fold the model, the GPU and the factors into per-feature constants (all Python floats).
 
         b: activation bytes (the dtype_bytes of old); wb: bytes per linear-layer weight (fp8: 1,
-        int4: 0.5); kvb: bytes per cached element. For a 16-bit model all three are 2.0 and every
-        expression below is the one the dense presets always used."""
+        int4: 0.5 plus its group scales and zero points); kvb: bytes per cached element. For a 16-bit
+        model all three are 2.0 and every expression below is the one the dense presets always used."""
         m, g, tp, b = self.model, self.gpu, self.tp, float(self.model.dtype_bytes)
-        self._wb = wb = m.weight_bits / 8.0
+        self._wb = wb = _weight_bytes(m, self._group_size)
         self._curve = gemm_curve(g, self._fp8) if gemm_eff == "auto" else None
         self._lm_curve = gemm_curve(g) if gemm_eff == "auto" else None  # the LM head stays bf16
         self._gemm_rate = g.peak_flops(self._fp8) * (0.72 if gemm_eff == "auto" else gemm_eff)
@@ -257,7 +283,8 @@ class RooflineCost(CostModel):
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
-            self._moe = MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel, self.data_parallel)
+            self._moe = MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel, self.data_parallel,
+                                 self._moe_routing)
         self._stages = _stage_layers(m, self._pipeline.layers if self._pipeline else (m.num_layers,))
         self._staged = self._pipeline is not None or self.data_parallel > 1
         if self.data_parallel > 1:  # per token and GPU: k copies dispatched, k combined (DeepEP low-latency)
@@ -371,6 +398,19 @@ class RooflineCost(CostModel):
         return _max(2.0 * groups * busiest * n * k / self._gemm_rate,
                     (groups * k * n * self._wb + rows * (k + n) * b) / self._bw)
 
+    def _routed_seconds(self, tiles: float, groups: float, rows: float, k: float, n: float) -> float:
+        """A fused-MoE grouped GEMM priced by its row tiles: compute on `tiles` whole TILE-row tiles,
+        memory the weights of `groups` experts and `rows` rows in and out (moe_routing random). The
+        curve charges groups x whole tiles each, so it is given `tiles` groups of one tile whose
+        weight bytes add up to the `groups` experts'."""
+        if rows <= 0:
+            return 0.0
+        b = float(self.model.dtype_bytes)
+        if self._curve is not None:
+            return self._curve.grouped_seconds(tiles, rows, n, k, b, self._wb * groups / tiles, float(TILE))
+        return _max(2.0 * tiles * TILE * n * k / self._gemm_rate,
+                    (groups * k * n * self._wb + rows * (k + n) * b) / self._bw)
+
     def _bf16_gemm_seconds(self, rows: float, k: float, n: float) -> float:
         """A small 16-bit GEMM outside the quantised layers (the MoE router)."""
         b = float(self.model.dtype_bytes)
@@ -479,6 +519,15 @@ def _dispatch_bytes(model: ModelSpec, fp8: bool) -> float:
     experts run fp8 GEMMs (DeepEP's FP8 dispatch, as SGLang and vLLM use it for DeepSeek-V3's block-fp8
     weights), else the activation width; the combine returns 16-bit outputs either way."""
     return 1.0 + 4.0 / 128.0 if fp8 else float(model.dtype_bytes)
+
+
+def _weight_bytes(model: ModelSpec, group_size: int) -> float:
+    """Bytes a GEMM reads per linear-layer weight: its width, and for int4 the 16-bit scale and packed
+    4-bit zero point of its group of `group_size` (module docstring: fp8 scales are below 0.1 %)."""
+    wb = model.weight_bits / 8.0
+    if model.weight_dtype == "int4":
+        wb += (INT4_GROUP_SCALE_BYTES + INT4_GROUP_ZERO_BYTES) / group_size
+    return wb
 
 
 def _fp8_compute(model: ModelSpec, gpu: GPUSpec) -> bool:
