@@ -1,7 +1,7 @@
 """Paged KV cache of one replica, counted in blocks.
 
 Invariant: free_blocks + sum of blocks held by requests == num_blocks, and free_blocks >= 0.
-Requests hold whole blocks: ceil(tokens / block_size). The watermark is kept free when a new
+Requests hold whole blocks: ceil(tokens / block_size) (a window: below). The watermark is kept free when a new
 request is admitted (not when a running one grows), so admissions cannot immediately force
 preemptions. Swapped-out KV lives on the host, unbounded, and is counted separately.
 

@@ -156,6 +156,7 @@ def test_budgets_and_pages_hold_at_every_step_for_every_policy(policy, specs, en
     run = run_windowed(policy, to_requests(specs), model, **engine)
     check_run(run, policy, engine)  # token, sequence and KV budgets; every request done once; tokens conserved
     assert (run.recorder.step_table()["kv_blocks_used"] >= 0).all()
+    assert run.replicas[0].kv._top == {}  # every request's room forgotten with its blocks
 
 
 @settings(max_examples=60, deadline=None)
@@ -223,13 +224,12 @@ def test_without_a_window_the_key_changes_nothing():
     assert on.requests[columns].equals(off.requests[columns])
 
 
-@pytest.mark.parametrize("key,value", [("prefix_caching", True)])
-def test_prefix_caching_refuses_a_window(key, value):
+def test_prefix_caching_refuses_a_window():
     with pytest.raises(ConfigError) as err:
-        run_experiment(_with(MISTRAL_RUN, **{key: value}))
+        run_experiment(_with(MISTRAL_RUN, prefix_caching=True))
     assert err.value.path == "cluster.kv_cache.hybrid_kv_cache_manager" and "prefix_caching" in str(err.value)
     run = run_experiment(_with({**MISTRAL_RUN, "workload": {**MISTRAL_RUN["workload"], "num_requests": 3}},
-                               **{key: value, "hybrid_kv_cache_manager": False}))
+                               prefix_caching=True, hybrid_kv_cache_manager=False))
     assert run.summary["num_finished"] == 3
 
 
@@ -241,3 +241,16 @@ def test_pd_refuses_a_window():
         run_experiment(config)
     assert err.value.path == "cluster.kv_cache.hybrid_kv_cache_manager" and "cluster.mode" in str(err.value)
     assert run_experiment(_with(config, hybrid_kv_cache_manager=False)).summary["num_finished"] == 3
+
+
+def test_gemma_counts_half_blocks_and_its_utilisation_stays_a_fraction():
+    """Gemma-2-27B (23 windowed + 23 full layers): a unit is 23 layer-pages, two to an all-layer block, so
+    500 blocks are 1,000 units; kv_blocks_used and the KV usage summary count units of that pool."""
+    config = {**MISTRAL_RUN, "model": "gemma-2-27b", "cluster": {"kv_cache": {"num_blocks": 500}},
+              "workload": {**MISTRAL_RUN["workload"], "num_requests": 12, "prompt_len": {"type": "uniform", "min": 3000,
+                                                                                        "max": 7000}}}
+    on, off = run_experiment(config), run_experiment(_with(config, hybrid_kv_cache_manager=False))
+    assert on.kv_blocks == {0: 1000} and off.kv_blocks == {0: 500}
+    assert on.steps["kv_blocks_used"].max() <= 1000 and off.steps["kv_blocks_used"].max() <= 500
+    for run in (on, off):
+        assert 0 < run.summary["kv_usage_mean"] <= run.summary["kv_usage_p99"] <= 1
