@@ -13,21 +13,43 @@ Scheduling follows vLLM V1 with PP (vllm-project/vllm 00080ee1, vllm/v1/engine/c
 index): the engine keeps a batch queue of size P (`max_concurrent_batches`). While fewer than P
 batches are in flight it schedules another at once (a batch enters stage 1 when that stage is
 free); when the queue is full, or nothing more can be scheduled, it blocks until the oldest batch's
-output returns, applies it, and schedules again. A request whose batch is in flight is not
-scheduled again until its output returns (the policy does not see it: it moves from the running
-list the policy reads to `state.in_flight`); it keeps its KV blocks meanwhile and cannot be a
-preemption victim. Arrivals while the engine blocks wait for the output it waits for.
+output returns, applies it, and schedules again. Arrivals while the engine blocks wait for the
+output it waits for.
+
+A request in flight (the policy does not see it: it moves from the running list the policy reads to
+`state.in_flight`) keeps its KV blocks and cannot be a preemption victim, with one exception, chunk
+pipelining (on unless the replica's settings say `pp_chunk_pipelining: False`): a request whose
+batches in flight carry only prompt chunks that leave part of its prompt uncomputed stays visible,
+and the policy sees it as if those chunks were done, so its next chunk goes into the next
+micro-batch. vLLM V1 advances `num_computed_tokens` when it schedules (`_update_after_schedule`:
+"allowing us to schedule the prefill request again immediately in the next scheduling step"; 00024d31
+and b4622cf) and skips a running request only when nothing is left to schedule ("PP>1 and we have
+already scheduled all prompt tokens but they are not finished yet"); SGLang's PP loop keeps the
+chunked request scheduler-wide, so its next chunk joins the next micro-batch (scheduler_pp_mixin.py,
+00ff98d3; docs "Pipeline Parallelism for Long Context": "different chunks of the same request can be
+processed simultaneously by different nodes"). Off, every request in flight waits for its output, as
+in early vLLM V1 (Feb-Mar 2025: `scheduled_req_ids`, PR #13064; chunk pipelining was PR #13637,
+closed, then #15307). A decode is never scheduled before its token is out (vLLM without async
+scheduling: nothing left to schedule; with async scheduling and PP, v0.16+, the V2 runner makes it
+eligible P steps later, `next_decode_eligible_step`, the same cadence). A visible request with chunks
+in flight can be a victim, as in vLLM; its chunks in flight are then discarded (their entries carry
+the old epoch) and their tokens recomputed.
+
+How chunk pipelining is kept exact: `num_computed_tokens` stays what the returned batches computed
+(commit adds a batch's tokens when its output returns, as without PP); `ahead` counts, per request
+and epoch, the tokens scheduled in batches still in flight. While the policy plans and the plan's
+start is applied (one instant), a visible request's counter is raised by its `ahead` and put back
+after, so the policy's budgets, KV blocks, chunk sizes and the batch's shape all see the prompt's
+next chunk.
 
 Recorded steps: one row per micro-batch, from when it enters the LAST stage to when its tokens
 come out (its end). A replica's rows do not overlap, so busy time, utilisation, MFU and the
 duration-weighted KV usage mean what they mean without PP; token times, TTFT and ITL are the
 output times. A request's `first_scheduled` is the time its batch was scheduled.
 
-Not modelled: a prompt's chunks pipelined in consecutive micro-batches (vLLM V1 advances
-num_computed_tokens at scheduling, so a later chunk of a prompt may be scheduled while an earlier
-one is in flight: "PP>1 and we have already scheduled all prompt tokens but they are not finished
-yet"; here a request waits for its batch's output whatever it ran); unequal stage times per batch
-(every stage takes the slowest stage's time); fast-forward (every micro-batch is stepped).
+Not modelled: unequal stage times per batch (every stage takes the slowest stage's time);
+fast-forward (every micro-batch is stepped); vLLM's async scheduling with the V1 runner under PP,
+which may put a decode in consecutive micro-batches and stall stage 1 on the broadcast token.
 """
 from __future__ import annotations
 
@@ -53,15 +75,22 @@ class MicroBatch:
 class PipelinedReplica(Replica):
     """A replica whose loop keeps up to `stages` micro-batches in flight (see the module docstring)."""
 
-    def __init__(self, *args, stages: int, **kwargs):
+    def __init__(self, *args, stages: int, chunk_pipelining: bool | None = None, **kwargs):
         self.stages = stages
         self.stage_free = [0.0] * stages  # when each stage finishes the last batch it was given
         self.in_flight: deque[MicroBatch] = deque()  # oldest first: outputs return in this order
         # request id -> its batches in flight (one, unless a policy preempts a request in flight and
         # readmits it before that batch is back: its stale entry is ignored at commit, by epoch)
         self.busy: Counter[int] = Counter()
+        # request id -> (epoch, tokens scheduled for it in batches still in flight at that epoch)
+        self.ahead: dict[int, tuple[int, int]] = {}
+        self.pipelined: frozenset[int] = frozenset()  # requests in flight raised by their chunks in flight
+        self.shown: frozenset[int] = frozenset()  # requests in flight the policy sees (pipelined, or stale)
         self.evicted = 0  # preemptions of plans that ran no batch, not yet counted in a step row
         super().__init__(*args, **kwargs)
+        if chunk_pipelining is None:
+            chunk_pipelining = getattr(self.settings, "pp_chunk_pipelining", True)
+        self.chunk_pipelining = chunk_pipelining
 
     @property
     def is_idle(self) -> bool:
@@ -87,18 +116,9 @@ class PipelinedReplica(Replica):
                 yield from self._wait_for_visible()
                 continue
             if len(self.in_flight) < self.stages:
-                plan = self._schedule(now)
-                if not plan.is_empty and (plan.scheduled or plan.padding):
-                    self.step_start = now
-                    self.recovery.swap_out_booked = 0.0
-                    self._launch(plan, now)
-                    self._resume_at = now  # the queue is not full: schedule again at once
-                    continue
-                if not plan.is_empty and not (plan.preempted and self.in_flight):
-                    self.step_start = now  # no forward pass: nothing enters the pipeline
-                    self.recovery.swap_out_booked = 0.0
-                    self._evict(plan)
-                    self._resume_at = now
+                plan, applied = self._plan(now)
+                if applied:
+                    self._resume_at = now  # the queue is not full (or nothing ran): schedule again at once
                     continue
                 # left: an empty plan, or only evictions while batches are in flight. Then the room is held
                 # by requests the policy cannot pick (vLLM's victim may be in flight): wait for the oldest
@@ -120,16 +140,70 @@ class PipelinedReplica(Replica):
             self.step_end = None
             self._resume_at = end
 
+    def _plan(self, now: float):
+        """The policy's plan at `now`, applied at once when it runs a batch (launched) or only evicts
+        with nothing in flight; returns (plan, applied). Chunk pipelining's look-ahead holds meanwhile."""
+        raised = self._look_ahead()
+        try:
+            plan = self._schedule(now)
+            if not plan.is_empty and (plan.scheduled or plan.padding):
+                self.step_start = now
+                self.recovery.swap_out_booked = 0.0
+                self._launch(plan, now)
+                return plan, True
+            if not plan.is_empty and not (plan.preempted and self.in_flight):
+                self.step_start = now  # no forward pass: nothing enters the pipeline
+                self.recovery.swap_out_booked = 0.0
+                self._evict(plan)
+                return plan, True
+            return plan, False
+        finally:
+            self._settle(raised)
+
+    def _look_ahead(self) -> list[tuple]:
+        """Raise the counter of every request in flight whose batches leave part of its prompt to
+        compute by the tokens they carry (chunk pipelining), and show it to the policy; show too a
+        request preempted in flight and readmitted, while only batches of its old epoch fly. Returns
+        (request, epoch, tokens) for each raised, for `_settle`."""
+        if not self.chunk_pipelining or not self.ahead:
+            return []
+        raised, shown, ahead, busy = [], [], self.ahead, self.busy
+        for req in self.state.running:
+            rid = req.id
+            entry = ahead.get(rid)
+            if entry is None or rid not in busy:
+                continue
+            if entry[0] != req.epoch:
+                shown.append(rid)  # its batches in flight are stale: they complete nothing
+                continue
+            tokens = entry[1]
+            if req.num_computed_tokens + tokens < req.prompt_len + req.num_output_tokens:
+                req.num_computed_tokens += tokens
+                raised.append((req, req.epoch, tokens))
+                shown.append(rid)
+        self.pipelined = frozenset(req.id for req, _, _ in raised)
+        self.shown = frozenset(shown)
+        return raised
+
+    def _settle(self, raised: list[tuple]) -> None:
+        """Put back what `_look_ahead` added: a request preempted meanwhile keeps no look-ahead (its
+        chunks in flight are discarded: recompute reset its counter, a swap kept the raised one)."""
+        for req, epoch, tokens in raised:
+            if req.epoch == epoch or req.status == Status.SWAPPED:
+                req.num_computed_tokens -= tokens
+        self.pipelined = self.shown = frozenset()
+
     def _schedule(self, now: float):
-        """The policy's plan at `now` over the requests not in flight."""
+        """The policy's plan at `now` over the requests not in flight (and those `_look_ahead` shows)."""
         state = self.state
         state.now = now
         busy = self.busy
         if not busy:
             return self.policy.schedule(state)
+        shown = self.shown
         everyone = state.running
-        state.running = [r for r in everyone if r.id not in busy]
-        state.in_flight = tuple(r for r in everyone if r.id in busy)
+        state.running = [r for r in everyone if r.id not in busy or r.id in shown]
+        state.in_flight = tuple(r for r in everyone if r.id in busy and r.id not in shown)
         try:
             return self.policy.schedule(state)
         finally:
@@ -139,9 +213,9 @@ class PipelinedReplica(Replica):
         """A plan that only preempts (or gives up on waiting requests): applied at once, no batch sent;
         its preemptions count in the row of the next batch (planned at this instant, unless nothing
         can run now); swap-outs go on the host link without holding the replica (a one-stage P/D
-        replica waits for them: roles.evict_only). (A request in flight cannot be a victim, so a
-        visible one can find no room but its own, where a one-stage replica would preempt the latest
-        admitted request instead.)"""
+        replica waits for them: roles.evict_only). (A request in flight the policy does not see cannot be
+        a victim, so a visible one can find no room but its own, where a one-stage replica would
+        preempt the latest admitted request instead.)"""
         self.evicted += len(plan.preempted)
         by_id = self.by_id
         for rid in plan.preempted:
@@ -168,7 +242,28 @@ class PipelinedReplica(Replica):
         self.recorder.columns["start"].set(self.step, last_start)  # the row: its pass through the last stage
         members = (*plan.scheduled, *plan.padding)
         self.busy.update(members)  # (Counter.update adds one per member)
+        self._track(plan)
         self.in_flight.append(MicroBatch(plan, self.step, t, members))
+
+    def _track(self, plan) -> None:
+        """Count the batch's tokens in flight per request and epoch (`ahead`)."""
+        ahead, epochs = self.ahead, plan.epochs
+        for rid, n in plan.scheduled.items():
+            epoch = epochs[rid]
+            entry = ahead.get(rid)
+            ahead[rid] = (epoch, n + entry[1]) if entry is not None and entry[0] == epoch else (epoch, n)
+
+    def _untrack(self, plan) -> None:
+        """A batch is back: its tokens are no longer ahead (an entry of another epoch stays)."""
+        ahead, epochs = self.ahead, plan.epochs
+        for rid, n in plan.scheduled.items():
+            entry = ahead.get(rid)
+            if entry is None or entry[0] != epochs[rid]:
+                continue
+            if entry[1] > n:
+                ahead[rid] = (entry[0], entry[1] - n)
+            else:
+                del ahead[rid]
 
     def _drain(self, now: float) -> None:
         """Apply, oldest first, every batch whose output is out by `now`, each at its own end."""
@@ -179,6 +274,7 @@ class PipelinedReplica(Replica):
             for rid in batch.members:
                 if busy[rid] <= 0:
                     del busy[rid]
+            self._untrack(batch.plan)
             self.step = batch.step
             self.commit(batch.plan, batch.end)
             self.role.committed(batch.plan, batch.end)

@@ -74,14 +74,31 @@ class Constant(CostModel):
 
 
 class Checked(PipelinedReplica):
-    """Asserts the pipeline's own invariants at every launch."""
+    """Asserts the pipeline's own invariants at every launch (inside the plan's instant: a request
+    chunk pipelining shows has its counter raised by its tokens in flight) and every drain."""
 
     launches = 0  # over all instances: a test sees that its runs went through this loop
+    pipelined_launches = 0  # launches that scheduled a request already in flight (chunk pipelining)
 
     def _launch(self, plan, now):
         Checked.launches += 1
         assert len(self.in_flight) < self.stages
-        assert not set(plan.scheduled) & set(self.busy), "a request in flight was scheduled again"
+        again = set(plan.scheduled) & set(self.busy)
+        assert again <= self.shown | set(plan.admitted), "a request in flight was scheduled again"
+        assert self.chunk_pipelining or not again
+        Checked.pipelined_launches += bool(again & self.pipelined)
+        for rid in again - self.pipelined:  # preempted in flight, readmitted: only stale batches fly
+            assert self.ahead[rid][0] != self.by_id[rid].epoch
+        for rid in again & self.pipelined:  # only a prompt chunk goes after chunks in flight, never a decode
+            req = self.by_id[rid]
+            assert self.ahead[rid][0] == req.epoch == plan.epochs[rid]
+            assert req.num_computed_tokens < req.prompt_len + req.num_output_tokens
+            assert req.num_computed_tokens + plan.scheduled[rid] <= req.prompt_len + req.num_output_tokens
+        block_size = self.kv.block_size
+        for rid, n in plan.scheduled.items():  # the blocks cover every token the batch writes
+            req = self.by_id[rid]
+            if rid not in plan.preempted:
+                assert plan.blocks[rid] * block_size >= req.num_computed_tokens + n
         for batch in self.in_flight:  # in-flight requests keep at least the blocks their batch holds
             for rid in batch.plan.scheduled:
                 req = self.by_id.get(rid)
@@ -90,6 +107,44 @@ class Checked(PipelinedReplica):
         super()._launch(plan, now)
         ends = [b.end for b in self.in_flight]
         assert ends == sorted(ends) and self.in_flight[-1].end > now
+        self._check_ahead()
+
+    discarded = 0  # tokens of batch entries whose request was preempted while they flew (over all instances)
+
+    def _drain(self, now):
+        for batch in self.in_flight:  # the batches this drain applies: entries of an older epoch are dropped
+            if batch.end > now:
+                break
+            for rid, n in batch.plan.scheduled.items():
+                req = self.by_id.get(rid)
+                if req is None or req.epoch != batch.plan.epochs[rid]:
+                    Checked.discarded += n
+        super()._drain(now)
+        self._check_ahead()
+        for req in self.state.running:
+            assert req.num_computed_tokens <= req.prompt_len + req.num_output_tokens
+
+    def _check_ahead(self):
+        """`ahead` is exactly the tokens of the batches in flight, per request and epoch."""
+        expected = {}
+        for batch in self.in_flight:
+            for rid, n in batch.plan.scheduled.items():
+                epoch = batch.plan.epochs[rid]
+                entry = expected.get(rid)
+                expected[rid] = (epoch, n + entry[1]) if entry and entry[0] == epoch else (epoch, n)
+        for rid, (epoch, tokens) in self.ahead.items():
+            assert expected[rid][0] != epoch or expected[rid][1] == tokens
+        for rid, (epoch, tokens) in expected.items():
+            req = self.by_id.get(rid)
+            if req is not None and req.epoch == epoch and req.status == Status.RUNNING:
+                assert self.ahead[rid] == (epoch, tokens)
+
+
+class Unpipelined(Checked):
+    """Checked with chunk pipelining off: every request in flight waits for its output."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, chunk_pipelining=False, **kwargs)
 
 
 @contextmanager
@@ -141,10 +196,17 @@ def test_one_stage_through_the_pipelined_loop_is_the_plain_loop(policy, specs, e
 @pytest.mark.slow
 @given(EVERY_POLICY, WORKLOADS, ENGINE, st.sampled_from([2, 4]))
 def test_invariants_hold_with_micro_batches_in_flight(policy, specs, engine, p):
+    before = Checked.discarded
     with tracing_queues(), pipelined(p):
         run = run_policy(policy, to_requests(specs), trace=True, max_model_len=MAX_MODEL_LEN, **engine)
     assert all(isinstance(r, Checked) and r.stages == p for r in run.replicas)
-    check_run(run, policy, engine)  # budgets, KV, exactly-once, token times, rows, conservation
+    discarded = Checked.discarded - before  # chunks in flight of a preempted request: computed, then dropped
+    check_run(run, policy, engine if not discarded else {**engine, "preemption": "recompute"})
+    if engine["preemption"] == "swap":  # budgets, KV, exactly-once, token times, rows, conservation
+        steps = run.recorder.step_table()
+        computed = steps["prefill_tokens"].sum() + steps["decode_tokens"].sum()
+        assert computed == sum(r.prompt_len + r.output_len - 1 for r in run.requests
+                               if r.status == Status.FINISHED) + discarded
     check_queue_rules(run.policies[0], policy)
     replica = run.replicas[0]
     assert not replica.in_flight and not replica.busy
