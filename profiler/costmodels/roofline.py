@@ -130,7 +130,8 @@ class RooflineCost(CostModel):
             "with an engine its host terms cover this (default 0)")
         moe_imbalance: float = option(
             1.0, help="MoE: tokens of the busiest expert over the mean (>= 1); the expert GEMMs are charged as if "
-            "every expert a step touches received that many")
+            "every expert a step touches received that many (moe_routing random: a factor on the busiest GPU's "
+            "expert tiles, a real router's skew beyond chance)")
         moe_routing: Literal["mean", "random"] = option(
             "mean", help="MoE: how a step's rows spread over the experts: mean (every touched expert and EP GPU at the "
             "mean) or random (tokens pick k distinct experts uniformly at random: the expected padded row tiles and, "

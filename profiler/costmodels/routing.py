@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import signal, stats
 
 from .gemm_efficiency import TILE
 
@@ -147,30 +146,50 @@ class UniformRouting:
 
 
 def expected_max_normal(n: int) -> float:
-    """E[max of n iid standard normals] (0 for n = 1): the integral of x n phi(x) Phi(x)^(n-1)."""
+    """E[max of n iid standard normals] (0 for n = 1): the integral of x n phi(x) Phi(x)^(n-1) dx
+    (trapezoids of 1/1,000 over [-12, 12])."""
     if n <= 1:
         return 0.0
-    x = np.linspace(-12.0, 12.0, 48001)
-    density = n * stats.norm.pdf(x) * stats.norm.cdf(x) ** (n - 1)
-    return float(np.trapezoid(x * density, x))
+    x = np.linspace(-12.0, 12.0, 24001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * np.array([math.erfc(-v / math.sqrt(2.0)) for v in x])
+    y = x * n * phi * cdf ** (n - 1)
+    return float(np.sum(y[1:] + y[:-1]) * 0.5 * (x[1] - x[0]))
 
 
 def _rank_rows_pmf(experts: int, per_rank: int, top_k: int, tokens: int) -> np.ndarray:
     """Distribution of one GPU's rows: the `tokens`-fold convolution of Hypergeometric(E, m, k)."""
-    one = stats.hypergeom.pmf(np.arange(min(top_k, per_rank) + 1), experts, per_rank, top_k)
+    total = math.comb(experts, top_k)
+    one = np.array([math.comb(per_rank, j) * math.comb(experts - per_rank, top_k - j) / total
+                    for j in range(min(top_k, per_rank) + 1)])
     out, power = np.array([1.0]), one
     while tokens:
         if tokens & 1:
-            out = np.clip(signal.fftconvolve(out, power), 0.0, None)
+            out = _convolve(out, power)
         tokens >>= 1
         if tokens:
-            power = np.clip(signal.fftconvolve(power, power), 0.0, None)
+            power = _convolve(power, power)
     return out / out.sum()
+
+
+def _convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Full convolution of two distributions by FFT, rounding noise clipped at 0."""
+    size = len(a) + len(b) - 1
+    n = 1 << (size - 1).bit_length()
+    out = np.fft.irfft(np.fft.rfft(a, n) * np.fft.rfft(b, n), n)[:size]
+    return np.clip(out, 0.0, None)
 
 
 def _mean_ceil(tokens: int, p: float, tile: int) -> float:
     """E[ceil(X / tile)] for X ~ Binomial(tokens, p): sum over j >= 0 of P(X > j tile)."""
-    if tokens <= 0:
+    if tokens <= 0 or p <= 0.0:
         return 0.0
+    if p >= 1.0:
+        return float(math.ceil(tokens / tile))
+    j = np.arange(tokens, dtype=np.float64)  # log pmf(j + 1) - log pmf(j) = log((T - j) / (j + 1)) + logit p
+    steps = np.log((tokens - j) / (j + 1.0)) + math.log(p / (1.0 - p))
+    log_pmf = tokens * math.log1p(-p) + np.concatenate(([0.0], np.cumsum(steps)))
+    cdf = np.cumsum(np.exp(log_pmf - log_pmf.max()))
+    cdf /= cdf[-1]
     edges = np.arange(0, tokens // tile + 1) * tile
-    return float(stats.binom.sf(edges, tokens, p).sum())
+    return float(np.sum(1.0 - np.minimum(cdf[edges], 1.0)))
