@@ -159,8 +159,8 @@ def write(tmp_path, cost_model):
                                                                           "tp": 2, **cost_model},
            "policy": {"name": "sarathi", "token_budget": 256},
            "workload": {"num_requests": 2, "arrival": {"type": "poisson", "rate": 1.0},
-                        "prompt_len": {"type": "constant", "value": 16},
-                        "output_len": {"type": "constant", "value": 2}}}
+                        "prompt_len": {"type": "fixed", "value": 16},
+                        "output_len": {"type": "fixed", "value": 2}}}
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     return path
@@ -173,3 +173,8 @@ def write(tmp_path, cost_model):
 def test_bad_routing_or_group_size_is_one_line_error(tmp_path, cost_model, key):
     result = CliRunner().invoke(app, ["validate", str(write(tmp_path, cost_model))])
     assert_user_error(result, key)
+
+
+def test_good_routing_and_group_size_validate(tmp_path):
+    result = CliRunner().invoke(app, ["validate", str(write(tmp_path, {"moe_routing": "random", "weight_group_size": 64}))])
+    assert result.exit_code == 0, result.output
