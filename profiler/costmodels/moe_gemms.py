@@ -1,7 +1,8 @@
 """The GEMMs of an MoE model's layers for the roofline (roofline.py charges them per step).
 
 Invariant: every method is a function of Python floats (token counts) and the cost model's GEMM
-rules (`_dense_gemm_seconds`, `_grouped_seconds`, `_bf16_gemm_seconds`), so the roofline's
+rules (`_dense_gemm_seconds`, `_grouped_seconds`, `_routed_seconds`, `_bf16_gemm_seconds`) and the
+routing statistics (routing.py, deterministic and cached per token count), so the roofline's
 `step_time` and `decode_run_times` see the same values; with one rank and no pipeline the mean over
 layers (`layer_mean`) is the arithmetic the roofline always used.
 """
