@@ -58,6 +58,7 @@ class Results:
     transfers: pd.DataFrame | None = None  # every booked transfer: host swaps, P/D hops (metrics.transfer_frame)
     handoffs: pd.DataFrame | None = None  # P/D: one row per hand-off (metrics.handoff_frame)
     kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
+    kv_unit_tokens: float | None = None  # tokens one of those blocks holds (a sliding window's units: fewer)
     files: dict | None = None  # what write() wrote: file name -> bytes
 
     def token_times(self, request_id: int) -> np.ndarray:
@@ -354,7 +355,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         summary["num_timed_out"] = int(table["reject_reason"].str.startswith("timeout").sum())
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
-                      transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool})
+                      transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
+                      kv_unit_tokens=pool[0].kv.unit_tokens)
     if out_dir is not None:
         results.write(out_dir, progress)
     return results

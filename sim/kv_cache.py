@@ -88,9 +88,12 @@ class KVCache:
     @property
     def block_bytes(self) -> float:
         """Bytes of one unit (a block; with a window, g layer-pages)."""
-        if self.window is not None:
-            return self.block_size * self.bytes_per_token / self.units_per_block
-        return self.block_size * self.bytes_per_token
+        return self.unit_tokens * self.bytes_per_token
+
+    @property
+    def unit_tokens(self) -> float:
+        """Tokens (on every layer) one unit holds: block_size; with a window, block_size / units per block."""
+        return self.block_size / self.units_per_block if self.window is not None else self.block_size
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks of `tokens` tokens (with a window, `_units_for`, bound in __init__)."""

@@ -254,3 +254,13 @@ def test_gemma_counts_half_blocks_and_its_utilisation_stays_a_fraction():
     assert on.steps["kv_blocks_used"].max() <= 1000 and off.steps["kv_blocks_used"].max() <= 500
     for run in (on, off):
         assert 0 < run.summary["kv_usage_mean"] <= run.summary["kv_usage_p99"] <= 1
+
+
+def test_results_name_the_tokens_a_kv_block_holds():
+    """The step table's kv_blocks_used counts the cache's units: the dashboard turns them into tokens with
+    Results.kv_unit_tokens (Gemma-2: two units a block, so half a block's tokens each)."""
+    small = {**MISTRAL_RUN, "workload": {**MISTRAL_RUN["workload"], "num_requests": 2,
+                                         "prompt_len": {"type": "uniform", "min": 100, "max": 200}}}
+    assert run_experiment({**small, "model": "gemma-2-27b"}).kv_unit_tokens == 8
+    assert run_experiment(small).kv_unit_tokens == 16  # Mistral: one unit is one all-layer block
+    assert run_experiment(_with({**small, "model": "gemma-2-27b"}, hybrid_kv_cache_manager=False)).kv_unit_tokens == 16

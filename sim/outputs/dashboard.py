@@ -49,7 +49,7 @@ class PoolView:
     ttft: tuple  # (times, values) of the requests' first tokens
     itl: tuple  # (times, values, weights) of the token gaps on these replicas
     kv_capacity: int  # KV blocks over the pool's replicas
-    block_size: int
+    unit_tokens: float  # tokens one KV block (kv_blocks_used's unit) holds
     preemptions: pd.DataFrame
     extra_kv: tuple | None = None  # (label, enter, leave, blocks): KV held outside waiting/running
     prefix_hits: tuple | None = None  # (times, tokens)
@@ -101,6 +101,11 @@ def _replicas(count: int) -> str:
     return "1 replica" if count == 1 else f"{count} replicas"
 
 
+def _unit_tokens(results) -> float:
+    """Tokens a KV block of the step table holds (a sliding window's units hold fewer: sim/kv_cache.py)."""
+    return results.kv_unit_tokens or results.config.cluster.kv_cache.block_size
+
+
 def _capacity(results, replicas) -> int:
     return int(sum(results.kv_blocks.get(i, 0) for i in replicas)) if results.kv_blocks else 0
 
@@ -115,7 +120,7 @@ def whole_view(results) -> PoolView:
         {"waiting": (req["arrival"], req["first_scheduled"], None),
          "running": (req["first_scheduled"], end, None)},
         (req["arrival"], req["first_scheduled"], req["prompt_len"]), _first_token(req),
-        _itl_on(results, replicas), _capacity(results, replicas), results.config.cluster.kv_cache.block_size,
+        _itl_on(results, replicas), _capacity(results, replicas), _unit_tokens(results),
         results.preemptions, None, _prefix_hits(results.steps, req), tpot=_tpot(req))
 
 
@@ -151,7 +156,7 @@ def pool_view(results, pool: str) -> PoolView:
     preemptions = results.preemptions[results.preemptions["replica"].isin(replicas)]
     tpot = _tpot(req) if pool == "decode" else (np.zeros(0), np.zeros(0))  # no token gaps on the prefill pool
     return PoolView(f"{results.config.name}: {pool} pool ({_replicas(len(replicas))})", steps, levels, waiting, ttft,
-                    itl, _capacity(results, replicas), results.config.cluster.kv_cache.block_size, preemptions,
+                    itl, _capacity(results, replicas), _unit_tokens(results), preemptions,
                     extra, _prefix_hits(steps, req), itl_title, tpot)
 
 
@@ -230,7 +235,7 @@ def _tokens_panel(ax, view, edges, x):
     ax.step(x, _level_mean(edges, enter, leave, tokens), where="post", color=COLORS["waiting"],
             label="waiting prompt tokens")
     if len(view.steps):
-        ax.step(x, _per_bin_total(edges, view.steps, "kv_blocks_used") * view.block_size, where="post",
+        ax.step(x, _per_bin_total(edges, view.steps, "kv_blocks_used") * view.unit_tokens, where="post",
                 color=COLORS["running"], label="KV tokens held (blocks used x block size)")
     ax.set_title("Tokens waiting / held")
     ax.set_ylabel("tokens")
