@@ -32,6 +32,7 @@ VLLM_DOCUMENTED = {
     "max-long-partial-prefills": 1, "scheduling-policy": "fcfs", "async-scheduling": False,
     "gpu-memory-utilization": 0.9, "block-size": 16, "kv-cache-dtype": "auto", "num-gpu-blocks-override": None,
     "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1, "max-loras": 1,
+    "disable-hybrid-kv-cache-manager": False,
     "enforce-eager": False, "dtype": "auto", "enable-lora": False, "max-model-len": None,
     "max-num-batched-tokens": NO_STATIC_DEFAULT, "max-num-seqs": NO_STATIC_DEFAULT, "model": NO_STATIC_DEFAULT,
 }
@@ -73,3 +74,12 @@ def test_vllm_gpu_memory_utilization_follows_the_version(version, expected):
     merged, resolution = apply_server({"server": server})
     assert resolution.settings["cluster.kv_cache.gpu_memory_utilization"] == expected
     assert merged["cluster"]["kv_cache"]["gpu_memory_utilization"] == expected
+
+
+@pytest.mark.parametrize("args, expected", [("", True), ("--disable-hybrid-kv-cache-manager", False),
+                                            ("--no-disable-hybrid-kv-cache-manager", True)])
+def test_vllm_hybrid_kv_cache_manager_flag(args, expected):
+    """vLLM's hybrid manager (on by default) frees a sliding window's pages; the flag turns it off."""
+    merged, resolution = apply_server({"server": {"engine": "vllm", "args": args}})
+    assert resolution.settings["cluster.kv_cache.hybrid_kv_cache_manager"] is expected
+    assert merged["cluster"]["kv_cache"]["hybrid_kv_cache_manager"] is expected

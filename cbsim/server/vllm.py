@@ -65,6 +65,10 @@ def _eager_flag(engine, wanted: dict) -> bool:
     return isinstance(engine, dict) and engine.get("cuda_graph_max_batch") == 0
 
 
+def _not_flag(value, wanted: dict) -> bool:
+    return not value
+
+
 def _lora_flag(max_loras, wanted: dict) -> bool:
     return max_loras is not None
 
@@ -83,6 +87,9 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "gpu-memory-utilization": Flag(float, CACHE, default=0.9, key="cluster.kv_cache.gpu_memory_utilization"),
     "num-gpu-blocks-override": Flag(int, CACHE, default=None, key="cluster.kv_cache.num_blocks"),
     "enable-prefix-caching": Flag(bool, CACHE, boolean=True, default=True, key="cluster.kv_cache.prefix_caching"),
+    # vLLM's hybrid KV cache manager frees a sliding window's pages (default on; cbsim: sim/kv_cache.py)
+    "disable-hybrid-kv-cache-manager": Flag(bool, SCHED, boolean=True, default=False,
+                                            key="cluster.kv_cache.hybrid_kv_cache_manager", to_flag=_not_flag),
     "kv-cache-dtype": Flag(str, CACHE, choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"), default="auto"),
     "tensor-parallel-size": Flag(int, PARALLEL, default=1, key="cluster.tp"),
     "pipeline-parallel-size": Flag(int, PARALLEL, default=1, key="cost_model.pp"),
@@ -129,6 +136,7 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
         "cluster.kv_cache.block_size": _get(flags, "block-size", context),
         "cluster.kv_cache.gpu_memory_utilization": _get(flags, "gpu-memory-utilization", context),
         "cluster.kv_cache.prefix_caching": _get(flags, "enable-prefix-caching", context),
+        "cluster.kv_cache.hybrid_kv_cache_manager": not _get(flags, "disable-hybrid-kv-cache-manager", context),
         "cost_model.engine": _engine(flags),
         "preemption.mode": "recompute",
     }
