@@ -24,8 +24,8 @@
    rows of the same table (Llama-3.1-8B/70B, Mistral-7B) as the baseline to read them against. cbsim: one
    replica, roofline on the same GPU and TP, engine trtllm, sarathi 8,192 tokens / 2,048 sequences,
    KV fraction 0.95 (as benchmarks/validate_trtllm_fp8.py).
-Run: python benchmarks/validate_moe.py [quick] [random]   (random: cost_model.moe_routing random, the
-expected load of uniform random routing, profiler/costmodels/routing.py; default mean)
+Run: python benchmarks/validate_moe.py [quick] [mean]   (cost_model.moe_routing: random by default, the
+expected load of uniform random routing, profiler/costmodels/routing.py; mean: every expert at the mean)
 """
 from __future__ import annotations
 
@@ -152,4 +152,4 @@ def main(quick: bool, routing: str = "mean") -> None:
 
 
 if __name__ == "__main__":
-    main("quick" in sys.argv[1:], "random" if "random" in sys.argv[1:] else "mean")
+    main("quick" in sys.argv[1:], "mean" if "mean" in sys.argv[1:] else "random")

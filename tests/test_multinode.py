@@ -75,15 +75,16 @@ def test_a_group_within_one_node_is_unchanged(topology):
 
 
 # Step times (three shapes), the last of a 3-step decode run and collective_time(300) of TP <= 8
-# groups, from the roofline before gpus_per_node existed (hex floats: bit for bit).
+# groups, from the roofline before gpus_per_node existed (hex floats: bit for bit; MoE rows pinned to the
+# routing of that time, moe_routing mean).
 GOLDEN = [
     ('llama-3.1-70b', {'gpu': 'h100', 'tp': 8}, ['0x1.205fbcfa6d444p-5', '0x1.d1f771cdc4b31p-7', '0x1.ab09be1279894p-4'], '0x1.d1a41bfeff117p-7', '0x1.2ffef8b511706p-7'),
     ('llama-3.1-405b', {'gpu': 'h200', 'tp': 8}, ['0x1.17f4b9cf58016p-3', '0x1.25634d7da8f35p-5', '0x1.cd20a4de27866p-2'], '0x1.254c66dc49bd9p-5', '0x1.5331f4752f2dbp-6'),
     ('llama-2-70b', {'gpu': 'a100', 'tp': 4}, ['0x1.028f99feda92cp-3', '0x1.121bdd3530c69p-5', '0x1.b158169462290p-2'], '0x1.11d767e337ab4p-5', '0x1.d6365329e514cp-7'),
     ('qwen2.5-72b', {'gpu': 'mi300x', 'tp': 8}, ['0x1.f39415f0fb917p-6', '0x1.929b8c3069925p-7', '0x1.65e1cf3ca1c3ap-4'], '0x1.9266df9ccfac2p-7', '0x1.30a54663cd7e6p-7'),
-    ('mixtral-8x7b', {'gpu': 'h100', 'tp': 8, 'expert_parallel': True}, ['0x1.5edf3e13184f4p-7', '0x1.eb11074d8f124p-8', '0x1.8da93b641353fp-6'], '0x1.eace5c41bdc42p-8', '0x1.756d9dbcf5b17p-9'),
-    ('deepseek-v3', {'gpu': 'h200', 'tp': 8, 'expert_parallel': True}, ['0x1.3159d9d9290bfp-5', '0x1.b0918354deefap-7', '0x1.1144bd17cd688p-4'], '0x1.b02dbb0376f31p-7', '0x1.b4b2bcf8e99bcp-8'),
-    ('qwen3-30b-a3b', {'gpu': 'b200', 'tp': 2}, ['0x1.5bdf075ee3746p-7', '0x1.9f0d0f77a1b50p-8', '0x1.ebdd14cf297acp-7'], '0x1.9eb94efd95f7ap-8', '0x1.7d781c0117d37p-9'),
+    ('mixtral-8x7b', {'gpu': 'h100', 'tp': 8, 'expert_parallel': True, 'moe_routing': 'mean'}, ['0x1.5edf3e13184f4p-7', '0x1.eb11074d8f124p-8', '0x1.8da93b641353fp-6'], '0x1.eace5c41bdc42p-8', '0x1.756d9dbcf5b17p-9'),
+    ('deepseek-v3', {'gpu': 'h200', 'tp': 8, 'expert_parallel': True, 'moe_routing': 'mean'}, ['0x1.3159d9d9290bfp-5', '0x1.b0918354deefap-7', '0x1.1144bd17cd688p-4'], '0x1.b02dbb0376f31p-7', '0x1.b4b2bcf8e99bcp-8'),
+    ('qwen3-30b-a3b', {'gpu': 'b200', 'tp': 2, 'moe_routing': 'mean'}, ['0x1.5bdf075ee3746p-7', '0x1.9f0d0f77a1b50p-8', '0x1.ebdd14cf297acp-7'], '0x1.9eb94efd95f7ap-8', '0x1.7d781c0117d37p-9'),
     ('llama-3.1-8b', {'gpu': 'l40s', 'tp': 8}, ['0x1.157e052aa9fc3p-5', '0x1.a86dc8b3ffa18p-8', '0x1.ccc551b6fb092p-4'], '0x1.a76b4a646675ap-8', '0x1.01450da4c0cd2p-6'),
     ('llama-3.1-8b', {'gpu': 'h100-nvl', 'tp': 2}, ['0x1.a7a53cc73a6c0p-7', '0x1.3c69521a07368p-8', '0x1.42fe2fc50ba0cp-5'], '0x1.3b84417b4530ap-8', '0x1.f28b56d2112acp-10'),
 ]

@@ -133,9 +133,10 @@ class RooflineCost(CostModel):
             "every expert a step touches received that many (moe_routing random: a factor on the busiest GPU's "
             "expert tiles, a real router's skew beyond chance)")
         moe_routing: Literal["mean", "random"] = option(
-            "mean", help="MoE: how a step's rows spread over the experts: mean (every touched expert and EP GPU at the "
-            "mean) or random (tokens pick k distinct experts uniformly at random: the expected padded row tiles and, "
-            "with expert parallelism, the expected busiest GPU; moe_imbalance then multiplies its tiles)")
+            "random", help="MoE: how a step's rows spread over the experts: random (tokens pick k distinct experts "
+            "uniformly at random: the expected padded row tiles and, with expert parallelism, the expected busiest "
+            "GPU; moe_imbalance then multiplies its tiles) or mean (every touched expert and EP GPU at the mean, "
+            "cbsim before 2026-12)")
         weight_group_size: int = option(
             INT4_GROUP_SIZE, help="int4 weights: input weights per 16-bit scale and 4-bit zero point (GPTQ/AWQ "
             "group_size; 0.5 + 2.5 / g bytes a weight)")
@@ -183,7 +184,7 @@ class RooflineCost(CostModel):
                  attention_efficiency: float = 0.4, memory_efficiency: float = 0.8,
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
                  topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False,
-                 gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1, moe_routing: str = "mean",
+                 gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1, moe_routing: str = "random",
                  weight_group_size: int = INT4_GROUP_SIZE):
         model.check_tp(tp, "cost_model.tp")
         check_pipeline(model.num_layers, pp)
@@ -219,8 +220,7 @@ class RooflineCost(CostModel):
         if model.is_moe:
             self.factors["moe_imbalance"] = moe_imbalance
             self.factors["expert_parallel"] = expert_parallel
-            if moe_routing != "mean":
-                self.factors["moe_routing"] = moe_routing
+            self.factors["moe_routing"] = moe_routing
         if model.weight_dtype == "int4":
             self.factors["weight_group_size"] = weight_group_size
         self._expert_parallel = expert_parallel
