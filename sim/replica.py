@@ -50,7 +50,8 @@ class ReplicaSettings:
     fast_forward: bool = True
     max_fast_forward: int = 4096
     # P/D decode side: an outside event (a reservation for a transfer) can take KV blocks mid-step,
-    # so a fast-forwarded run must end before the horizon, not merely start before it
+    # so a fast-forwarded run must end before the horizon, not merely start before it; likewise when a
+    # router reads the replicas' progress at each arrival (several replicas, any router but round_robin)
     runs_end_before_horizon: bool = False
     record_shapes: bool = False  # keep every step's shape (held-out batches for the profiler)
     max_predicted_ttft: float | None = None  # early admission control (sim/admission.py); None: admit all

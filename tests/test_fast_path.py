@@ -6,6 +6,7 @@ Cost models: `linear` (the base class's decode_step_time, via step_time) and `vi
 without a serving engine (its own O(1) decode_step_time and vectorised decode_run_times)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -66,3 +67,29 @@ def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run)
         patch.setattr(fast_forward_module, "SCALAR_RUN", scalar_run)
         fast = run(policy, cost, specs, num_blocks, fast_forward=True)
     assert_same_run(stepped, fast)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["least_loaded", "kv_aware", "prefix_affinity", "round_robin"]),
+       st.sampled_from(["sarathi", "orca", "prefill_first"]), WORKLOADS, st.integers(26, 120))
+def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
+    """A router that reads the replicas' progress at an arrival sees what stepping one by one shows it:
+    a fast-forwarded run ends before the next arrival, so it is committed by then."""
+    def routed(fast_forward: bool):
+        requests, t = [], 0.0
+        for i, (gap, prompt, output) in enumerate(specs):
+            t += gap / 20
+            requests.append(Request(i, t, prompt, output))
+        settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward)
+        recorder, _ = simulate(requests, lambda: make_policy(POLICIES[policy]), cost_model("vidur"),
+                               lambda: KVCache(num_blocks, 16, 1, False, 1024.0), settings_, replicas=3,
+                               router=router, max_time=1e6)
+        return requests, recorder
+
+    (stepped, stepped_rec), (fast, fast_rec) = routed(False), routed(True)
+    times = [(r.replica, r.status, r.first_token_time, r.completion_time, r.first_scheduled) for r in stepped]
+    assert times == [(r.replica, r.status, r.first_token_time, r.completion_time, r.first_scheduled) for r in fast]
+    one, other = stepped_rec.step_table(), fast_rec.step_table()  # rows of several replicas interleave
+    order, other_order = np.lexsort((one["start"], one["replica"])), np.lexsort((other["start"], other["replica"]))
+    for name in one:
+        assert np.array_equal(one[name][order], other[name][other_order]), name
