@@ -97,6 +97,15 @@ class Policy:
         """The most prompt tokens one request advances in a step beside the token budget (None: no cap)."""
         return None
 
+    def steady_chunks(self, state: SchedulerState) -> tuple[int, int | None] | None:
+        """(token budget, per-request cap) when this policy's plan, while nothing waits and the running
+        requests are the same decodes and one prompt in progress, is every decode (one token each) and then
+        the prompt's next chunk, min(its tokens left, budget - decodes, cap), for as long as KV allows:
+        the replica may then skip ahead over the prompt's chunks (sim/fast_forward.py prompt_run). None
+        (the default): plans are not that predictable. tests/test_fast_path.py holds every policy that
+        says so to the plans it would make step by step."""
+        return None
+
     def reject_reason(self, req: Request, state: SchedulerState) -> str:
         """Why `req`, arriving now, is rejected: this policy could never run it, or arrival admission
         (tenant quotas, overload) refuses it. Empty if it is accepted."""

@@ -99,6 +99,11 @@ class Sarathi(Policy):
         caps = [c for c in (self.config.long_prefill_token_threshold, self.config.chunk_size) if c is not None]
         return min(caps) if caps else None
 
+    def steady_chunks(self, state):
+        if self.fair is not None or self.dynamic is not None:  # the order or the chunk changes with service
+            return None
+        return self.token_budget(state), self.request_cap()
+
     def never_runs(self, req, state) -> str:
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 

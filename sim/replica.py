@@ -25,7 +25,7 @@ from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead, queue
 from .clock import delay_to
 from .cost import CostModel
 from .durations import CLOCK_LIMIT, check_step
-from .fast_forward import cut_run, decode_run, may_leap
+from .fast_forward import cut_run, decode_run, may_leap, may_leap_prompt, prompt_run
 from .kv_cache import KVCache
 from .kv_link import KVLink
 from .metrics.recorder import Recorder
@@ -263,7 +263,13 @@ class Replica:
             _, duration = self._priced(plan, shape, swap_bytes, start)
             run = decode_run(self, start, duration, self._step_context) if may_leap(
                 self, plan, shape, swap_bytes) else None
-            if run is None:
+            prompt = prompt_run(self, shape, start, duration, self._step_context) if run is None and may_leap_prompt(
+                self, plan, shape, swap_bytes) else None
+            if prompt is not None:
+                end = self.step_end = prompt.ends[-1]
+                yield env.timeout(delay_to(env.now, end))
+                step_apply.commit_prompt_run(self, prompt, plan.hold_finished)
+            elif run is None:
                 end = self.step_end = start + duration
                 yield env.timeout(delay_to(env.now, end))
                 self.commit(plan, end)

@@ -28,6 +28,7 @@ class Colocated:
 
     name = "colocated"
     runs_eviction_steps = True  # a plan that only preempts runs as a (possibly empty) step of its own
+    leaps_prompts = True  # a prompt's chunks may be fast-forwarded (its hooks see only the run's first step)
 
     def __init__(self, replica):
         self.replica = replica
@@ -66,6 +67,7 @@ class _PDRole(Colocated):
     """Either pool of a P/D cluster: the cluster's hand-off holds KV here at times."""
 
     runs_eviction_steps = False
+    leaps_prompts = False  # its hooks act on the step that finishes a prompt (hand-off) or lands KV
 
     def __init__(self, replica, cluster):
         super().__init__(replica)

@@ -16,7 +16,7 @@ with hold_finished, when the whole batch is done).
 from __future__ import annotations
 
 import math
-from itertools import islice
+from itertools import accumulate, islice
 
 import numpy as np
 
@@ -241,6 +241,94 @@ def commit_run(replica, ends, extra, hold_finished: bool) -> None:
         base = replica.shapes[-1].decode
         replica.shapes.extend(StepShape(decode=tuple(c + j for c in base), tokens_sampled=len(base))
                               for j in range(1, count))
+
+
+def commit_prompt_run(replica, run, hold_finished: bool) -> None:
+    """Commit a prompt run (sim/fast_forward.py PromptRun) with the result of committing its steps one
+    by one: rows in bulk; every decode +len(ends) tokens; the prompt its chunks, then a token in the
+    step of its last chunk and in every step after it."""
+    ends, chunks, prompt = run.ends, run.chunks, run.prompt
+    count = len(ends)
+    recorder, step = replica.recorder, replica.step
+    recorder.set_end(step, ends[0])
+    last = recorder.num_steps + count - 2  # the run's last step (rows are appended below)
+    decodes, contexts, finished = _commit_decodes(replica, prompt, count, step, last)
+    histories = list(accumulate(chunks, initial=run.history))
+    computed = histories.pop()
+    prompt.num_computed_tokens = computed
+    sampled = len(chunks) - 1  # the step of its last chunk
+    decoded = count - 1 - sampled  # steps after it: the prompt decodes
+    full = computed  # the prompt's tokens once its last chunk ran
+    if computed == prompt.prompt_len + prompt.num_output_tokens:  # the last chunk sampled a token
+        finished |= _prompt_token(replica, prompt, last - decoded, ends[sampled])
+        if decoded:
+            prompt.run_tokens += decoded
+            prompt.last_token_step = last
+            prompt.num_output_tokens += decoded
+            prompt.num_computed_tokens = computed = computed + decoded
+            finished |= prompt.num_output_tokens >= prompt.output_len
+    blocks = -(-computed // replica.kv.block_size)
+    if blocks > prompt.num_blocks:
+        replica.kv.grow(prompt, blocks)
+    prefills = range(1, sampled + 1)
+    recorder.add_steps(
+        replica=replica.index, start=ends[:-1], end=ends[1:],
+        prefill_tokens=chunks[1:] + [0] * decoded, decode_tokens=[decodes] * sampled + [decodes + 1] * decoded,
+        padding_tokens=0, num_seqs=decodes + 1, kv_blocks_used=run.used[1:], preemptions=0, swap_bytes=0.0,
+        decode_context_tokens=[contexts + decodes * j for j in prefills]
+        + [contexts + decodes * j + full + j - sampled for j in range(sampled + 1, count)],
+        prefill_history_tokens=histories[1:] + [0] * decoded,
+        prefill_attention_pairs=[c * h + c * (c + 1) // 2 for c, h in zip(chunks[1:], histories[1:])] + [0] * decoded)
+    replica.prev_step = last
+    if finished:
+        release_finished(replica, hold_finished, ends[-1])
+
+
+def _commit_decodes(replica, prompt, count: int, step: int, last: int) -> tuple[int, int, bool]:
+    """Every running request but `prompt` decodes in each of `count` steps from `step` to `last`: its
+    tokens, token run and blocks. Returns (how many, their first step's contexts summed, whether one
+    finished)."""
+    recorder, kv = replica.recorder, replica.kv
+    close_run, grow, previous, block_size = recorder.close_run, kv.grow, replica.prev_step, kv.block_size
+    decodes = contexts = 0
+    finished = False
+    for req in replica.state.running:
+        if req is prompt:
+            continue
+        computed = req.num_computed_tokens
+        decodes += 1
+        contexts += computed + 1
+        if req.run_tokens and req.last_token_step == previous:
+            req.run_tokens += count
+        else:
+            close_run(req)
+            req.run_start_step = step
+            req.run_tokens = count
+        req.last_token_step = last
+        outputs = req.num_output_tokens + count
+        req.num_output_tokens = outputs
+        req.num_computed_tokens = computed + count
+        blocks = -(-(computed + count) // block_size)
+        if blocks > req.num_blocks:
+            grow(req, blocks)
+        if outputs >= req.output_len:
+            finished = True
+    return decodes, contexts, finished
+
+
+def _prompt_token(replica, req: Request, step: int, end: float) -> bool:
+    """`req` samples its next token in `step` (ending at `end`), after a step without one; True if
+    that finishes it."""
+    replica.recorder.close_run(req)
+    req.run_start_step = step
+    req.run_tokens = 1
+    req.last_token_step = step
+    outputs = req.num_output_tokens + 1
+    req.num_output_tokens = outputs
+    if outputs == 1:
+        req.first_token_time = end
+        req.first_token_step = step
+    return outputs >= req.output_len
 
 
 # -- leaving: finished, or the client gave up ----------------------------------------------

@@ -25,6 +25,9 @@ POLICIES = {
     "orca": {"name": "orca", "max_num_seqs": 8},
     "prefill_first": {"name": "prefill_first", "max_num_seqs": 8},
     "sarathi": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8},
+    # prompt runs (fast_forward.prompt_run) under a per-request cap and under a budget most prompts fit in
+    "sarathi-capped": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "long_prefill_token_threshold": 24},
+    "sarathi-wide": {"name": "sarathi", "token_budget": 160, "max_num_seqs": 12},
     "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8},
     "sglang": {"name": "sglang", "max_num_seqs": 8},
     "chunked_only": {"name": "chunked_only", "token_budget": 64, "max_num_seqs": 8},
