@@ -98,12 +98,13 @@ class Policy:
         return None
 
     def steady_chunks(self, state: SchedulerState) -> tuple[int, int | None] | None:
-        """(token budget, per-request cap) when this policy's plan, while nothing waits and the running
-        requests are the same decodes and one prompt in progress, is every decode (one token each) and then
-        the prompt's next chunk, min(its tokens left, budget - decodes, cap), for as long as KV allows:
-        the replica may then skip ahead over the prompt's chunks (sim/fast_forward.py prompt_run). None
-        (the default): plans are not that predictable. tests/test_fast_path.py holds every policy that
-        says so to the plans it would make step by step."""
+        """(token budget, per-request cap) when this policy's plan, while the running requests are decodes
+        and one prompt in progress and no arrival intervenes, is every decode (one token each) and then
+        the prompt's next chunk, min(its tokens left, budget - decodes, cap), for as long as KV allows;
+        once the prompt caught up, every decode; a finished request leaves and changes nothing else; and
+        a waiting request is not admitted into a step that the chunk fills to the budget. The replica may
+        then skip ahead (sim/fast_forward.py prompt_run). None (the default): plans are not that
+        predictable. tests/test_fast_path.py holds every policy that says so to stepping one by one."""
         return None
 
     def reject_reason(self, req: Request, state: SchedulerState) -> str:

@@ -7,17 +7,19 @@ says how far such a run goes and when each of its steps ends, vectorised (cost.d
 for a short run, in a plain loop of O(1) steps (cost.decode_step_time). Invariant: the result is
 exactly (bit for bit) what stepping one by one would produce; tests/test_fast_path.py holds it.
 
-A prompt run (`prompt_run`) skips over the chunks of one prompt in progress beside the same running
-decodes, for a policy whose plans are then predictable (Policy.steady_chunks: Sarathi-style, every
-decode and then the prompt's next chunk under the token budget) while nothing waits: each step's
-shape is priced by the cost model as the step would be, and the run stops at the step that samples
-the prompt's next token, at a decode's completion, before KV runs short and at the horizon, as a
-decode run does.
+A prompt run (`prompt_run`) skips over the chunks of one prompt in progress beside the running
+decodes and on over the decode steps after it, for a policy whose plans are then predictable
+(Policy.steady_chunks: Sarathi-style, every decode and then the prompt's next chunk under the token
+budget): each step's shape is priced by the cost model as the step would be; a request that finishes
+leaves at its step's end while the others go on. While requests wait, only steps whose chunk takes
+the whole token budget run (nothing can be admitted beside it). The run stops before KV runs short
+and at the horizon, as a decode run does.
 
 Nothing here mutates the replica; sim/step_apply.py commit_run and commit_prompt_run apply a run.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -170,129 +172,204 @@ def cut_run(ends, extra, at: float):
     return ends[:keep], extra[:keep]
 
 
+ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
+               "prefill_history_tokens", "prefill_attention_pairs")
+
+
 @dataclass(frozen=True, slots=True)
 class PromptRun:
-    """Steps 0..k from the step begun (step 0): each decodes the same running requests and runs the next
-    chunk of `prompt` (`chunks[j]`, history `history + chunks[0] + ... + chunks[j - 1]`) until the chunk
-    that samples its next token; every step after that decodes the prompt too. `ends[j]`, `used[j]`:
-    when step j ends and the KV blocks in use while it runs."""
+    """Steps 0..k from the step begun (step 0): every running decode decodes, and `prompt` runs
+    `chunks[j]` in step j (from history `history`) until it has caught up; from step len(chunks) on it is
+    a decode row too. It samples its next token in step `sampled` (None: not in this run): its last
+    chunk's, or, when that left one token (a recompute's), its first decode row's. A request whose last
+    token comes in step j leaves at that step's end (`finish[req]` = j). `ends[j]`: when step j ends;
+    `rows[j - 1]`: step j's values of ROW_COLUMNS in the step table."""
 
     prompt: Request
     history: int
     chunks: list[int]
+    sampled: int | None
     ends: list[float]
-    used: list[int]
+    finish: dict
+    rows: list[tuple]
+
+    def columns(self) -> dict[str, list]:
+        """The run's steps 1..k as step-table columns (ROW_COLUMNS)."""
+        return {name: list(values) for name, values in zip(ROW_COLUMNS, zip(*self.rows))}
 
 
 def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
     """Whether the step just begun may start a prompt run: one prompt in progress beside decodes of every
-    other running request, nothing waiting, and nothing that changes from step to step or must see each
+    other running request, and nothing that changes from step to step or must see each
     step (noise, recorded shapes, prefix caching, the decode reserve and step cap, TTFT admission, a
-    closed loop, a P/D role, side work)."""
+    closed loop or client timeouts, a P/D role, side work)."""
     state = replica.state
     return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
-            and replica.settings.fast_forward
+            and replica.settings.fast_forward and replica.settings.client_timeout is None
             and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
-                     or state.waiting or state.reserve is not None or state.step_cap is not None)
+                     or plan.hold_finished or state.reserve is not None
+                     or state.step_cap is not None)
             and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
             and replica.admission is None and replica.on_leave is None and replica.role.leaps_prompts)
 
 
 def prompt_run(replica, shape, start: float, duration: float, where) -> PromptRun | None:
     """The prompt run from the step that starts at `start` and lasts `duration` (shape `shape`), or None
-    to step once. While the prompt has tokens left, step j decodes every decode once more (contexts + j)
-    and runs the chunk min(tokens left, budget - decodes, cap) at the prompt's history; from the step
-    after the one that samples its next token it is one more decode. A step runs only if its blocks fit
-    in the free ones (block crossings, the prompt's growth) and, as in a decode run, if it starts before
-    the next outside event (with runs_end_before_horizon: ends before it); the run ends with the first
-    completion."""
+    to step once. While the prompt has tokens left, step j decodes every running decode once more and
+    runs the chunk min(tokens left, budget - decodes, cap) at the prompt's history; from the step after
+    the one that samples its next token it is one more decode. A request that finishes leaves at the end
+    of its step. A step runs only if its blocks fit in the free ones (block crossings, the prompt's
+    growth), if it leaves no token budget while requests wait, and, as in a decode run, if it starts
+    before the next outside event (with runs_end_before_horizon: ends before it)."""
     state = replica.state
     rule = replica.policy.steady_chunks(state)
     prompts = [r for r in state.running if r.in_prefill]
     if rule is None or len(prompts) != 1 or prompts[0].mm_inputs:
         return None
     prompt = prompts[0]
-    budget, cap = rule
-    per_step = budget - len(shape.decode) if cap is None else min(budget - len(shape.decode), cap)
     chunk, history = shape.prefill[0]
-    if per_step <= 0 or history != prompt.num_computed_tokens:
+    if history != prompt.num_computed_tokens:
         return None
-    left = prompt.prompt_len + prompt.num_output_tokens - history - chunk  # after step 0
-    sample_step = -(-left // per_step)  # the step whose chunk samples the prompt's next token
-    steps = min(replica.settings.max_fast_forward, sample_step + prompt.output_len - prompt.num_output_tokens,
-                min((r.output_len - r.num_output_tokens for r in state.running if r is not prompt),
-                    default=math.inf))
-    if steps < 2:
-        return None
-    crossings = _decode_crossings(state.running, prompt, replica.kv.block_size, steps)
-    return _prompt_steps(replica, prompt, shape, crossings, start + duration, left, per_step, where)
+    run = _SteadySteps(replica, prompt, shape, rule, start + duration)
+    return run.price(where)
 
 
-def _decode_crossings(running, prompt, block_size: int, steps: int) -> list[int]:
-    """[j]: how many decodes (the prompt aside) cross into a new block at step j (< steps) of a run."""
-    crossings = [0] * steps
-    for req in running:
-        if req is prompt:
-            continue
-        context = req.num_computed_tokens + 1
-        held = max(req.num_blocks, -(-context // block_size))
-        j = held * block_size - context + 1
-        while j < steps:
-            crossings[j] += 1
-            j += block_size
-    return crossings
+class _SteadySteps:
+    """The state of a prompt run while its steps are priced one by one (see prompt_run). O(1) work a
+    decode step: the decode rows' step-0 contexts (a row of step j reads its context + j) and their sum
+    change only when a request joins or leaves; a row's block crossings recur every block_size steps, so
+    rows are kept by the phase of their first crossing; leaving requests are kept by their last step."""
 
+    def __init__(self, replica, prompt, shape, rule, end: float):
+        self.replica, self.prompt, self.kv = replica, prompt, replica.kv
+        self.budget, self.cap = rule
+        chunk, history = shape.prefill[0]
+        self.history, self.computed, self.chunks = history, history + chunk, [chunk]
+        self.left = prompt.prompt_len + prompt.num_output_tokens - self.computed  # after step 0
+        self.prompt_blocks = prompt.num_blocks  # while it runs chunks
+        self.base: dict = {}  # decode row -> its step-0 context
+        self.held: dict = {}  # decode row -> blocks held when it became one
+        self.phases: list[list] = [[] for _ in range(self.kv.block_size)]  # (first crossing, last step)
+        self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
+        self.finish: dict = {}
+        running = replica.state.running
+        contexts = iter(shape.decode)
+        for req in running:
+            if req is not prompt:
+                self._add_row(req, next(contexts), req.num_blocks, req.output_len - req.num_output_tokens - 1, 0)
+        self.free = self.kv.free_blocks
+        self.ends = [end]
+        self.sampled = None
+        self.rows: list[tuple] = []  # steps 1..: ROW_COLUMNS
+        self._rebuild()
+        self._caught_up(0)
 
-def _prompt_steps(replica, prompt, shape, crossings, end: float, left: int, per_step: int, where):
-    """Price the run's steps 1.. one by one (see prompt_run); None when fewer than two steps run."""
-    settings, kv, cost = replica.settings, replica.kv, replica.cost
-    horizon = min(replica.horizon(), next_deadline(replica))
-    before = settings.runs_end_before_horizon
-    if before and not end < horizon:
-        return None
-    chunk, history = shape.prefill[0]
-    free, block_size, held = kv.free_blocks, kv.block_size, prompt.num_blocks
-    chunks, ends, used = [chunk], [end], [kv.num_blocks - free]
-    base, decodes = shape.decode, len(shape.decode)
-    computed = history + chunk  # the prompt's tokens in the cache after the last step priced
-    contexts = total = None  # from the step after the prompt samples: every decode row, offset by the step
-    for j in range(1, len(crossings)):
-        if not before and not end < horizon:
-            break
-        if left:
-            chunk = min(left, per_step)
-            target = -(-(computed + chunk) // block_size)
-            seconds = cost.step_time(StepShape(((chunk, computed),), tuple(c + j for c in base), 0,
-                                               decodes + (chunk == left)))
+    def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
+        """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
+        self.base[req] = context
+        self.held[req] = held
+        self.leaving.setdefault(last, []).append(req)
+        block_size = self.kv.block_size
+        first = held * block_size - context + 1  # the first step whose context outgrows the blocks held
+        if first <= after:
+            first += (after - first) // block_size * block_size + block_size
+        if first <= last:
+            self.phases[first % block_size].append((first, last))
+
+    def _rebuild(self) -> None:
+        """The rows in running order (the batch's order), their contexts and sum."""
+        order = [r for r in self.replica.state.running if r in self.base]
+        self.base = {r: self.base[r] for r in order}
+        self.contexts = list(self.base.values())
+        self.total = sum(self.contexts)
+
+    def price(self, where) -> PromptRun | None:
+        replica = self.replica
+        horizon = min(replica.horizon(), next_deadline(replica))
+        before = replica.settings.runs_end_before_horizon
+        end = self.ends[0]
+        if before and not end < horizon:
+            return None
+        self._leave(0)
+        block_size, cost, phases = self.kv.block_size, replica.cost, self.phases
+        waiting = bool(replica.state.waiting)  # then only steps that leave no token budget for them run
+        for j in range(1, replica.settings.max_fast_forward):
+            if not (self.base or self.left) or (not before and not end < horizon):
+                break
+            grow = 0
+            for first, last in phases[j % block_size]:
+                if first <= j <= last:
+                    grow += 1
+            if self.left:
+                chunk = self.next_chunk()
+                target = -(-(self.computed + chunk) // block_size)
+                grow += max(0, target - self.prompt_blocks)
+                if chunk <= 0 or grow > self.free or (waiting and chunk != self.budget - len(self.contexts)):
+                    break  # the policy would not run it so (or could admit a waiting request): step by step
+                seconds = cost.step_time(StepShape(((chunk, self.computed),), tuple(c + j for c in self.contexts), 0,
+                                                   len(self.contexts) + (chunk == self.left)))
+            else:
+                if grow > self.free or waiting:
+                    break
+                seconds = cost.decode_step_time(self.contexts, j, self.total + len(self.contexts) * j)
+            later = end + seconds
+            if not end < later < CLOCK_LIMIT:
+                check_run("cost_model", end, np.array([seconds]), where=where())
+            if before and not later < horizon:
+                break
+            self._take(j, grow)
+            self.ends.append(later)
+            end = later
+            self._leave(j)
+        if len(self.ends) < 2:
+            return None
+        return PromptRun(self.prompt, self.history, self.chunks, self.sampled, self.ends, self.finish, self.rows)
+
+    def next_chunk(self) -> int:
+        room = self.budget - len(self.base)
+        if self.cap is not None:
+            room = min(room, self.cap)
+        return min(self.left, room)
+
+    def _take(self, j: int, grow: int) -> None:
+        """Apply step j: blocks, the prompt's chunk (and its joining the decodes), the step's row."""
+        self.free -= grow
+        decodes = len(self.contexts)
+        contexts = self.total + decodes * j
+        chunk = history = pairs = 0
+        if self.left:
+            chunk, history = self.next_chunk(), self.computed
+            pairs = chunk * history + chunk * (chunk + 1) // 2
+            self.prompt_blocks = max(self.prompt_blocks, -(-(history + chunk) // self.kv.block_size))
+            self.chunks.append(chunk)
+            self.computed += chunk
+            self.left -= chunk
+            self._caught_up(j)
+        self.rows.append((chunk, decodes, decodes + (chunk > 0), self.kv.num_blocks - self.free, contexts, history,
+                          pairs))
+
+    def _caught_up(self, j: int) -> None:
+        """After step j's chunk: a prompt with nothing left sampled in step j; one with one token left and
+        outputs already (a recompute) is a decode row from step j + 1 and samples there. Either way it
+        decodes, in its place in the batch, from step j + 1."""
+        prompt = self.prompt
+        if not self.left:
+            self.sampled = j
+        elif self.left == 1 and prompt.num_output_tokens:
+            self.sampled, self.left = j + 1, 0
         else:
-            if contexts is None:
-                contexts, total = _with_prompt(replica.state.running, prompt, base, computed + 1 - j)
-            target = -(-(computed + 1) // block_size)
-            seconds = cost.decode_step_time(contexts, j, total + len(contexts) * j)
-        grow = crossings[j] + (target - held if target > held else 0)
-        later = end + seconds
-        if grow > free:  # the policy would preempt: step by step from here
-            break
-        if not end < later < CLOCK_LIMIT:
-            check_run("cost_model", end, np.array([seconds]), where=where())
-        if before and not later < horizon:
-            break
-        free -= grow
-        held = max(held, target)
-        ends.append(later)
-        used.append(kv.num_blocks - free)
-        if left:
-            chunks.append(chunk)
-            computed, left = computed + chunk, left - chunk
-        else:
-            computed += 1
-        end = later
-    return PromptRun(prompt, history, chunks, ends, used) if len(ends) >= 2 else None
+            return
+        last = self.sampled + prompt.output_len - prompt.num_output_tokens - 1
+        self._add_row(prompt, self.computed - j, self.prompt_blocks, last, j)  # step j + 1 reads computed + 1
+        self._rebuild()
 
-
-def _with_prompt(running, prompt, base, prompt_context: int) -> tuple[list[int], int]:
-    """(every running request's decode context at step 0 of the run, in running order, the prompt's as
-    `prompt_context`; their sum): the rows of a decode step j are these + j."""
-    rows = iter(base)
-    contexts = [prompt_context if req is prompt else next(rows) for req in running]
-    return contexts, sum(contexts)
+    def _leave(self, j: int) -> None:
+        """Requests whose last token came in step j leave at its end (their blocks are free after it)."""
+        done = self.leaving.pop(j, None)
+        if not done:
+            return
+        block_size = self.kv.block_size
+        for req in done:
+            self.finish[req] = j
+            self.free += max(self.held.pop(req), -(-(self.base.pop(req) + j) // block_size))
+        self._rebuild()

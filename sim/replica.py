@@ -268,7 +268,7 @@ class Replica:
             if prompt is not None:
                 end = self.step_end = prompt.ends[-1]
                 yield env.timeout(delay_to(env.now, end))
-                step_apply.commit_prompt_run(self, prompt, plan.hold_finished)
+                step_apply.commit_prompt_run(self, prompt)
             elif run is None:
                 end = self.step_end = start + duration
                 yield env.timeout(delay_to(env.now, end))

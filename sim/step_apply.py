@@ -16,7 +16,7 @@ with hold_finished, when the whole batch is done).
 from __future__ import annotations
 
 import math
-from itertools import accumulate, islice
+from itertools import islice
 
 import numpy as np
 
@@ -243,83 +243,73 @@ def commit_run(replica, ends, extra, hold_finished: bool) -> None:
                               for j in range(1, count))
 
 
-def commit_prompt_run(replica, run, hold_finished: bool) -> None:
+def commit_prompt_run(replica, run) -> None:
     """Commit a prompt run (sim/fast_forward.py PromptRun) with the result of committing its steps one
-    by one: rows in bulk; every decode +len(ends) tokens; the prompt its chunks, then a token in the
-    step of its last chunk and in every step after it."""
-    ends, chunks, prompt = run.ends, run.chunks, run.prompt
+    by one: rows in bulk; every decode a token a step until it finishes; the prompt its chunks, then a
+    token in the step of its last chunk and in every step after it; finished requests leave, each at
+    its own step's end, before the others' blocks grow."""
+    ends, prompt, finish = run.ends, run.prompt, run.finish
     count = len(ends)
     recorder, step = replica.recorder, replica.step
     recorder.set_end(step, ends[0])
-    last = recorder.num_steps + count - 2  # the run's last step (rows are appended below)
-    decodes, contexts, finished = _commit_decodes(replica, prompt, count, step, last)
-    histories = list(accumulate(chunks, initial=run.history))
-    computed = histories.pop()
-    prompt.num_computed_tokens = computed
-    sampled = len(chunks) - 1  # the step of its last chunk
-    decoded = count - 1 - sampled  # steps after it: the prompt decodes
-    full = computed  # the prompt's tokens once its last chunk ran
-    if computed == prompt.prompt_len + prompt.num_output_tokens:  # the last chunk sampled a token
-        finished |= _prompt_token(replica, prompt, last - decoded, ends[sampled])
-        if decoded:
-            prompt.run_tokens += decoded
-            prompt.last_token_step = last
-            prompt.num_output_tokens += decoded
-            prompt.num_computed_tokens = computed = computed + decoded
-            finished |= prompt.num_output_tokens >= prompt.output_len
-    blocks = -(-computed // replica.kv.block_size)
-    if blocks > prompt.num_blocks:
-        replica.kv.grow(prompt, blocks)
-    prefills = range(1, sampled + 1)
-    recorder.add_steps(
-        replica=replica.index, start=ends[:-1], end=ends[1:],
-        prefill_tokens=chunks[1:] + [0] * decoded, decode_tokens=[decodes] * sampled + [decodes + 1] * decoded,
-        padding_tokens=0, num_seqs=decodes + 1, kv_blocks_used=run.used[1:], preemptions=0, swap_bytes=0.0,
-        decode_context_tokens=[contexts + decodes * j for j in prefills]
-        + [contexts + decodes * j + full + j - sampled for j in range(sampled + 1, count)],
-        prefill_history_tokens=histories[1:] + [0] * decoded,
-        prefill_attention_pairs=[c * h + c * (c + 1) // 2 for c, h in zip(chunks[1:], histories[1:])] + [0] * decoded)
-    replica.prev_step = last
-    if finished:
-        release_finished(replica, hold_finished, ends[-1])
+    first = recorder.num_steps  # the row of the run's step 1 (rows are appended below)
 
+    def row(j: int) -> int:
+        return step if j == 0 else first + j - 1
 
-def _commit_decodes(replica, prompt, count: int, step: int, last: int) -> tuple[int, int, bool]:
-    """Every running request but `prompt` decodes in each of `count` steps from `step` to `last`: its
-    tokens, token run and blocks. Returns (how many, their first step's contexts summed, whether one
-    finished)."""
-    recorder, kv = replica.recorder, replica.kv
-    close_run, grow, previous, block_size = recorder.close_run, kv.grow, replica.prev_step, kv.block_size
-    decodes = contexts = 0
-    finished = False
+    previous = replica.prev_step
     for req in replica.state.running:
-        if req is prompt:
-            continue
-        computed = req.num_computed_tokens
-        decodes += 1
-        contexts += computed + 1
-        if req.run_tokens and req.last_token_step == previous:
-            req.run_tokens += count
-        else:
-            close_run(req)
-            req.run_start_step = step
-            req.run_tokens = count
-        req.last_token_step = last
-        outputs = req.num_output_tokens + count
-        req.num_output_tokens = outputs
-        req.num_computed_tokens = computed + count
-        blocks = -(-(computed + count) // block_size)
+        if req is not prompt:
+            _decode_tokens(recorder, req, finish.get(req, count - 1) + 1, step, row, previous)
+    _commit_prompt(recorder, run, row)
+    recorder.add_steps(replica=replica.index, start=ends[:-1], end=ends[1:], padding_tokens=0, preemptions=0,
+                       swap_bytes=0.0, **run.columns())
+    replica.prev_step = row(count - 1)
+    if finish:  # each at its own step's end, in the order stepping one by one releases them
+        running = replica.state.running
+        order = {req: i for i, req in enumerate(running)}
+        for req in sorted(finish, key=lambda r: (finish[r], order[r])):
+            leave_finished(replica, req, ends[finish[req]])
+        replica.state.running = [req for req in running if req not in finish]
+    kv = replica.kv
+    for req in replica.state.running:  # the blocks of their last step's context
+        blocks = -(-req.num_computed_tokens // kv.block_size)
         if blocks > req.num_blocks:
-            grow(req, blocks)
-        if outputs >= req.output_len:
-            finished = True
-    return decodes, contexts, finished
+            kv.grow(req, blocks)
 
 
-def _prompt_token(replica, req: Request, step: int, end: float) -> bool:
-    """`req` samples its next token in `step` (ending at `end`), after a step without one; True if
-    that finishes it."""
-    replica.recorder.close_run(req)
+def _decode_tokens(recorder, req: Request, tokens: int, step: int, row, previous: int) -> None:
+    """`req`, a decode at the run's step 0, produced a token in each of its first `tokens` steps."""
+    if req.run_tokens and req.last_token_step == previous:
+        req.run_tokens += tokens
+    else:
+        recorder.close_run(req)
+        req.run_start_step = step
+        req.run_tokens = tokens
+    req.last_token_step = row(tokens - 1)
+    req.num_output_tokens += tokens
+    req.num_computed_tokens += tokens
+
+
+def _commit_prompt(recorder, run, row) -> None:
+    """The prompt's chunks, then a token in step `run.sampled` and in each step after it (each a
+    decode row from step len(chunks) on) until it finishes or the run ends."""
+    prompt, ends, sampled = run.prompt, run.ends, run.sampled
+    computed = run.history + sum(run.chunks)
+    if sampled is not None and sampled < len(ends):  # (a recompute's decode row may fall after the run)
+        last = run.finish.get(prompt, len(ends) - 1)
+        computed += last - len(run.chunks) + 1  # its decode rows
+        _prompt_token(recorder, prompt, row(sampled), ends[sampled])
+        if last > sampled:
+            prompt.run_tokens += last - sampled
+            prompt.last_token_step = row(last)
+            prompt.num_output_tokens += last - sampled
+    prompt.num_computed_tokens = computed
+
+
+def _prompt_token(recorder, req: Request, step: int, end: float) -> None:
+    """`req` samples its next token in `step` (ending at `end`), after a step without one."""
+    recorder.close_run(req)
     req.run_start_step = step
     req.run_tokens = 1
     req.last_token_step = step
@@ -328,7 +318,6 @@ def _prompt_token(replica, req: Request, step: int, end: float) -> bool:
     if outputs == 1:
         req.first_token_time = end
         req.first_token_step = step
-    return outputs >= req.output_len
 
 
 # -- leaving: finished, or the client gave up ----------------------------------------------
@@ -338,23 +327,28 @@ def release_finished(replica, hold: bool, end: float) -> None:
     if hold and not all(r.is_done for r in running):
         return
     keep = []
-    limit = replica.settings.client_timeout
-    kv, recorder, by_id, on_leave = replica.kv, replica.recorder, replica.by_id, replica.on_leave
     for req in running:
         if req.is_done:
-            if limit is not None and end > req.arrival + limit:  # its client had given up
-                time_out(req, limit)
-            else:
-                req.status = Status.FINISHED
-                req.completion_time = end
-            kv.release(req)
-            recorder.close_run(req)
-            del by_id[req.id]
-            if on_leave is not None:
-                on_leave(req, end)
+            leave_finished(replica, req, end)
         else:
             keep.append(req)
     replica.state.running = keep
+
+
+def leave_finished(replica, req: Request, end: float) -> None:
+    """`req`, which produced its last token in a step ending at `end`, leaves: its KV is freed, its
+    token run closed (or it timed out, if its client had given up by then)."""
+    limit = replica.settings.client_timeout
+    if limit is not None and end > req.arrival + limit:  # its client had given up
+        time_out(req, limit)
+    else:
+        req.status = Status.FINISHED
+        req.completion_time = end
+    replica.kv.release(req)
+    replica.recorder.close_run(req)
+    del replica.by_id[req.id]
+    if replica.on_leave is not None:
+        replica.on_leave(req, end)
 
 
 def expire(replica, now: float) -> None:
