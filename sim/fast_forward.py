@@ -201,8 +201,8 @@ class PromptRun:
 def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
     """Whether the step just begun may start a prompt run: one prompt in progress beside decodes of every
     other running request, and nothing that changes from step to step or must see each
-    step (noise, recorded shapes, prefix caching, the decode reserve and step cap, TTFT admission, a
-    closed loop or client timeouts, a P/D role, side work)."""
+    step (noise, recorded shapes, prefix caching, a sliding window, the decode reserve and step cap, TTFT
+    admission, a closed loop or client timeouts, a P/D role, side work)."""
     state = replica.state
     return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
             and replica.settings.fast_forward and replica.settings.client_timeout is None
@@ -210,7 +210,7 @@ def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
                      or plan.hold_finished or state.reserve is not None
                      or state.step_cap is not None)
             and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
-            and replica.admission is None and replica.on_leave is None and replica.role.leaps_prompts)
+            and replica.kv.window is None and replica.admission is None and replica.on_leave is None and replica.role.leaps_prompts)
 
 
 def prompt_run(replica, shape, start: float, duration: float, where) -> PromptRun | None:

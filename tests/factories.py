@@ -20,6 +20,7 @@ class CheckedPolicy:
         self.inner, self.check = inner, check
         self.name, self.config = inner.name, inner.config
         self.steady_when_blocked = inner.steady_when_blocked
+        self.steady_chunks = inner.steady_chunks  # (fast-forwarded steps are not planned, so not traced)
 
     def schedule(self, state):
         self.check()
@@ -43,6 +44,7 @@ class TracedPolicy:
         self.name = inner.name
         self.config = inner.config
         self.steady_when_blocked = inner.steady_when_blocked
+        self.steady_chunks = inner.steady_chunks  # (fast-forwarded steps are not planned, so not traced)
         self.plans = []
 
     def schedule(self, state):
