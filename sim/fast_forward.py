@@ -222,7 +222,8 @@ def prompt_run(replica, shape, start: float, duration: float, where) -> PromptRu
     growth), if it leaves no token budget while requests wait, and, as in a decode run, if it starts
     before the next outside event (with runs_end_before_horizon: ends before it)."""
     state = replica.state
-    rule = replica.policy.steady_chunks(state)
+    steady = getattr(replica.policy, "steady_chunks", None)  # a policy without it (a test's wrapper) is stepped
+    rule = steady(state) if steady is not None else None
     prompts = [r for r in state.running if r.in_prefill]
     if rule is None or len(prompts) != 1 or prompts[0].mm_inputs:
         return None

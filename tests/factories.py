@@ -20,7 +20,7 @@ class CheckedPolicy:
         self.inner, self.check = inner, check
         self.name, self.config = inner.name, inner.config
         self.steady_when_blocked = inner.steady_when_blocked
-        self.steady_chunks = inner.steady_chunks  # (fast-forwarded steps are not planned, so not traced)
+        self.steady_chunks = getattr(inner, "steady_chunks", None)  # fast-forwarded steps are not planned
 
     def schedule(self, state):
         self.check()
@@ -44,7 +44,7 @@ class TracedPolicy:
         self.name = inner.name
         self.config = inner.config
         self.steady_when_blocked = inner.steady_when_blocked
-        self.steady_chunks = inner.steady_chunks  # (fast-forwarded steps are not planned, so not traced)
+        self.steady_chunks = getattr(inner, "steady_chunks", None)  # fast-forwarded steps are not planned
         self.plans = []
 
     def schedule(self, state):
