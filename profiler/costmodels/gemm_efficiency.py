@@ -34,6 +34,18 @@ table: it takes H100's compute form (same SXM5 die) with its own HBM bandwidth. 
 family (B200, L40S, L4, A10, MI300X, MI325X: GPUSpec.family '') take H100's constants on their own
 peaks, an extrapolation whose error is unknown.
 
+Weight-only int4 GEMMs pad rows as their kernels do, to WEIGHT_ONLY_TILE = 16 (`tile`): vLLM runs AWQ and
+GPTQ checkpoints with the Marlin kernel (awq_marlin, gptq_marlin), whose thread block covers
+thread_m_blocks x 16 rows, 1 to 4 blocks (64 rows), more rows in parallel 64-row slices
+(vllm-project/vllm csrc/quantization/gptq_marlin/gptq_marlin.cu @6ee29e8847d9: marlin_mm pads
+`tot_m_blocks = div_ceil(prob_m, 16)`, `pad = 16 * tot_m_blocks - tot_m`; determine_reduce_max_m
+steps 16, 32, 48, 64, then 64 x par; the m16n8k16 mma.sync tile). So a decode of 8 sequences
+computes 16 rows, not 128, and stays weight-streaming up to the ridge (~55 rows on H100 at 0.52
+bytes a weight), as the MARLIN paper reports (Frantar et al., PPoPP 2025: near 4x over fp16 up to
+batch 16-32, less up to 64-128). Its compute fraction c and t0 are the bf16 fit's (no int4 table
+was fitted: an assumption; Marlin's mma.sync cannot reach Hopper's wgmma peak at large M, so int4
+prefill on H100/H200 is likely optimistic). bf16 and fp8 keep TILE, bit for bit.
+
 Precision: an fp8 GEMM (fp8 weights and compute) runs on the fp8 peak with the same fraction c, and
 streams its weights at their own width (`weight_bytes`: 1 for fp8, 0.5 for int4 weight-only, whose
 GEMM computes at the bf16 peak); activations stay 16-bit. No fp8 or int4 table was fitted: the same
@@ -46,6 +58,7 @@ import math
 from types import MappingProxyType
 
 TILE = 128  # output-tile rows in M; 64 and 256 fit worse on A100 (p90 15.0 %, 23.1 %), tie on H100
+WEIGHT_ONLY_TILE = 16  # rows of one Marlin m-block (int4 weight-only GEMMs; module docstring)
 
 # gpu family -> (t0 seconds, compute fraction c of dense peak, HBM fraction e_mem), fitted as above
 CONSTANTS = MappingProxyType({
@@ -73,12 +86,14 @@ class GemmCurve:
         self.peak, self.hbm, self.t0 = float(peak_flops), float(hbm_bandwidth), t0
         self.compute_rate, self.memory_rate = self.peak * c, self.hbm * e_mem
 
-    def seconds(self, m: float, n: float, k: float, dtype_bytes: float = 2.0, weight_bytes: float | None = None) -> float:
+    def seconds(self, m: float, n: float, k: float, dtype_bytes: float = 2.0, weight_bytes: float | None = None,
+                tile: int = TILE) -> float:
         """Time of one (M x K) @ (K x N) GEMM; 0 when there are no rows. `weight_bytes` per weight
-        when it differs from the activations' `dtype_bytes` (fp8, int4)."""
+        when it differs from the activations' `dtype_bytes` (fp8, int4); M padded to whole `tile`-row
+        tiles (WEIGHT_ONLY_TILE for int4 weight-only kernels)."""
         if m <= 0:
             return 0.0
-        padded = TILE * math.ceil(m / TILE)
+        padded = tile * math.ceil(m / tile)
         compute = 2.0 * padded * n * k / self.compute_rate
         if weight_bytes is None or weight_bytes == dtype_bytes:
             memory = (k * n + m * (k + n)) * dtype_bytes / self.memory_rate
