@@ -4,7 +4,9 @@ Invariant: every ModelSpec field comes from a named key of the file, or from the
 architecture's Hugging Face (transformers) class uses when the key is absent; an architecture or a
 key value this reader cannot price raises ConfigError naming the file and the key. Nothing is
 guessed: a file that says `use_sliding_window: false` prices full attention, one whose
-`quantization_config` names a method this reader does not know is refused.
+`quantization_config` names a method this reader does not know is refused. An int4 checkpoint
+(awq or gptq with bits 4, compressed-tensors with 4-bit int weights) gives its group_size to
+ModelSpec.weight_group_size (absent: 0, priced as 128; -1 or strategy channel: per output channel).
 
 What is priced per architecture (the `architectures` key):
   dense GQA      LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (QKV bias),
@@ -27,7 +29,7 @@ from types import MappingProxyType
 
 from cbsim.errors import ConfigError
 
-from .specs import ModelSpec
+from .specs import PER_CHANNEL, ModelSpec
 
 CATALOG_DIR = Path(__file__).parent / "models"
 
@@ -165,6 +167,7 @@ def _precision(r: _Reader) -> dict:
     quant = r.data.get("quantization_config")
     if quant is None:
         return {"weight_dtype": weight, "kv_dtype": kv}
+    group = 0
     if not isinstance(quant, dict):
         raise r.error("quantization_config", "a mapping", quant)
     method = quant.get("quant_method")
@@ -172,33 +175,56 @@ def _precision(r: _Reader) -> dict:
         weight = "fp8"
     elif method in ("awq", "gptq") and quant.get("bits") == 4:
         weight = "int4"
+        group = _group_size(r, quant.get("group_size"), "quantization_config.group_size")
     elif method == "modelopt" and quant.get("quant_algo") == "FP8":
         weight = "fp8"
         kv = "fp8" if quant.get("kv_cache_quant_algo") == "FP8" else kv
     elif method == "compressed-tensors":
-        weight = _compressed_tensors(r, quant)
+        weight, group = _compressed_tensors(r, quant)
         scheme = quant.get("kv_cache_scheme")
         kv = "fp8" if isinstance(scheme, dict) and (scheme.get("num_bits"), scheme.get("type")) == (8, "float") else kv
     else:
         raise r.error("quantization_config.quant_method", "fp8, fbgemm_fp8, awq/gptq with bits 4, modelopt FP8 or "
                       "compressed-tensors (fp8 or int4 weights)",
                       f"{method} (bits {quant.get('bits')})" if "bits" in quant else method)
-    return {"weight_dtype": weight, "kv_dtype": kv}
+    out = {"weight_dtype": weight, "kv_dtype": kv}
+    return {**out, "weight_group_size": group} if weight == "int4" else out
 
 
-def _compressed_tensors(r: _Reader, quant: dict) -> str:
-    """fp8 or int4: the one weight format every config group of a compressed-tensors checkpoint uses."""
+def _group_size(r: _Reader, value, key: str) -> int:
+    """An int4 checkpoint's group size: a positive integer, -1 (one scale per output channel), or
+    absent (0: AutoAWQ's and AutoGPTQ's default of 128 is assumed)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value == PER_CHANNEL):
+        raise r.error(key, "a positive integer (input weights per int4 scale) or -1 (per output channel)", value)
+    return value
+
+
+def _compressed_tensors(r: _Reader, quant: dict) -> tuple[str, int]:
+    """(fp8 or int4, group size): the one weight format every config group of a compressed-tensors
+    checkpoint uses; int4 groups by `strategy` group (its group_size) or channel (-1)."""
     groups = quant.get("config_groups")
-    formats = set()
-    for group in groups.values() if isinstance(groups, dict) else ():
+    formats, sizes = set(), set()
+    for name, group in groups.items() if isinstance(groups, dict) else ():
         weights = group.get("weights") if isinstance(group, dict) else None
         if isinstance(weights, dict):
             formats.add((weights.get("num_bits"), weights.get("type")))
+            if (weights.get("num_bits"), weights.get("type")) != (4, "int"):
+                continue
+            if weights.get("strategy") == "channel":
+                sizes.add(PER_CHANNEL)
+            else:
+                key = f"quantization_config.config_groups.{name}.weights.group_size"
+                sizes.add(_group_size(r, weights.get("group_size"), key))
     known = {(8, "float"): "fp8", (4, "int"): "int4"}
     if len(formats) != 1 or next(iter(formats)) not in known:
         raise r.error("quantization_config.config_groups", "weight groups all of 8-bit float (fp8) or all of 4-bit "
                       "int (int4)", sorted(map(str, formats)) or groups)
-    return known[formats.pop()]
+    weight = known[formats.pop()]
+    if weight == "int4" and len(sizes) != 1:
+        raise r.error("quantization_config.config_groups", "int4 weight groups of one group_size", sorted(sizes))
+    return weight, (sizes.pop() if weight == "int4" else 0)
 
 
 def _window(r: _Reader, family: str, layers: int) -> dict:

@@ -34,6 +34,7 @@ KV_BYTES = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1})
 INT4_GROUP_SCALE_BYTES = 2.0
 INT4_GROUP_ZERO_BYTES = 0.5
 INT4_GROUP_SIZE = 128  # AutoAWQ's q_group_size and AutoGPTQ's group_size default
+PER_CHANNEL = -1  # GPTQ group_size -1 / compressed-tensors strategy "channel": one scale per output column
 WeightDtype = Literal["bf16", "fp16", "fp32", "fp8", "int4"]
 KVDtype = Literal["bf16", "fp16", "fp32", "fp8"]
 
@@ -59,6 +60,9 @@ class ModelSpec:
     weight_dtype: WeightDtype | None = option(
         None, help="weight precision: bf16, fp16, fp32, fp8, int4 (weight-only, bf16 compute); default: dtype_bytes wide")
     kv_dtype: KVDtype | None = option(None, help="KV-cache precision: bf16, fp16, fp32, fp8; default: dtype_bytes wide")
+    weight_group_size: int = option(
+        0, help="int4 weights: input weights per 16-bit scale and 4-bit zero point (config.json quantization_config "
+        "group_size); 0: not given (128 is assumed), -1: one per output channel")
     compute_dtype: Literal["auto", "bf16", "fp8"] = option(
         "auto", help="GEMM precision: fp8 runs at the GPU's FP8 peak (needs fp8 weights); auto: fp8 when the "
         "weights are fp8 and the GPU has FP8 tensor cores, else bf16")
@@ -112,6 +116,9 @@ class ModelSpec:
             require(self.head_dim == self.qk_nope_head_dim + self.qk_rope_head_dim, "head_dim",
                     f"qk_nope_head_dim + qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})",
                     self.head_dim)
+        require(isinstance(self.weight_group_size, int) and not isinstance(self.weight_group_size, bool)
+                and self.weight_group_size >= PER_CHANNEL, "weight_group_size",
+                "a positive integer, 0 (not given: 128) or -1 (per output channel)", self.weight_group_size)
         if self.compute_dtype == "fp8":
             require(self.weight_dtype == "fp8", "compute_dtype", "bf16 or auto unless weight_dtype is fp8 "
                     "(fp8 GEMMs read fp8 weights)", self.compute_dtype)
@@ -130,6 +137,23 @@ class ModelSpec:
     def weight_bits(self) -> int:
         """Bits per stored weight (int4: 4, scales and zero points not counted)."""
         return 8 * self.dtype_bytes if self.weight_dtype is None else WEIGHT_BITS[self.weight_dtype]
+
+    @property
+    def int4_group(self) -> int:
+        """Input weights per int4 scale group: weight_group_size, 128 when not given, and `hidden` for
+        per-channel scales (exact for the GEMMs reading the hidden state, QKV and gate+up; O and down
+        have a K of their own, so their 2.5 / K bytes a weight are approximated, < 0.07 % of 0.5)."""
+        if self.weight_group_size == PER_CHANNEL:
+            return self.hidden
+        return self.weight_group_size or INT4_GROUP_SIZE
+
+    def _linear_bytes(self, linear: int) -> int:
+        """Bytes of `linear` quantised linear-layer weights: fp8 one each; int4 half a byte plus, per
+        group, a 16-bit scale and a 4-bit zero point (0.5 + 2.5 / g bytes a weight, floored)."""
+        if self.weight_dtype == "int4":
+            g = self.int4_group
+            return linear * (8 * g + 40) // (16 * g)
+        return linear * self.weight_bits // 8
 
     @property
     def kv_elem_bytes(self) -> int:
@@ -260,11 +284,12 @@ class ModelSpec:
         """Weight bytes one GPU holds: all layers, norms, embedding and LM head, sharded tp ways.
 
         fp8 and int4 quantise the decoder's linear layers only: the embedding, LM head, norms and
-        routers stay 16-bit (as vLLM's fp8, AWQ and GPTQ loaders keep them; int4 scales not counted)."""
+        routers stay 16-bit (as vLLM's fp8, AWQ and GPTQ loaders keep them); int4 counts its group
+        scales and zero points (int4_group), fp8 scales are not counted (under 0.1 %)."""
         if self.weight_dtype not in ("fp8", "int4"):
             return self.params(tp) * self.weight_bits // 8
         linear, rest = self._param_parts(tp)
-        return (linear * self.weight_bits + rest * 16) // 8
+        return self._linear_bytes(linear) + rest * 2
 
     def stage_weight_bytes(self, tp: int, start: int, layers: int, first: bool, last: bool,
                            expert_share: int = 1) -> int:
@@ -285,7 +310,7 @@ class ModelSpec:
         rest = routers + norms + tables * self.vocab_per_gpu(tp) * self.hidden
         if self.weight_dtype not in ("fp8", "int4"):
             return (linear + rest) * self.weight_bits // 8
-        return (linear * self.weight_bits + rest * 16) // 8
+        return self._linear_bytes(linear) + rest * 2
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """KV-cache bytes one token occupies on one GPU, over all layers.

@@ -20,13 +20,16 @@ the replica adds host-link time itself.
 Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.py):
 - Precision. Linear-layer weights stream at their own width (fp8: 1 byte, int4: 0.5); with fp8
   weights on a GPU with FP8 tensor cores (compute_dtype auto or fp8) their GEMMs run at the FP8 peak
-  (same fitted fraction c: an assumption); int4 is weight-only (bf16 peak). int4 also reads, per
-  group of `weight_group_size` input weights (default 128), a 16-bit scale and a packed 4-bit zero
-  point (vLLM's AWQ and GPTQ layouts, specs.py): 0.5 + 2.5 / g bytes a weight, 0.5195 at g = 128
-  (+3.9 %). fp8 scales are not counted: one float32 per output channel is 4 / K bytes a weight (0.1 %
-  of fp8's 1 byte at K = 4,096), one per 128 x 128 block (DeepSeek-V3) 4 / 16,384 (0.02 %), one per
-  tensor nothing. The LM head, router, attention and activations stay 16-bit; KV bytes follow
-  kv_dtype.
+  (same fitted fraction c: an assumption); int4 is weight-only (bf16 peak), its dense GEMMs pad rows
+  to 16-row tiles as vLLM's Marlin kernels do (gemm_efficiency.WEIGHT_ONLY_TILE; bf16 and fp8 keep
+  128; the MoE experts' grouped GEMMs keep 128 too). int4 also reads, per group of g input weights,
+  a 16-bit scale and a packed 4-bit zero point (vLLM's AWQ and GPTQ layouts, specs.py): 0.5 + 2.5 / g
+  bytes a weight, 0.5195 at g = 128 (+3.9 %). g is `weight_group_size` when the cost model sets it
+  (a what-if), else the model's (ModelSpec.weight_group_size, from config.json's
+  quantization_config.group_size), else 128. fp8 scales are not counted: one float32 per output
+  channel is 4 / K bytes a weight (0.1 % of fp8's 1 byte at K = 4,096), one per 128 x 128 block
+  (DeepSeek-V3) 4 / 16,384 (0.02 %), one per tensor nothing. The LM head, router, attention and
+  activations stay 16-bit; KV bytes follow kv_dtype.
 - MoE. An MoE layer adds the router and the shared experts (one MLP) and replaces the dense MLP by
   two grouped GEMMs over the experts a step touches: D = E (1 - (1 - k/E)^T) of E experts in
   expectation for T tokens with top-k routing, each read once, the T k rows split over them (the
@@ -87,11 +90,11 @@ from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
 from ..gpus import gpus_per_node as catalog_gpus_per_node
-from ..specs import (INT4_GROUP_SCALE_BYTES, INT4_GROUP_SIZE, INT4_GROUP_ZERO_BYTES, TP_DEGREES,
+from ..specs import (INT4_GROUP_SCALE_BYTES, INT4_GROUP_ZERO_BYTES, TP_DEGREES,
                      GPUSpec, ModelSpec, gpu_spec)
 from .collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
 from .engine import NO_ENGINE, Engine, engine_option, load_engine
-from .gemm_efficiency import TILE, gemm_curve
+from .gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
 from .moe_gemms import MoEGemms
 from .pipeline import Pipeline, check_pipeline, slowest
 from .registry import register_cost_model
@@ -137,9 +140,10 @@ class RooflineCost(CostModel):
             "uniformly at random: the expected padded row tiles and, with expert parallelism, the expected busiest "
             "GPU; moe_imbalance then multiplies its tiles) or mean (every touched expert and EP GPU at the mean, "
             "cbsim before 2026-12)")
-        weight_group_size: int = option(
-            INT4_GROUP_SIZE, help="int4 weights: input weights per 16-bit scale and 4-bit zero point (GPTQ/AWQ "
-            "group_size; 0.5 + 2.5 / g bytes a weight)")
+        weight_group_size: int | None = option(
+            None, help="int4 weights: input weights per 16-bit scale and 4-bit zero point (GPTQ/AWQ group_size; "
+            "0.5 + 2.5 / g bytes a weight); default: the model's (config.json quantization_config.group_size), "
+            "else 128; a value here overrides the model's")
         expert_parallel: bool = option(
             False, help="MoE: the TP group's GPUs each hold num_experts / tp whole experts (vLLM "
             "--enable-expert-parallel without data parallelism) instead of a 1/tp slice of every expert")
@@ -165,9 +169,10 @@ class RooflineCost(CostModel):
                 require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,
                         "an integer >= 1", value)
             require(self.moe_imbalance >= 1.0, "moe_imbalance", "a number >= 1", self.moe_imbalance)
-            require(isinstance(self.weight_group_size, int) and not isinstance(self.weight_group_size, bool)
-                    and self.weight_group_size >= 1, "weight_group_size", "a positive integer (weights per int4 "
-                    "scale group, e.g. 128)", self.weight_group_size)
+            require(self.weight_group_size is None or (isinstance(self.weight_group_size, int) and not isinstance(
+                    self.weight_group_size, bool) and self.weight_group_size >= 1), "weight_group_size",
+                    "a positive integer (weights per int4 scale group, e.g. 128) or null (the model's)",
+                    self.weight_group_size)
             require(self.tp in TP_DEGREES, "tp", "one of " + ", ".join(map(str, TP_DEGREES)), self.tp)
             require(self.gpus_per_node is None or (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1),
                     "gpus_per_node", "an integer >= 1 or null", self.gpus_per_node)
@@ -185,7 +190,7 @@ class RooflineCost(CostModel):
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
                  topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False,
                  gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1, moe_routing: str = "random",
-                 weight_group_size: int = INT4_GROUP_SIZE):
+                 weight_group_size: int | None = None):
         model.check_tp(tp, "cost_model.tp")
         check_pipeline(model.num_layers, pp)
         _check_data_parallel(model, tp, data_parallel, expert_parallel)
@@ -221,6 +226,8 @@ class RooflineCost(CostModel):
             self.factors["moe_imbalance"] = moe_imbalance
             self.factors["expert_parallel"] = expert_parallel
             self.factors["moe_routing"] = moe_routing
+        if weight_group_size is None:
+            weight_group_size = model.int4_group
         if model.weight_dtype == "int4":
             self.factors["weight_group_size"] = weight_group_size
         self._expert_parallel = expert_parallel
@@ -246,6 +253,7 @@ class RooflineCost(CostModel):
         m, g, tp, b = self.model, self.gpu, self.tp, float(self.model.dtype_bytes)
         self._wb = wb = _weight_bytes(m, self._group_size)
         self._curve = gemm_curve(g, self._fp8) if gemm_eff == "auto" else None
+        self._tile = WEIGHT_ONLY_TILE if m.weight_dtype == "int4" else TILE  # Marlin's 16-row m-blocks
         self._lm_curve = gemm_curve(g) if gemm_eff == "auto" else None  # the LM head stays bf16
         self._gemm_rate = g.peak_flops(self._fp8) * (0.72 if gemm_eff == "auto" else gemm_eff)
         self._lm_rate = g.bf16_flops * (0.72 if gemm_eff == "auto" else gemm_eff)
@@ -378,11 +386,11 @@ class RooflineCost(CostModel):
 
     def _dense_gemm_seconds(self, tokens: float, shapes, gemms) -> float:
         if self._curve is not None:
-            curve, b = self._curve, float(self.model.dtype_bytes)
+            curve, b, tile = self._curve, float(self.model.dtype_bytes), self._tile
             wb = None if self._wb == b else self._wb
             gemm = 0.0
             for k, n in shapes:
-                gemm = gemm + curve.seconds(tokens, n, k, b, wb)
+                gemm = gemm + curve.seconds(tokens, n, k, b, wb, tile)
             return gemm
         gemm = 0.0
         for flops, weights, acts in gemms:
