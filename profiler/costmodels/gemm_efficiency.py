@@ -42,7 +42,10 @@ thread_m_blocks x 16 rows, 1 to 4 blocks (64 rows), more rows in parallel 64-row
 steps 16, 32, 48, 64, then 64 x par; the m16n8k16 mma.sync tile). So a decode of 8 sequences
 computes 16 rows, not 128, and stays weight-streaming up to the ridge (~55 rows on H100 at 0.52
 bytes a weight), as the MARLIN paper reports (Frantar et al., PPoPP 2025: near 4x over fp16 up to
-batch 16-32, less up to 64-128). Its compute fraction c and t0 are the bf16 fit's (no int4 table
+batch 16-32, less up to 64-128). Machete (vLLM's Hopper kernel for compressed-tensors W4A16;
+csrc/quantization/machete/generate.py @a0bba9bf09d7 default_heuristic) picks 16-, 32- or 64-row
+token tiles up to 64 rows and 32-256 beyond: the same 16 below 17 rows, at most one tile's
+padding apart above (not modelled). An int4 GEMM's compute fraction c and t0 are the bf16 fit's (no int4 table
 was fitted: an assumption; Marlin's mma.sync cannot reach Hopper's wgmma peak at large M, so int4
 prefill on H100/H200 is likely optimistic). bf16 and fp8 keep TILE, bit for bit.
 
