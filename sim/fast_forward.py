@@ -248,21 +248,25 @@ class _SteadySteps:
         self.history, self.computed, self.chunks = history, history + chunk, [chunk]
         self.left = prompt.prompt_len + prompt.num_output_tokens - self.computed  # after step 0
         self.prompt_blocks = prompt.num_blocks  # while it runs chunks
-        self.base: dict = {}  # decode row -> its step-0 context
-        self.held: dict = {}  # decode row -> blocks held when it became one
-        self.phases: list[list] = [[] for _ in range(self.kv.block_size)]  # (first crossing, last step)
+        decodes = [r for r in replica.state.running if r is not prompt]  # in the batch's order
+        self.base = dict(zip(decodes, shape.decode))  # decode row -> its step-0 context (step j reads + j)
+        self.held = {r: r.num_blocks for r in decodes}  # decode row -> blocks held when it became one
+        self.phases: dict[int, list] = {}  # step % block_size -> (first crossing, last step) of rows
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
+        block_size = self.kv.block_size
+        for req, context in self.base.items():  # _add_row(req, context, num_blocks, last, 0), inlined
+            last = req.output_len - req.num_output_tokens - 1
+            self.leaving.setdefault(last, []).append(req)
+            first = req.num_blocks * block_size - context + 1  # >= 1: step 0's blocks are held
+            if first <= last:
+                self.phases.setdefault(first % block_size, []).append((first, last))
         self.finish: dict = {}
-        running = replica.state.running
-        contexts = iter(shape.decode)
-        for req in running:
-            if req is not prompt:
-                self._add_row(req, next(contexts), req.num_blocks, req.output_len - req.num_output_tokens - 1, 0)
         self.free = self.kv.free_blocks
         self.ends = [end]
         self.sampled = None
         self.rows: list[tuple] = []  # steps 1..: ROW_COLUMNS
-        self._rebuild()
+        self.contexts = list(shape.decode)
+        self.total = sum(self.contexts)
         self._caught_up(0)
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
@@ -275,7 +279,7 @@ class _SteadySteps:
         if first <= after:
             first += (after - first) // block_size * block_size + block_size
         if first <= last:
-            self.phases[first % block_size].append((first, last))
+            self.phases.setdefault(first % block_size, []).append((first, last))
 
     def _rebuild(self) -> None:
         """The rows in running order (the batch's order), their contexts and sum."""
@@ -298,7 +302,7 @@ class _SteadySteps:
             if not (self.base or self.left) or (not before and not end < horizon):
                 break
             grow = 0
-            for first, last in phases[j % block_size]:
+            for first, last in phases.get(j % block_size, ()):
                 if first <= j <= last:
                     grow += 1
             if self.left:
