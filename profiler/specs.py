@@ -147,7 +147,7 @@ class ModelSpec:
             return self.hidden
         return self.weight_group_size or INT4_GROUP_SIZE
 
-    def _linear_bytes(self, linear: int) -> int:
+    def linear_weight_bytes(self, linear: int) -> int:
         """Bytes of `linear` quantised linear-layer weights: fp8 one each; int4 half a byte plus, per
         group, a 16-bit scale and a 4-bit zero point (0.5 + 2.5 / g bytes a weight, floored)."""
         if self.weight_dtype == "int4":
@@ -289,7 +289,7 @@ class ModelSpec:
         if self.weight_dtype not in ("fp8", "int4"):
             return self.params(tp) * self.weight_bits // 8
         linear, rest = self._param_parts(tp)
-        return self._linear_bytes(linear) + rest * 2
+        return self.linear_weight_bytes(linear) + rest * 2
 
     def stage_weight_bytes(self, tp: int, start: int, layers: int, first: bool, last: bool,
                            expert_share: int = 1) -> int:
@@ -310,7 +310,7 @@ class ModelSpec:
         rest = routers + norms + tables * self.vocab_per_gpu(tp) * self.hidden
         if self.weight_dtype not in ("fp8", "int4"):
             return (linear + rest) * self.weight_bits // 8
-        return self._linear_bytes(linear) + rest * 2
+        return self.linear_weight_bytes(linear) + rest * 2
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """KV-cache bytes one token occupies on one GPU, over all layers.

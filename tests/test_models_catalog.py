@@ -133,7 +133,7 @@ def test_fp8_halves_weight_and_kv_bytes():
     linear, rest = bf16._param_parts(1)
     assert bf16.weight_bytes() == 2 * (linear + rest)
     assert fp8.weight_bytes() == linear + 2 * rest  # embedding, LM head and norms stay 16-bit
-    assert int4.weight_bytes() == linear // 2 + 2 * rest
+    assert int4.weight_bytes() == linear * (8 * 128 + 40) // (16 * 128) + 2 * rest  # + a scale and zero per 128
     assert fp8.kv_bytes_per_token(4) * 2 == bf16.kv_bytes_per_token(4)
     h100 = gpu_spec("h100")
     blocks = kv_cache_blocks(fp8, h100, 4, 16, 0.9), kv_cache_blocks(bf16, h100, 4, 16, 0.9)

@@ -189,7 +189,7 @@ def weights_read(m, gpus: int, tokens: np.ndarray) -> np.ndarray:
         return np.full(len(tokens), whole)
     e, k = float(m.num_experts), float(m.experts_per_token)
     untouched = e * (1.0 - k / e) ** tokens
-    expert = m.expert_params(1) * m.weight_bits / 8.0
+    expert = float(m.linear_weight_bytes(m.expert_params(1)))  # int4: with its group scales, as weight_bytes counts
     return whole - m.num_moe_layers * untouched * expert
 
 
