@@ -123,7 +123,11 @@ class PipelinedReplica(Replica):
                 # left: an empty plan, or only evictions while batches are in flight. Then the room is held
                 # by requests the policy cannot pick (vLLM's victim may be in flight): wait for the oldest
                 # output instead of evicting a visible request for it, which can thrash (two requests
-                # preempting themselves in turn, each while the other is in flight)
+                # preempting themselves in turn, each while the other is in flight). A plan that evicts
+                # and also runs a batch is applied (discarding it would undo the policy's plan-time side
+                # effects: token-bucket debits, LoRA residency): splitfuse, which admits in a step that
+                # preempts, can still thrash that way under recompute pressure (tests/test_pipeline_chunks.py,
+                # the xfail case)
                 idle_until = plan.idle_until  # the policy waits for a time (a token bucket refills)
                 if plan.is_empty and idle_until is not None and (not self.in_flight
                                                                  or idle_until < self.in_flight[0].end):
@@ -167,19 +171,16 @@ class PipelinedReplica(Replica):
         (request, epoch, tokens) for each raised, for `_settle`."""
         if not self.chunk_pipelining or not self.ahead:
             return []
-        raised, shown, ahead, busy = [], [], self.ahead, self.busy
-        for req in self.state.running:
-            rid = req.id
-            entry = ahead.get(rid)
-            if entry is None or rid not in busy:
+        raised, shown, busy, by_id = [], [], self.busy, self.by_id
+        for rid, (epoch, tokens) in self.ahead.items():
+            req = by_id.get(rid)
+            if req is None or req.status != Status.RUNNING or rid not in busy:
                 continue
-            if entry[0] != req.epoch:
+            if epoch != req.epoch:
                 shown.append(rid)  # its batches in flight are stale: they complete nothing
-                continue
-            tokens = entry[1]
-            if req.num_computed_tokens + tokens < req.prompt_len + req.num_output_tokens:
+            elif req.num_computed_tokens + tokens < req.prompt_len + req.num_output_tokens:
                 req.num_computed_tokens += tokens
-                raised.append((req, req.epoch, tokens))
+                raised.append((req, epoch, tokens))
                 shown.append(rid)
         self.pipelined = frozenset(req.id for req, _, _ in raised)
         self.shown = frozenset(shown)

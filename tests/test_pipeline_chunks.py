@@ -108,3 +108,34 @@ def test_chunk_pipelining_happens_in_the_randomized_suite():
                          to_requests([(0.0, 120, 5, 0), (0.0, 40, 3, 0)]), max_model_len=MAX_MODEL_LEN)
     assert Checked.pipelined_launches > before
     assert all(r.status == Status.FINISHED and r.num_output_tokens == r.output_len for r in run.requests)
+
+
+THRASH = {  # found by the thorough hypothesis profile (test_invariants_hold_without_chunk_pipelining)
+    "policy": {"name": "splitfuse", "token_budget": 37, "max_num_seqs": 2, "min_chunk": 14},
+    "specs": [(5.172449689840924, 23, 17, 0), (1.4834684947236395e-65, 1, 1, 0), (1.4834684947236395e-65, 53, 37, 0),
+              (0.001, 102, 24, 0), (0.7022513250420752, 88, 16, 2), (0.7022513250420752, 88, 16, 2),
+              (5.172449689840924, 23, 17, 0)],
+    "engine": {"preemption": "recompute", "reserve_full_prompt": False, "block_size": 4, "watermark_blocks": 0,
+               "num_blocks": 34, "cost": {"type": "unit"}, "victim": "last_admitted"},
+}
+
+
+def thrash_run(loop):
+    with pipelined(2, loop):
+        return run_policy(THRASH["policy"], to_requests(THRASH["specs"]), max_model_len=MAX_MODEL_LEN,
+                          max_time=2000, **THRASH["engine"])
+
+
+def test_the_splitfuse_thrash_ends_with_chunk_pipelining():
+    run = thrash_run(Checked)
+    assert all(r.status == Status.FINISHED for r in run.requests)
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 11, before this change too): without chunk pipelining, splitfuse "
+                   "preempts the one visible request and admits a waiting one in the same plan while the other "
+                   "micro-batch flies; three long prompts take turns evicting each other forever (recompute). "
+                   "vLLM admits nothing in a step that preempts, and its victim may be in flight; the replica "
+                   "cannot discard such a plan without undoing the policy's plan-time side effects")
+def test_the_splitfuse_thrash_ends_without_chunk_pipelining():
+    run = thrash_run(Unpipelined)
+    assert all(r.status == Status.FINISHED for r in run.requests)
