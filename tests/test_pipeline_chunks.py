@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from cbsim.policies import make_policy
@@ -89,6 +89,8 @@ def test_a_lone_prompt_of_k_batches_takes_k_plus_p_minus_1_stage_times(policy, p
 @pytest.mark.slow
 @given(EVERY_POLICY, WORKLOADS, ENGINE, st.sampled_from([2, 4]))
 def test_invariants_hold_without_chunk_pipelining(policy, specs, engine, p):
+    # splitfuse under recompute can livelock without chunk pipelining (the strict xfail below pins it)
+    assume(not (policy["name"] == "splitfuse" and engine["preemption"] == "recompute"))
     before = Checked.pipelined_launches
     with tracing_queues(), pipelined(p, Unpipelined):
         run = run_policy(policy, to_requests(specs), trace=True, max_model_len=MAX_MODEL_LEN, **engine)
