@@ -18,7 +18,8 @@ output it waits for.
 
 A request in flight (the policy does not see it: it moves from the running list the policy reads to
 `state.in_flight`) keeps its KV blocks and cannot be a preemption victim, with one exception, chunk
-pipelining (on unless the replica's settings say `pp_chunk_pipelining: False`): a request whose
+pipelining (on unless the replica's settings have `pp_chunk_pipelining` False; read with getattr, as
+ReplicaSettings has no such field yet, so a YAML run always has it on): a request whose
 batches in flight carry only prompt chunks that leave part of its prompt uncomputed stays visible,
 and the policy sees it as if those chunks were done, so its next chunk goes into the next
 micro-batch. vLLM V1 advances `num_computed_tokens` when it schedules (`_update_after_schedule`:
