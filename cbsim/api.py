@@ -20,7 +20,7 @@ from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model as load
 from cbsim.profiler.costmodels.registry import engine_of
 from cbsim.profiler.kv_window import cache_window
-from cbsim.profiler.specs import model_spec
+from cbsim.profiler.specs import DEFAULT_MODEL, model_spec
 from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
 from cbsim.sim.kv_cache import KVCache
@@ -153,7 +153,7 @@ def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, ho
     return out
 
 
-def load_cost_model(mapping: dict, model="llama-3-8b"):
+def load_cost_model(mapping: dict, model=DEFAULT_MODEL):
     """The cost model a YAML `cost_model:` mapping describes, for asking step times in a notebook:
 
     >>> cost = load_cost_model({"type": "roofline", "gpu": "h100", "tp": 1})

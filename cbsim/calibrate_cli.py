@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import typer
 
+from cbsim.profiler.specs import DEFAULT_MODEL
 from cbsim.profiler.step_table import read_steps, step_row
 
 from .cli_errors import user_errors
@@ -125,7 +126,7 @@ def _from_steps(paths, cost_model: Path | None, names, engine) -> dict:
                           file=str(cost_model))
     steps, data, notes = read_step_tables(paths)
     try:
-        report = calibrate_steps(steps, base.get("model", "llama-3-8b"), base["cost_model"], names or DEFAULT_FIT,
+        report = calibrate_steps(steps, base.get("model", DEFAULT_MODEL), base["cost_model"], names or DEFAULT_FIT,
                                  engine)
     except ConfigError as err:
         raise err.in_file(str(cost_model)) if err.file is None and err.path.startswith(("cost_model", "model")) \

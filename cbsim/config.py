@@ -16,7 +16,7 @@ import yaml
 from .errors import ConfigError
 from .policies import make_policy
 from .profiler.costmodels import load_cost_model
-from .profiler.specs import model_spec
+from .profiler.specs import DEFAULT_MODEL, model_spec
 from .sim.metrics import MetricsConfig
 from .workloads import parse_workload
 from .workloads.config import check_lengths
@@ -252,7 +252,6 @@ class OutputConfig:
         require(self.dir is None or self.dir.strip() != "", "dir", "a folder path or null", self.dir)
 
 
-DEFAULT_MODEL = "llama-3-8b"  # the model of an experiment that names none (and of load_cost_model)
 
 
 @dataclass

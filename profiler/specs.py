@@ -21,6 +21,7 @@ from typing import Literal
 from cbsim.errors import ConfigError
 from cbsim.schema import option, parse, require
 
+DEFAULT_MODEL = "llama-3-8b"  # the model of an experiment (or a cost model, a calibration) that names none
 TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # beyond 8: across nodes (roofline gpus_per_node)
 GiB = 1 << 30
 

@@ -24,9 +24,9 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
     given = _roofline_only(cls, mapping, path)
     config = parse(cls.Config, {k: v for k, v in given.items() if k != "type"}, path)
     if model is None:
-        from cbsim.profiler.specs import model_spec
+        from cbsim.profiler.specs import DEFAULT_MODEL, model_spec
 
-        model = model_spec("llama-3-8b")
+        model = model_spec(DEFAULT_MODEL)
     try:
         return cls.from_config(config, model)
     except ConfigError as err:  # keys of the cost model's own section, named from the top
