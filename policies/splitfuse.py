@@ -51,6 +51,11 @@ class SplitFuse(Policy):
         self.fair = make_fair(config)
         self.steady_when_blocked = self.fair is None
 
+    def steady_chunks(self, state):
+        if self.fair is not None or self.dynamic is not None:  # the order or the piece changes with service
+            return None
+        return self.token_budget(state), None
+
     def never_runs(self, req, state) -> str:
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 
