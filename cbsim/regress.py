@@ -214,7 +214,7 @@ class Report:
 
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    mode: str = "worse"
+    mode: Literal["worse", "any"] = "worse"
 
     def fails(self, row: Row) -> bool:
         """Whether this row fails the check (improvements fail only in mode `any`)."""

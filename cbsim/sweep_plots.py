@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,8 @@ RATIO_SPAN = 0.01  # the paired-ratio axes show at least 1 +- this
 FLAT = 0.01  # a throughput range narrower than this (relative) is flat: no knee
 
 
+Band = Literal["minmax", "sd"]  # the band around a mean over seeds: min to max, or mean +- one sd
+
 def label(metric: str) -> str:
     """Axis label with unit for a summary metric (the column name when unknown)."""
     return LABELS.get(metric, metric)
@@ -55,7 +58,7 @@ def knob_series(table: pd.DataFrame, x: str | list[str]) -> pd.Series:
     return values.rename(" / ".join(columns))
 
 
-def seed_stats(table: pd.DataFrame, x: str | list[str], metric: str, hue: list[str], band: str = "minmax") -> pd.DataFrame:
+def seed_stats(table: pd.DataFrame, x: str | list[str], metric: str, hue: list[str], band: Band = "minmax") -> pd.DataFrame:
     """Per (hue..., knob): mean over seeds and the band [low, high] (min-max, or mean +- sd)."""
     ok = _hashable(table[table["status"] == "ok"].copy(), hue)
     ok["_knob"] = knob_series(ok, x)
@@ -78,7 +81,7 @@ def default_hue(table: pd.DataFrame, x: str | list[str]) -> list[str]:
 
 
 def plot_metrics(table: pd.DataFrame, x: str | list[str], metrics: list[str], *, hue: list[str] | None = None,
-                 band: str = "minmax", title: str | None = None, xlabel: str | None = None):
+                 band: Band = "minmax", title: str | None = None, xlabel: str | None = None):
     """One panel per metric vs the knob: a line per hue combination (mean over seeds) with error bars
     across seeds. `hue` defaults to the varying grid columns other than the knob; `xlabel` to the
     knob's columns."""
@@ -309,7 +312,7 @@ def _flat(values) -> bool:
 
 
 def write_sweep_plots(table: pd.DataFrame, out_dir: str | Path, x: str | list[str], metrics: list[str], *,
-                      band: str = "minmax", title: str | None = None) -> list[Path]:
+                      band: Band = "minmax", title: str | None = None) -> list[Path]:
     """Write metrics_vs_knob.png, paired_ratios.png and itl_vs_throughput.png into out_dir; return
     their paths."""
     out = Path(out_dir)

@@ -30,6 +30,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -68,7 +69,7 @@ def with_features(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     return out, mismatches
 
 
-def select_graph(frame: pd.DataFrame, graph: str) -> pd.DataFrame:
+def select_graph(frame: pd.DataFrame, graph: Literal["prefer", "eager"]) -> pd.DataFrame:
     """One row per batch: `prefer` takes the CUDA-graph row of a batch when there is one, `eager`
     only eager rows. Without a graph column every row is kept."""
     if "graph" not in frame.columns:
@@ -200,7 +201,7 @@ def noise_floor(frame: pd.DataFrame) -> dict:
 
 def fit_profile(frame: pd.DataFrame, metadata: dict, *, csv_path=None, num_layers: int | None = None,
                 tp: int | None = None, hidden: int | None = None, model: str | None = None,
-                gpu: str | None = None, step_overhead: float | None = None, graph: str = "prefer",
+                gpu: str | None = None, step_overhead: float | None = None, graph: Literal["prefer", "eager"] = "prefer",
                 folds: int = 5, network: str | None = None, allreduce_bandwidth: float | None = None,
                 allreduce_latency: float = 10e-6, min_rows: int = 8, tiles=DEFAULT_TILES) -> dict:
     """A `fitted` profile (a JSON-able dict) from measurements; see the module docstring."""

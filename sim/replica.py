@@ -34,7 +34,7 @@ from .preemption import make_recovery
 from .request import Request, Status
 from .roles import Colocated
 from .shape import StepShape
-from .state import SchedulerState
+from .state import SchedulerState, Victim
 
 
 class SchedulerStuck(RuntimeError):
@@ -44,7 +44,7 @@ class SchedulerStuck(RuntimeError):
 @dataclass(frozen=True)
 class ReplicaSettings:
     preemption_mode: Literal["recompute", "swap", "auto"] = "recompute"  # auto: per victim, the cheaper
-    victim: str = "last_admitted"
+    victim: Victim = "last_admitted"
     swap_bandwidth: float = 25e9  # bytes/s over the host link
     max_model_len: int = 8192
     fast_forward: bool = True

@@ -15,12 +15,14 @@ from .request import Request
 from .shape import StepShape
 
 
+Victim = Literal["last_admitted", "lowest_priority", "shortest_remaining", "lowest_cache_value"]  # policies/batch.py
+
+
 @dataclass(slots=True)
 class SchedulerState:
     kv: KVCache
     max_model_len: int
-    victim: Literal["last_admitted", "lowest_priority", "shortest_remaining",
-                    "lowest_cache_value"] = "last_admitted"
+    victim: Victim = "last_admitted"
     now: float = 0.0
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
