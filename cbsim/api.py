@@ -176,7 +176,7 @@ def build_replica_parts(cfg: ExperimentConfig):
         max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
         record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
         admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens,
-        **preemption_admission_settings(cfg))
+        pp_chunk_pipelining=cluster.pp_chunk_pipelining, **preemption_admission_settings(cfg))
 
     hash_block = None
     if kv_cfg.prefix_caching:

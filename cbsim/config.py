@@ -114,6 +114,10 @@ class ClusterConfig:
     tp: int | None = option(None, help="tensor-parallel degree for KV sizing; default: the cost model's tp or 1")
     max_model_len: int | None = option(None, help="longest prompt + output a request may have; default: the model's")
     kv_cache: KVCacheConfig = option(KVCacheConfig(), help="paged KV cache")
+    pp_chunk_pipelining: bool = option(True, help="with pipeline stages (cost_model.pp): a prompt's next chunk "
+                                       "joins the next micro-batch while its previous one is in flight, as vLLM V1 "
+                                       "(num_computed_tokens advanced at scheduling) and SGLang do; false: it waits "
+                                       "for the previous chunk's output, as early vLLM V1 (scheduled_req_ids)")
     mode: Literal["colocated", "pd"] = option("colocated", help="colocated: every replica runs prefill and "
                                               "decode; pd: prefill/decode disaggregation (prefill and decode "
                                               "pools joined by KV links; `replicas` is then unused)")

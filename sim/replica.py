@@ -66,6 +66,7 @@ class ReplicaSettings:
     step_cap: float | None = None  # TPOT slack: seconds a step may take while requests decode
     pd_backpressure: int | None = None  # P/D prefill side: pause admissions at this many awaiting decode room
     max_queued_requests: int | None = None  # overload: reject an arrival when this many wait (sim/admission.py)
+    pp_chunk_pipelining: bool = True  # pipeline stages: a prompt's next chunk joins the next micro-batch (sim/pipeline.py)
 
 
 class Replica:
