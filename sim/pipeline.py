@@ -18,9 +18,8 @@ output it waits for.
 
 A request in flight (the policy does not see it: it moves from the running list the policy reads to
 `state.in_flight`) keeps its KV blocks and cannot be a preemption victim, with one exception, chunk
-pipelining (on unless the replica's settings have `pp_chunk_pipelining` False; read with getattr, as
-ReplicaSettings has no such field yet, so a YAML run always has it on): a request whose
-batches in flight carry only prompt chunks that leave part of its prompt uncomputed stays visible,
+pipelining (ReplicaSettings.pp_chunk_pipelining, the YAML's cluster.pp_chunk_pipelining, default on):
+a request whose batches in flight carry only prompt chunks that leave part of its prompt uncomputed stays visible,
 and the policy sees it as if those chunks were done, so its next chunk goes into the next
 micro-batch. vLLM V1 advances `num_computed_tokens` when it schedules (`_update_after_schedule`:
 "allowing us to schedule the prefill request again immediately in the next scheduling step"; 00024d31
@@ -90,7 +89,7 @@ class PipelinedReplica(Replica):
         self.evicted = 0  # preemptions of plans that ran no batch, not yet counted in a step row
         super().__init__(*args, **kwargs)
         if chunk_pipelining is None:
-            chunk_pipelining = getattr(self.settings, "pp_chunk_pipelining", True)
+            chunk_pipelining = self.settings.pp_chunk_pipelining
         self.chunk_pipelining = chunk_pipelining
 
     @property

@@ -11,7 +11,6 @@ never schedules a request in flight; the setting is read from the replica's sett
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import assume, given
@@ -31,18 +30,11 @@ from factories import run_policy
 STAGE = 0.01  # seconds of one stage, every batch (Constant)
 
 
-@dataclass(frozen=True)
-class Settings(ReplicaSettings):
-    """ReplicaSettings with the replica's chunk pipelining switch (read by PipelinedReplica)."""
-
-    pp_chunk_pipelining: bool = True
-
-
 def one_request(policy: dict, prompt: int, output: int, stages: int, pipelining: bool):
     """One request alone on a replica of `stages` stages of STAGE seconds each; (request, steps, replica)."""
     req = Request(0, 0.0, prompt, output)
     recorder, pool = simulate([req], lambda: make_policy(policy), Constant(STAGE, stages),
-                              lambda: KVCache(10_000, 16), Settings(max_model_len=8192, pp_chunk_pipelining=pipelining))
+                              lambda: KVCache(10_000, 16), ReplicaSettings(max_model_len=8192, pp_chunk_pipelining=pipelining))
     assert req.status == Status.FINISHED
     return req, recorder.step_table(), pool[0]
 
@@ -67,7 +59,7 @@ def test_the_pipeline_bubble_closes_for_long_prompts():
     policy = {"name": "sarathi", "token_budget": 512, "max_num_seqs": 8}
     reqs = [Request(i, 0.0, 2048, 1) for i in range(4)]
     recorder, _ = simulate(reqs, lambda: make_policy(policy), Constant(STAGE, 4), lambda: KVCache(10_000, 16),
-                           Settings(max_model_len=4096))
+                           ReplicaSettings(max_model_len=4096))
     steps = recorder.step_table()
     assert len(steps["start"]) == 16  # 8,192 prompt tokens in chunks of 512, each sampling where it ends
     assert max(r.completion_time for r in reqs) == pytest.approx((16 + 4 - 1) * STAGE)
