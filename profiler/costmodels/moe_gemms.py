@@ -12,7 +12,10 @@ import math
 from typing import TYPE_CHECKING
 
 from ..specs import ModelSpec
+from .gemm_efficiency import TILE
 from .routing import UniformRouting
+
+MARLIN_BLOCKS_M = (8, 16, 32, 48, 64)  # fused_marlin_moe's row blocks, tried in this order (marlin_block_m)
 
 if TYPE_CHECKING:
     from .roofline import RooflineCost
@@ -43,10 +46,16 @@ class MoEGemms:
     row tiles (a fused-MoE kernel computes whole tiles per expert, spread over the SMs, so on one GPU
     the busiest expert gates nothing but its own padding), its rows and its touched experts' weights;
     `imbalance` then multiplies those tiles (the skew of a real router on top of chance). "mean" is
-    the rule above: every touched expert and GPU at the mean, the busiest expert at `imbalance` x mean."""
+    the rule above: every touched expert and GPU at the mean, the busiest expert at `imbalance` x mean.
+
+    Row tiles: a 16-bit or fp8 model's experts pad each expert's rows to TILE (128) rows. An int4
+    (weight-only) model's run in vLLM's fused_marlin_moe, which picks its row block per call from the
+    rows it is given (`marlin_block_m`): the tile of both routing modes is that block, chosen from the
+    step's routed rows on this GPU (every rank's tokens with data-parallel attention) and the experts
+    this GPU holds (E / GPUs under expert parallelism)."""
 
     def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False,
-                 data_parallel: int = 1, routing: str = "mean"):
+                 data_parallel: int = 1, routing: str = "mean", weight_only: bool = False):
         def gemms(shapes):  # ((in, out) shapes, (FLOPs per token, weight bytes, activation bytes per token))
             shapes = tuple((float(k), float(n)) for k, n in shapes)
             return shapes, tuple((2.0 * k * n, k * n * wb, (k + n) * b) for k, n in shapes)
@@ -58,6 +67,8 @@ class MoEGemms:
         self.ep = tp * data_parallel if expert_parallel else 1
         self.ranks = float(data_parallel)  # ranks whose tokens meet at the experts (data-parallel attention)
         self.routing = UniformRouting(m.num_experts, m.experts_per_token, self.ep)  # caches per token count
+        self._by_tile = {TILE: self.routing}  # one UniformRouting per row tile (its caches are per token count)
+        self.weight_only = weight_only
         self.random = routing == "random"
         self.experts = tuple((float(k), float(n)) for k, n in m.mlp_shapes(m.moe_intermediate, 1 if expert_parallel else tp))
         self.router = (float(m.hidden), float(m.num_experts))
@@ -74,6 +85,20 @@ class MoEGemms:
         if self.random:
             return self.routing.busiest_rank_experts(tokens)
         return self.routing.independent_busiest_experts(tokens)
+
+    def tile(self, routed_tokens: float) -> int:
+        """Rows of one expert's row tile at `routed_tokens` rows reaching this GPU's experts: TILE,
+        or for an int4 model fused_marlin_moe's block for those rows and this GPU's experts."""
+        if not self.weight_only:
+            return TILE
+        return marlin_block_m(routed_tokens, self.routing.top_k, self.routing.per_rank)
+
+    def routing_for(self, tile: int) -> UniformRouting:
+        """The routing statistics with `tile`-row tiles (one instance per tile, created on first use)."""
+        if tile not in self._by_tile:
+            r = self.routing
+            self._by_tile[tile] = UniformRouting(r.experts, r.top_k, r.ranks, tile)
+        return self._by_tile[tile]
 
     def layer_mean(self, cost: "RooflineCost", tokens: float) -> float:
         if tokens <= 0:
@@ -114,14 +139,27 @@ class MoEGemms:
             touched = groups
             groups = self.busiest_gpu_experts(routed_tokens)
             rows = groups * rows / touched
-        return sum(cost._grouped_seconds(groups, rows, busiest, k, n) for k, n in self.experts)
+        tile = self.tile(routed_tokens)
+        return sum(cost._grouped_seconds(groups, rows, busiest, k, n, tile) for k, n in self.experts)
 
     def _random_routed(self, cost: "RooflineCost", routed_tokens: float) -> float:
         """The routed experts under uniform random routing (routing "random"): the busiest GPU's expected
         rows, touched experts and padded tiles (x `imbalance`, at most every touched expert on every token)."""
-        r = self.routing
+        tile = self.tile(routed_tokens)
+        r = self.routing_for(tile)
         rows = r.busiest_rank_rows(routed_tokens)
         groups = r.busiest_rank_experts(routed_tokens)
-        cap = groups * math.ceil(routed_tokens / r.tile)
+        cap = groups * math.ceil(routed_tokens / tile)
         tiles = min(r.busiest_rank_tiles(routed_tokens) * self.imbalance, cap)
-        return sum(cost._routed_seconds(tiles, groups, rows, k, n) for k, n in self.experts)
+        return sum(cost._routed_seconds(tiles, groups, rows, k, n, tile) for k, n in self.experts)
+
+
+def marlin_block_m(rows: float, top_k: int, experts: int) -> int:
+    """The row block vLLM's fused_marlin_moe runs a call with: the first of 8, 16, 32, 48, 64 rows
+    with rows x top_k / experts / block < 0.9, else 64 (rows: hidden_states' rows on this GPU;
+    experts: the experts this GPU holds, w1.shape[0]). vllm-project/vllm
+    vllm/model_executor/layers/fused_moe/fused_marlin_moe.py @129ab7c60cbb, `fused_marlin_moe`."""
+    for block in MARLIN_BLOCKS_M:
+        if rows * top_k / experts / block < 0.9:
+            return block
+    return MARLIN_BLOCKS_M[-1]

@@ -22,7 +22,8 @@ Models beyond dense Llama (ModelSpec fields, read from config.json by hf_config.
   weights on a GPU with FP8 tensor cores (compute_dtype auto or fp8) their GEMMs run at the FP8 peak
   (same fitted fraction c: an assumption); int4 is weight-only (bf16 peak), its dense GEMMs pad rows
   to 16-row tiles as vLLM's Marlin kernels do (gemm_efficiency.WEIGHT_ONLY_TILE; bf16 and fp8 keep
-  128; the MoE experts' grouped GEMMs keep 128 too). int4 also reads, per group of g input weights,
+  128), its MoE experts' grouped GEMMs to fused_marlin_moe's 8-64-row block for the step's rows
+  (moe_gemms.marlin_block_m). int4 also reads, per group of g input weights,
   a 16-bit scale and a packed 4-bit zero point (vLLM's AWQ and GPTQ layouts, specs.py): 0.5 + 2.5 / g
   bytes a weight, 0.5195 at g = 128 (+3.9 %). g is `weight_group_size` when the cost model sets it
   (a what-if), else the model's (ModelSpec.weight_group_size, from config.json's
@@ -79,6 +80,7 @@ attention reaches ~0.2-0.3 of peak in Vidur's A100 profile and ~0.6 in FlashAtte
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -293,7 +295,7 @@ class RooflineCost(CostModel):
         self._step_overhead = float(step_overhead)
         if m.is_moe:
             self._moe = MoEGemms(m, tp, self._moe_imbalance, wb, b, self._expert_parallel, self.data_parallel,
-                                 self._moe_routing)
+                                 self._moe_routing, weight_only=m.weight_dtype == "int4")
         self._stages = _stage_layers(m, self._pipeline.layers if self._pipeline else (m.num_layers,))
         self._staged = self._pipeline is not None or self.data_parallel > 1
         if self.data_parallel > 1:  # per token and GPU: k copies dispatched, k combined (DeepEP low-latency)
@@ -397,9 +399,15 @@ class RooflineCost(CostModel):
             gemm = gemm + _max(flops * tokens / self._gemm_rate, (weights + acts * tokens) / self._bw)
         return gemm
 
-    def _grouped_seconds(self, groups: float, rows: float, busiest: float, k: float, n: float) -> float:
-        """A fused-MoE grouped GEMM: `groups` experts, `rows` token-expert rows, `busiest` per expert."""
+    def _grouped_seconds(self, groups: float, rows: float, busiest: float, k: float, n: float,
+                         tile: int = TILE) -> float:
+        """A fused-MoE grouped GEMM: `groups` experts, `rows` token-expert rows, `busiest` per expert,
+        padded to `tile`-row tiles on the curve (int4: fused_marlin_moe's block, moe_gemms.py)."""
         b = float(self.model.dtype_bytes)
+        if self._curve is not None and tile != TILE:
+            if rows <= 0 or groups <= 0:
+                return 0.0
+            return self._padded_grouped(groups * tile * math.ceil(busiest / tile), groups, rows, k, n)
         if self._curve is not None:
             return self._curve.grouped_seconds(groups, rows, n, k, b, self._wb, busiest)
         if rows <= 0:
@@ -407,18 +415,30 @@ class RooflineCost(CostModel):
         return _max(2.0 * groups * busiest * n * k / self._gemm_rate,
                     (groups * k * n * self._wb + rows * (k + n) * b) / self._bw)
 
-    def _routed_seconds(self, tiles: float, groups: float, rows: float, k: float, n: float) -> float:
-        """A fused-MoE grouped GEMM priced by its row tiles: compute on `tiles` whole TILE-row tiles,
-        memory the weights of `groups` experts and `rows` rows in and out (moe_routing random). The
-        curve charges groups x whole tiles each, so it is given `tiles` groups of one tile whose
-        weight bytes add up to the `groups` experts'."""
+    def _routed_seconds(self, tiles: float, groups: float, rows: float, k: float, n: float,
+                        tile: int = TILE) -> float:
+        """A fused-MoE grouped GEMM priced by its row tiles: compute on `tiles` whole `tile`-row tiles
+        (TILE; int4: fused_marlin_moe's block, moe_gemms.py), memory the weights of `groups` experts and
+        `rows` rows in and out (moe_routing random). The curve charges groups x whole tiles each, so it
+        is given `tiles` groups of one tile whose weight bytes add up to the `groups` experts'."""
         if rows <= 0:
             return 0.0
         b = float(self.model.dtype_bytes)
+        if self._curve is not None and tile != TILE:
+            return self._padded_grouped(tiles * tile, groups, rows, k, n)
         if self._curve is not None:
             return self._curve.grouped_seconds(tiles, rows, n, k, b, self._wb * groups / tiles, float(TILE))
-        return _max(2.0 * tiles * TILE * n * k / self._gemm_rate,
+        return _max(2.0 * tiles * tile * n * k / self._gemm_rate,
                     (groups * k * n * self._wb + rows * (k + n) * b) / self._bw)
+
+    def _padded_grouped(self, padded: float, groups: float, rows: float, k: float, n: float) -> float:
+        """A grouped GEMM on the curve computing `padded` rows in all (whole tiles of any height), reading
+        `groups` experts' weights and `rows` rows in and out. The curve pads to TILE-row tiles only, so it
+        is given padded / TILE groups of one TILE each, their weight bytes adding up to the `groups`
+        experts' (the same compute, memory and one fixed cost)."""
+        units = padded / TILE
+        return self._curve.grouped_seconds(units, rows, n, k, float(self.model.dtype_bytes),
+                                           self._wb * groups / units, float(TILE))
 
     def _bf16_gemm_seconds(self, rows: float, k: float, n: float) -> float:
         """A small 16-bit GEMM outside the quantised layers (the MoE router)."""
