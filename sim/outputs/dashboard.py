@@ -49,12 +49,13 @@ class PoolView:
     ttft: tuple  # (times, values) of the requests' first tokens
     itl: tuple  # (times, values, weights) of the token gaps on these replicas
     kv_capacity: int  # KV blocks over the pool's replicas
-    unit_tokens: float  # tokens one KV block (kv_blocks_used's unit) holds
+    unit_tokens: float  # tokens one KV block (kv_blocks_used's unit) holds: fewer for sliding-window units
     preemptions: pd.DataFrame
     extra_kv: tuple | None = None  # (label, enter, leave, blocks): KV held outside waiting/running
     prefix_hits: tuple | None = None  # (times, tokens)
     itl_title: str = "ITL"  # the prefill pool of a P/D run shows its hand-off times there instead
     tpot: tuple = (np.zeros(0), np.zeros(0))  # (completion times, TPOT) of the requests decoded here
+    block_size: int = 16  # tokens of an all-layer block (cluster.kv_cache.block_size)
 
 
 def write_dashboards(results, out_dir) -> list[Path]:
@@ -121,7 +122,8 @@ def whole_view(results) -> PoolView:
          "running": (req["first_scheduled"], end, None)},
         (req["arrival"], req["first_scheduled"], req["prompt_len"]), _first_token(req),
         _itl_on(results, replicas), _capacity(results, replicas), _unit_tokens(results),
-        results.preemptions, None, _prefix_hits(results.steps, req), tpot=_tpot(req))
+        results.preemptions, None, _prefix_hits(results.steps, req), tpot=_tpot(req),
+        block_size=results.config.cluster.kv_cache.block_size)
 
 
 def pool_view(results, pool: str) -> PoolView:
@@ -157,7 +159,7 @@ def pool_view(results, pool: str) -> PoolView:
     tpot = _tpot(req) if pool == "decode" else (np.zeros(0), np.zeros(0))  # no token gaps on the prefill pool
     return PoolView(f"{results.config.name}: {pool} pool ({_replicas(len(replicas))})", steps, levels, waiting, ttft,
                     itl, _capacity(results, replicas), _unit_tokens(results), preemptions,
-                    extra, _prefix_hits(steps, req), itl_title, tpot)
+                    extra, _prefix_hits(steps, req), itl_title, tpot, results.config.cluster.kv_cache.block_size)
 
 
 # ---------------------------------------------------------------- binning helpers
@@ -236,7 +238,7 @@ def _tokens_panel(ax, view, edges, x):
             label="waiting prompt tokens")
     if len(view.steps):
         ax.step(x, _per_bin_total(edges, view.steps, "kv_blocks_used") * view.unit_tokens, where="post",
-                color=COLORS["running"], label="KV tokens held (blocks used x block size)")
+                color=COLORS["running"], label="KV tokens held (blocks used x tokens a block)")
     ax.set_title("Tokens waiting / held")
     ax.set_ylabel("tokens")
 
@@ -303,7 +305,8 @@ def _kv_panel(ax, view, edges, x):
         ax.step(x, _level_mean(edges, enter, leave, blocks) * scale, where="post", color=COLORS["decode"],
                 label=f"{label} (time average)")
     peak = f"; peak used {np.nanmax(np.r_[used, 0]) * scale:.3g}%" if capacity else ""
-    ax.set_title(f"KV cache ({capacity:,} blocks{peak})" if capacity else "KV cache blocks")
+    unit = "" if view.unit_tokens == view.block_size else f" of {view.unit_tokens:g} tokens: sliding-window units"
+    ax.set_title(f"KV cache ({capacity:,} blocks{unit}{peak})" if capacity else "KV cache blocks")
     ax.set_ylabel("% of blocks" if capacity else "blocks")
     if capacity:
         ax.set_ylim(0, 105)
