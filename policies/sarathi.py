@@ -22,6 +22,10 @@ skipped and later prompts may start (vLLM V0 vllm/core/scheduler.py `_schedule_p
 the token budget stops ends the scan (V0: `AllocStatus.LATER: break`; V1: `allocate_slots` is None:
 `break`). `strict_fcfs: true` ends the scan at a prompt the limits hold back as well.
 
+No admission in a step that preempts: a running request short of KV preempts victims (BatchBuilder),
+and then no waiting request joins that step, as in vLLM V1 (scheduler.py `schedule()`, 00024d31: `if not
+preempted_reqs and ...:` before the waiting loop): the room a victim frees is not for a newcomer.
+
 Default token budget 8192: the max_num_batched_tokens seed 001 cites for vLLM V1 ("默认 8192"), which
 is V1's `vllm serve` default on GPUs with >= 70 GiB other than A100 (H100, H200, MI300:
 vllm/engine/arg_utils.py `get_batch_defaults`, UsageContext.OPENAI_API_SERVER: 8192); on an A100 or
@@ -129,11 +133,15 @@ class Sarathi(Policy):
         chunk = chunk_limit(self.dynamic, state)
         skip = not cfg.strict_fcfs
         continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
-        if fair is None:
+        if b.preempted:  # vLLM V1 schedules no waiting request in a step that preempts (`if not preempted_reqs:`)
+            pass
+        elif fair is None:
             admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
+        else:
+            fair.admit(b, state.waiting, lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk,
+                                                                            cap=most, skip_blocked=skip), cap)
+        if fair is None:
             return b.build()
-        fair.admit(b, state.waiting, lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk,
-                                                                        cap=most, skip_blocked=skip), cap)
         if held:
             fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
         return fair.track(b.build(), state)

@@ -71,8 +71,9 @@ class SplitFuse(Policy):
             fair.release(b, held)
         chunk = chunk_limit(self.dynamic, state)
         continue_prefills(b, others, chunk=chunk)
-        admit_fairly(fair, b, state.waiting, lambda reqs, most: admit_prefills(
-            b, reqs, min_chunk=self.config.min_chunk, chunk_size=chunk, cap=most))
+        if not b.preempted:  # no newcomer into the room a preemption made (as vLLM V1; MII never preempts)
+            admit_fairly(fair, b, state.waiting, lambda reqs, most: admit_prefills(
+                b, reqs, min_chunk=self.config.min_chunk, chunk_size=chunk, cap=most))
         if fair is None:
             return b.build()
         if held:

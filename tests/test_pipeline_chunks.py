@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cbsim.policies import make_policy
@@ -81,8 +81,6 @@ def test_a_lone_prompt_of_k_batches_takes_k_plus_p_minus_1_stage_times(policy, p
 @pytest.mark.slow
 @given(EVERY_POLICY, WORKLOADS, ENGINE, st.sampled_from([2, 4]))
 def test_invariants_hold_without_chunk_pipelining(policy, specs, engine, p):
-    # splitfuse under recompute can livelock without chunk pipelining (the strict xfail below pins it)
-    assume(not (policy["name"] == "splitfuse" and engine["preemption"] == "recompute"))
     before = Checked.pipelined_launches
     with tracing_queues(), pipelined(p, Unpipelined):
         run = run_policy(policy, to_requests(specs), trace=True, max_model_len=MAX_MODEL_LEN, **engine)
@@ -125,11 +123,9 @@ def test_the_splitfuse_thrash_ends_with_chunk_pipelining():
     assert all(r.status == Status.FINISHED for r in run.requests)
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 11, before this change too): without chunk pipelining, splitfuse "
-                   "preempts the one visible request and admits a waiting one in the same plan while the other "
-                   "micro-batch flies; three long prompts take turns evicting each other forever (recompute). "
-                   "vLLM admits nothing in a step that preempts, and its victim may be in flight; the replica "
-                   "cannot discard such a plan without undoing the policy's plan-time side effects")
 def test_the_splitfuse_thrash_ends_without_chunk_pipelining():
+    """It used to livelock: splitfuse preempted the one visible request and admitted a waiting one in the same
+    plan while the other micro-batch flew, and three long prompts took turns evicting each other forever.
+    splitfuse now admits nobody in a step that preempts, as vLLM V1 does (`if not preempted_reqs:`)."""
     run = thrash_run(Unpipelined)
     assert all(r.status == Status.FINISHED for r in run.requests)
