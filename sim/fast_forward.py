@@ -248,18 +248,13 @@ class _SteadySteps:
         self.history, self.computed, self.chunks = history, history + chunk, [chunk]
         self.left = prompt.prompt_len + prompt.num_output_tokens - self.computed  # after step 0
         self.prompt_blocks = prompt.num_blocks  # while it runs chunks
-        decodes = [r for r in replica.state.running if r is not prompt]  # in the batch's order
-        self.base = dict(zip(decodes, shape.decode))  # decode row -> its step-0 context (step j reads + j)
-        self.held = {r: r.num_blocks for r in decodes}  # decode row -> blocks held when it became one
+        self.base: dict = {}  # decode row -> its step-0 context (step j reads it + j), in the batch's order
+        self.held: dict = {}  # decode row -> blocks held when it became one
         self.phases: dict[int, list] = {}  # step % block_size -> (first crossing, last step) of rows
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
-        block_size = self.kv.block_size
-        for req, context in self.base.items():  # _add_row(req, context, num_blocks, last, 0), inlined
-            last = req.output_len - req.num_output_tokens - 1
-            self.leaving.setdefault(last, []).append(req)
-            first = req.num_blocks * block_size - context + 1  # >= 1: step 0's blocks are held
-            if first <= last:
-                self.phases.setdefault(first % block_size, []).append((first, last))
+        decodes = (r for r in replica.state.running if r is not prompt)
+        for req, context in zip(decodes, shape.decode):
+            self._add_row(req, context, req.num_blocks, req.output_len - req.num_output_tokens - 1, 0)
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]
@@ -305,6 +300,7 @@ class _SteadySteps:
             for first, last in phases.get(j % block_size, ()):
                 if first <= j <= last:
                     grow += 1
+            chunk = target = 0
             if self.left:
                 chunk = self.next_chunk()
                 target = -(-(self.computed + chunk) // block_size)
@@ -322,7 +318,7 @@ class _SteadySteps:
                 check_run("cost_model", end, np.array([seconds]), where=where())
             if before and not later < horizon:
                 break
-            self._take(j, grow)
+            self._take(j, grow, chunk, target)
             self.ends.append(later)
             end = later
             self._leave(j)
@@ -331,21 +327,23 @@ class _SteadySteps:
         return PromptRun(self.prompt, self.history, self.chunks, self.sampled, self.ends, self.finish, self.rows)
 
     def next_chunk(self) -> int:
-        room = self.budget - len(self.base)
+        """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""
+        room = self.budget - len(self.contexts)
         if self.cap is not None:
             room = min(room, self.cap)
         return min(self.left, room)
 
-    def _take(self, j: int, grow: int) -> None:
-        """Apply step j: blocks, the prompt's chunk (and its joining the decodes), the step's row."""
+    def _take(self, j: int, grow: int, chunk: int, target: int) -> None:
+        """Apply step j: blocks, the prompt's chunk (`target` blocks; and its joining the decodes), the
+        step's row."""
         self.free -= grow
         decodes = len(self.contexts)
         contexts = self.total + decodes * j
-        chunk = history = pairs = 0
-        if self.left:
-            chunk, history = self.next_chunk(), self.computed
+        history = pairs = 0
+        if chunk:
+            history = self.computed
             pairs = chunk * history + chunk * (chunk + 1) // 2
-            self.prompt_blocks = max(self.prompt_blocks, -(-(history + chunk) // self.kv.block_size))
+            self.prompt_blocks = max(self.prompt_blocks, target)
             self.chunks.append(chunk)
             self.computed += chunk
             self.left -= chunk

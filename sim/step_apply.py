@@ -199,29 +199,16 @@ def commit_run(replica, ends, extra, hold_finished: bool) -> None:
     step = replica.step
     recorder.set_end(step, float(ends[0]))
     last = recorder.num_steps + count - 2  # the run's last step (rows are appended below)
-    # per request: Recorder.token at this step then tokens_bulk over the rest, inlined (one pass)
-    close_run, grow, previous = recorder.close_run, kv.grow, replica.prev_step
+    grow, previous = kv.grow, replica.prev_step
     contexts = n  # the first step's decode contexts, summed
-    finished = False
     block_size = kv.block_size
     for req in running:
-        computed = req.num_computed_tokens
-        contexts += computed
-        if req.run_tokens and req.last_token_step == previous:
-            req.run_tokens += count
-        else:
-            close_run(req)
-            req.run_start_step = step
-            req.run_tokens = count
-        req.last_token_step = last
-        outputs = req.num_output_tokens + count
-        req.num_output_tokens = outputs
-        req.num_computed_tokens = computed + count
-        blocks = -(-(computed + count) // block_size)  # for its last step's context, computed + count
+        contexts += req.num_computed_tokens
+        _decode_tokens(recorder, req, count, step, last, previous)
+        blocks = -(-req.num_computed_tokens // block_size)  # for its last step's context
         if blocks > req.num_blocks:
             grow(req, blocks)
-        if outputs >= req.output_len:
-            finished = True
+    finished = any(req.num_output_tokens >= req.output_len for req in running)
     if isinstance(ends, list):  # a short run (fast_forward.scalar_run): plain lists, appended as they are
         used = [used + e for e in extra[1:]]
         decode_contexts = [contexts + n * j for j in range(1, count)]
@@ -260,7 +247,8 @@ def commit_prompt_run(replica, run) -> None:
     previous = replica.prev_step
     for req in replica.state.running:
         if req is not prompt:
-            _decode_tokens(recorder, req, finish.get(req, count - 1) + 1, step, row, previous)
+            tokens = finish.get(req, count - 1) + 1
+            _decode_tokens(recorder, req, tokens, step, row(tokens - 1), previous)
     _commit_prompt(recorder, run, row)
     recorder.add_steps(replica=replica.index, start=ends[:-1], end=ends[1:], padding_tokens=0, preemptions=0,
                        swap_bytes=0.0, **run.columns())
@@ -278,15 +266,16 @@ def commit_prompt_run(replica, run) -> None:
             kv.grow(req, blocks)
 
 
-def _decode_tokens(recorder, req: Request, tokens: int, step: int, row, previous: int) -> None:
-    """`req`, a decode at the run's step 0, produced a token in each of its first `tokens` steps."""
+def _decode_tokens(recorder, req: Request, tokens: int, step: int, last: int, previous: int) -> None:
+    """`req`, a decode at a run's first step (`step`), produced a token in each of its first `tokens`
+    steps, the last of them `last`; its token run goes on if its last token was in `previous`."""
     if req.run_tokens and req.last_token_step == previous:
         req.run_tokens += tokens
     else:
         recorder.close_run(req)
         req.run_start_step = step
         req.run_tokens = tokens
-    req.last_token_step = row(tokens - 1)
+    req.last_token_step = last
     req.num_output_tokens += tokens
     req.num_computed_tokens += tokens
 
