@@ -45,25 +45,17 @@ def test_overload_state_enters_at_enter_and_leaves_only_at_exit():
     assert plain[10].status == Status.FINISHED
 
 
-def test_overload_by_queued_prompt_tokens():
+@pytest.mark.parametrize("overload, reason", [
+    ({"enter_queued_tokens": 200, "exit_queued_tokens": 0}, "200 prompt tokens queued"),
+    # unit cost: a full 100-token chunk takes 1 s, so 200 queued prompt tokens predict 2 s
+    ({"enter_predicted_ttft": 2.0, "exit_predicted_ttft": 0.5}, "2 s to prefill"),
+])
+def test_overload_by_queued_prompt_tokens_or_their_predicted_ttft(overload, reason):
     reqs = staggered([0.0, 0.1, 0.2, 0.3, 3.5], prompt=100)
-    policy = {"name": "sarathi", "token_budget": 100,
-              "overload": {"enter_queued_tokens": 200, "exit_queued_tokens": 0}}
-    run_policy(policy, reqs)
+    run_policy({"name": "sarathi", "token_budget": 100, "overload": overload}, reqs)
     assert [r.status for r in reqs] == [Status.FINISHED, Status.FINISHED, Status.FINISHED, Status.REJECTED,
                                         Status.FINISHED]
-    assert "200 prompt tokens queued" in reqs[3].reject_reason
-
-
-def test_overload_by_predicted_ttft_of_the_queue():
-    """Unit cost: a full 100-token chunk takes 1 s, so 200 queued prompt tokens predict 2 s."""
-    reqs = staggered([0.0, 0.1, 0.2, 0.3, 3.5], prompt=100)
-    policy = {"name": "sarathi", "token_budget": 100,
-              "overload": {"enter_predicted_ttft": 2.0, "exit_predicted_ttft": 0.5}}
-    run_policy(policy, reqs)
-    assert [r.status for r in reqs] == [Status.FINISHED, Status.FINISHED, Status.FINISHED, Status.REJECTED,
-                                        Status.FINISHED]
-    assert "2 s to prefill" in reqs[3].reject_reason
+    assert reason in reqs[3].reject_reason
 
 
 def test_tenant_quota_caps_requests_in_flight_and_other_tenants_pass():
