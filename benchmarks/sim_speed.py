@@ -34,7 +34,7 @@ from cbsim.profiler.specs import model_spec
 from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.metrics import MetricsConfig, itl_distribution, request_frame, step_frame, summarize
 from cbsim.sim.replica import ReplicaSettings
-from cbsim.sim.request import Request
+from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
 
 TRACE = "vidur/data/processed_traces/splitwise_conv.csv"
@@ -46,8 +46,9 @@ def data_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def make_requests(n: int, seed: int, max_tokens: int) -> list[Request]:
-    """Pairs drawn with replacement from the trace rows that fit max_tokens (as Vidur filters)."""
+def make_requests(n: int, seed: int, max_tokens: int) -> RequestTable:
+    """Pairs drawn with replacement from the trace rows that fit max_tokens (as Vidur filters), as
+    columns: a Request object exists only while its request is in the system (sim/request_table.py)."""
     frame = pd.read_csv(data_root() / TRACE)
     frame = frame[frame["num_prefill_tokens"] + frame["num_decode_tokens"] <= max_tokens]
     rng = np.random.default_rng(seed)
@@ -55,7 +56,7 @@ def make_requests(n: int, seed: int, max_tokens: int) -> list[Request]:
     prompts = frame["num_prefill_tokens"].to_numpy()[rows]
     outputs = np.maximum(frame["num_decode_tokens"].to_numpy()[rows], 1)
     arrivals = np.cumsum(rng.exponential(1.0, size=n))
-    return [Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
+    return RequestTable(arrivals, prompts, outputs)
 
 
 def vidur_slots(model, tp: int, memory_gib: float = 80.0, margin: float = 0.1, max_request_tokens: int = 4096) -> int:

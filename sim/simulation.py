@@ -20,6 +20,7 @@ from .metrics.recorder import Recorder
 from .pipeline import make_replica
 from .replica import Replica, ReplicaSettings
 from .request import Request
+from .request_table import RequestTable
 from .router import ROUTERS
 
 
@@ -35,20 +36,23 @@ class ArrivalFeed:
     def __init__(self, env, requests: Sequence[Request]):
         self.env = env
         self.requests = requests
+        table = isinstance(requests, RequestTable)  # sim/request_table.py: objects made as requests arrive
+        self.retire = requests.retire_done if table else None
+        self.take = requests.arrive if table else requests.__getitem__
         self.index = 0
+        self.next_time = self.take(0).arrival if len(requests) else math.inf  # the next arrival (inf: none left)
         self.router = None
         self.on_done = lambda: None
 
-    @property
-    def next_time(self) -> float:
-        return self.requests[self.index].arrival if self.index < len(self.requests) else math.inf
-
     def deliver_until(self, time: float) -> None:
         requests = self.requests
-        while self.index < len(requests) and requests[self.index].arrival <= time:
-            req = requests[self.index]
+        while self.next_time <= time:
+            req = self.take(self.index)
             self.index += 1
+            self.next_time = self.take(self.index).arrival if self.index < len(requests) else math.inf
             self.router.route(req).enqueue(req)
+        if self.retire is not None:
+            self.retire()
         if self.index == len(requests):
             self.on_done()
 
@@ -72,6 +76,8 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     `clients`: a workloads.clients.ClientPlan (timeouts, closed-loop clients); None: open loop.
     A cost model with `pipeline_stages` P > 1 gets pipelined replicas (sim/pipeline.py).
     (P/D clusters: sim/pd.py, simulate_pd.)"""
+    if isinstance(requests, RequestTable) and clients is not None:
+        raise ValueError("closed-loop clients and client timeouts need the requests as a list, not a RequestTable")
     env = simpy.Environment()
     recorder = Recorder()
     feed = (clients and clients.feed(env, requests)) or ArrivalFeed(env, requests)
@@ -84,6 +90,8 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves
         feed.attach(pool)
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
+    if isinstance(requests, RequestTable):
+        requests.retire_done(force=True)
     return recorder, pool
 
 

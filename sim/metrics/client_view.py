@@ -21,6 +21,7 @@ import pandas as pd
 from .metrics_config import MetricsConfig
 from .request_metrics import meets_slo
 from .step_order import LocalOrder
+from ..request_table import request_column
 
 
 def frontend_delays(prompt_len: np.ndarray, terms) -> np.ndarray:
@@ -61,8 +62,8 @@ def lag_shift(local: LocalOrder, starts: np.ndarray, step_ids: np.ndarray, lag: 
 def client_view(frame: pd.DataFrame, steps: pd.DataFrame, requests, client_arrival: np.ndarray, terms,
                 config: MetricsConfig) -> pd.DataFrame:
     """The per-request table (rows in `requests` order) as the client sees it."""
-    first_step = np.fromiter((r.first_token_step for r in requests), np.int64, len(requests))
-    last_step = np.fromiter((r.last_token_step for r in requests), np.int64, len(requests))
+    first_step = request_column(requests, "first_token_step", np.int64)
+    last_step = request_column(requests, "last_token_step", np.int64)
     first_out = last_out = terms.stream_s
     if terms.output_lag_steps > 0 and len(steps):
         local = LocalOrder.of(steps)

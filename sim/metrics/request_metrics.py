@@ -11,12 +11,12 @@ import pandas as pd
 from .metrics_config import MetricsConfig, SLOConfig
 from .recorder import Recorder
 from ..request import Request, Status
+from ..request_table import RequestTable, request_column
 from .step_order import LocalOrder
 from .token_runs import TokenRuns, in_run_max, run_arrays, token_runs
 
 
-def _column(requests: list[Request], name: str, dtype) -> np.ndarray:
-    return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
+_column = request_column
 
 
 def _per_request_runs(ids: np.ndarray, local: LocalOrder, runs: TokenRuns):
@@ -66,8 +66,8 @@ def _dec_at_p(requests: list[Request], local: LocalOrder, short_decodes: np.ndar
     """
     out = np.full(len(long_mask), np.nan)
     rows = np.flatnonzero(long_mask)
-    a = np.fromiter((requests[i].first_scheduled_step for i in rows), dtype=np.int64, count=len(rows))
-    b = np.fromiter((requests[i].first_token_step for i in rows), dtype=np.int64, count=len(rows))
+    a = request_column(requests, "first_scheduled_step", np.int64)[rows]
+    b = request_column(requests, "first_token_step", np.int64)[rows]
     ok = (a >= 0) & (b >= a)
     rows, a, b = rows[ok], a[ok], b[ok]
     if len(rows):
@@ -133,7 +133,7 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
     The frame holds the column arrays built here without copying them (no consolidation).
     """
     config = config or MetricsConfig()
-    requests = list(requests)
+    requests = requests if isinstance(requests, RequestTable) else list(requests)
     ids = _column(requests, "id", np.int64)
     local = LocalOrder.of(steps)
     runs = token_runs(local, run_arrays(recorder, requests))
@@ -163,10 +163,11 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
         "itl_max": itl_max, "num_preemptions": _column(requests, "num_preemptions", np.int64), "is_long": long_mask,
         "dec_at_p": _dec_at_p(requests, local, short_decodes, long_mask),
         "short_p": _short_p(arrival, completion, finished, long_mask, rejected),
-        "reject_reason": [r.reject_reason for r in requests],
+        "reject_reason": _column(requests, "reject_reason", object),
     }, copy=False)
     frame["meets_slo"] = meets_slo(frame, config.slo)
-    for name in ("tenant", "adapter"):  # only where some request has one: other tables stay as they were
+    labelled = () if isinstance(requests, RequestTable) else ("tenant", "adapter")  # a table has neither
+    for name in labelled:  # only where some request has one: other tables stay as they were
         labels = [getattr(r, name) for r in requests]
         if any(v is not None for v in labels):
             frame[name] = pd.Series(labels, dtype=object)

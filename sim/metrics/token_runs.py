@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .recorder import Recorder
+from ..request_table import RequestTable
 from .step_order import LocalOrder, index_dtype, step_frame
 
 
@@ -31,10 +32,16 @@ class TokenRuns:
 def run_arrays(recorder: Recorder, requests=()) -> dict[str, np.ndarray]:
     """The recorder's closed runs plus the still-open run of each request (a run cut short)."""
     table = recorder.run_table()
-    open_runs = [(r.id, r.run_start_step, r.last_token_step, r.run_tokens) for r in requests if r.run_tokens > 0]
-    if not open_runs:
+    if isinstance(requests, RequestTable):
+        tokens = requests.column("run_tokens")
+        rows = np.flatnonzero(tokens > 0)
+        extra = np.column_stack([requests.column(name)[rows].astype(np.int64)
+                                 for name in ("id", "run_start_step", "last_token_step", "run_tokens")])
+    else:
+        open_runs = [(r.id, r.run_start_step, r.last_token_step, r.run_tokens) for r in requests if r.run_tokens > 0]
+        extra = np.array(open_runs, dtype=np.int64).reshape(-1, 4)
+    if not len(extra):
         return table
-    extra = np.array(open_runs, dtype=np.int64).reshape(-1, 4)
     return {name: np.concatenate([table[name], extra[:, j]])
             for j, name in enumerate(("request_id", "first_step", "last_step", "tokens"))}
 

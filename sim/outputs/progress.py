@@ -56,6 +56,7 @@ class Progress:
             step = min(max(step * min(4.0, max(0.25, self.check / max(now - last, 1e-9))), MIN_STEP), MAX_STEP)
             last = now
             if now >= self.next_line:
-                finished = sum(1 for r in requests if r.status >= Status.FINISHED)
+                finished = (requests.done_count() if hasattr(requests, "done_count")  # a RequestTable
+                            else sum(1 for r in requests if r.status >= Status.FINISHED))
                 self.say(f"simulated {env.now:,.1f} s; {finished:,}/{len(requests):,} requests done "
                          f"({feed.index:,} arrived)")
