@@ -229,7 +229,7 @@ class PipelinedReplica(Replica):
         """Apply the plan's start half and send the batch down the pipeline."""
         shape, swap_bytes = self.begin(plan, now)
         if self.evicted:
-            self.recorder.columns["preemptions"].set(self.step, len(plan.preempted) + self.evicted)
+            self.recorder.set_preemptions(self.step, len(plan.preempted) + self.evicted)
             self.evicted = 0
         # one stage's seconds; the first stage also pays the side work and waits for the swap-ins
         seconds, first = self._priced(plan, shape, swap_bytes, now)
@@ -240,7 +240,7 @@ class PipelinedReplica(Replica):
             last_start = max(t, free[s])
             t = last_start + seconds
             free[s] = t
-        self.recorder.columns["start"].set(self.step, last_start)  # the row: its pass through the last stage
+        self.recorder.set_start(self.step, last_start)  # the row: its pass through the last stage
         members = (*plan.scheduled, *plan.padding)
         self.busy.update(members)  # (Counter.update adds one per member)
         self._track(plan)

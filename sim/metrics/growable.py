@@ -3,6 +3,7 @@ zero-copy numpy view at the end. Compact: 8 bytes a value at most, never a Pytho
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 
 import numpy as np
 
@@ -38,3 +39,49 @@ class Column:
 
     def __len__(self) -> int:
         return len(self.data)
+
+
+class SparseColumn:
+    """A growable column that is mostly zero: the rows where it is not (ascending) and their values.
+    12-16 bytes a non-zero row, nothing for a zero one; `dense(n)` gives the n-row numpy column."""
+
+    __slots__ = ("dtype", "rows", "values", "keep_zeros")
+
+    def __init__(self, dtype, keep_zeros: bool = False):
+        self.dtype = np.dtype(dtype)
+        self.rows = array("q")
+        self.values = array(TYPECODES[self.dtype])
+        self.keep_zeros = keep_zeros  # keep every row put, zeros too (a column of exceptions)
+
+    def put(self, row: int, value) -> None:
+        """Row `row`'s value, for a row after every row put so far."""
+        if value or self.keep_zeros:
+            self.rows.append(row)
+            self.values.append(value)
+
+    def put_many(self, first: int, values) -> None:
+        """Rows first, first + 1, ...: `values` (a list or numpy array), after every row put so far."""
+        values = np.asarray(values, dtype=self.dtype)
+        nonzero = np.flatnonzero(values)
+        if len(nonzero):
+            self.rows.frombytes((nonzero + first).astype(np.int64).tobytes())
+            self.values.frombytes(values[nonzero].tobytes())
+
+    def set(self, row: int, value) -> None:
+        """Row `row`'s value, whichever row it is (a later row, or one put before: found by bisection)."""
+        rows = self.rows
+        k = bisect_left(rows, row)
+        if k < len(rows) and rows[k] == row:
+            self.values[k] = value  # a zero kept as a stored zero: dense() reads the same
+        elif value or self.keep_zeros:
+            rows.insert(k, row)
+            self.values.insert(k, value)
+
+    def scatter(self, out: np.ndarray) -> np.ndarray:
+        """`out` with the kept rows' values written over it."""
+        if len(self.rows):
+            out[np.frombuffer(self.rows, dtype=np.int64)] = np.frombuffer(self.values, dtype=self.dtype)
+        return out
+
+    def dense(self, n: int) -> np.ndarray:
+        return self.scatter(np.zeros(n, dtype=self.dtype))

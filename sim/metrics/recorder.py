@@ -18,14 +18,15 @@ integers; a prefill row (c, h) has c * h + c * (c + 1) / 2 pairs.
 """
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
 
-from .growable import Column
+from .growable import Column, SparseColumn
 from ..request import Request
 
-STEP_COLUMNS = {  # compact types: ~68 bytes a step
+STEP_COLUMNS = {  # the step table's columns and types, in order
     "replica": np.int16,
     "start": np.float64,
     "end": np.float64,
@@ -41,13 +42,26 @@ STEP_COLUMNS = {  # compact types: ~68 bytes a step
     "prefill_attention_pairs": np.int64,  # sum of c * h + c * (c + 1) / 2 over prefill rows
 }
 AGGREGATES = ("decode_context_tokens", "prefill_history_tokens", "prefill_attention_pairs")  # 0 unless given
+# kept as the rows where they are not zero (prefill, padding, preemptions and swaps are in few steps)
+SPARSE = ("padding_tokens", "preemptions", "swap_bytes", "prefill_history_tokens", "prefill_attention_pairs")
+DENSE = tuple(name for name in STEP_COLUMNS if name not in SPARSE and name != "start")  # 34 bytes a step
 
 
 class Recorder:
+    """Steps are kept compactly (~36 bytes a step): the dense columns, the mostly-zero ones as their
+    non-zero rows (SparseColumn), and a step's start only where it is not the end of its replica's
+    previous step (a replica busy step after step starts each when the last ends); `step_table`
+    gives every column whole."""
+
     def __init__(self):
-        self.columns = {name: Column(dtype) for name, dtype in STEP_COLUMNS.items()}
-        self._appends = [column.data.append for column in self.columns.values()]  # in STEP_COLUMNS order
-        self._start = self.columns["start"].data
+        self.dense = {name: Column(STEP_COLUMNS[name]) for name in DENSE}
+        self.sparse = {name: SparseColumn(STEP_COLUMNS[name]) for name in SPARSE}
+        self._appends = [column.data.append for column in self.dense.values()]  # in DENSE order
+        self._puts = [column.put for column in self.sparse.values()]  # in SPARSE order
+        self._end = self.dense["end"].data
+        self._replica = self.dense["replica"].data
+        self._starts = SparseColumn(np.float64, keep_zeros=True)  # row -> start, where not the previous end
+        self._last = {}  # replica -> its latest row
         self.run_request = array("q")
         self.run_first_step = array("q")
         self.run_last_step = array("q")
@@ -55,30 +69,53 @@ class Recorder:
 
     @property
     def num_steps(self) -> int:
-        return len(self._start)
+        return len(self._end)
 
     def add_step(self, replica: int, start: float, end: float, prefill_tokens: int, decode_tokens: int,
                  padding_tokens: int, num_seqs: int, kv_blocks_used: int, preemptions: int,
                  swap_bytes: float, decode_context_tokens: int = 0, prefill_history_tokens: int = 0,
                  prefill_attention_pairs: int = 0) -> int:
         """Append one step row; returns its global step index (called once per simulated step)."""
-        index = len(self._start)
-        a = self._appends  # in STEP_COLUMNS order; spelled out, this runs once per step
-        a[0](replica), a[1](start), a[2](end), a[3](prefill_tokens), a[4](decode_tokens)
-        a[5](padding_tokens), a[6](num_seqs), a[7](kv_blocks_used), a[8](preemptions), a[9](swap_bytes)
-        a[10](decode_context_tokens), a[11](prefill_history_tokens), a[12](prefill_attention_pairs)
+        index = len(self._end)
+        self._start_at(index, replica, start)
+        a = self._appends  # in DENSE order; spelled out, this runs once per step
+        a[0](replica), a[1](end), a[2](prefill_tokens), a[3](decode_tokens), a[4](num_seqs), a[5](kv_blocks_used)
+        a[6](decode_context_tokens)
+        p = self._puts  # in SPARSE order
+        p[0](index, padding_tokens), p[1](index, preemptions), p[2](index, swap_bytes)
+        p[3](index, prefill_history_tokens), p[4](index, prefill_attention_pairs)
         return index
+
+    def _start_at(self, index: int, replica: int, start: float) -> None:
+        """Row `index` of `replica` starts at `start`: kept only where that is not its previous row's end.
+        A row's end is written once (NaN until set_end), so an end read here is final: a start read
+        from it later is the same float."""
+        previous = self._last.get(replica)
+        if previous is None or not start == self._end[previous]:
+            self._starts.put(index, start)
+        self._last[replica] = index
 
     def set_end(self, step: int, end: float) -> None:
         """Close a step row opened at the step's start (its end is known only when it finishes)."""
-        self.columns["end"].set(step, end)
+        if not math.isnan(self._end[step]):
+            raise RuntimeError(f"step {step} was closed twice")
+        self._end[step] = end
+
+    def set_start(self, step: int, start: float) -> None:
+        """Move the start of the row just added (a pipelined batch's pass through its last stage)."""
+        self._starts.set(step, start)
+
+    def set_preemptions(self, step: int, count: int) -> None:
+        self.sparse["preemptions"].set(step, count)
 
     def add_steps(self, **rows) -> int:
-        """Append many step rows at once (scalars broadcast; an aggregate left out is 0); returns the
-        first new index."""
-        first = len(self._start)
+        """Append many step rows of one replica at once (scalars broadcast; an aggregate left out is 0);
+        returns the first new index."""
+        first = len(self._end)
         count = len(rows["start"])
-        for name, column in self.columns.items():  # once per fast-forwarded run: the columns' arrays directly
+        if not count:
+            return first
+        for name, column in self.dense.items():  # once per fast-forwarded run: the columns' arrays directly
             value = rows.get(name, 0) if name in AGGREGATES else rows[name]
             if isinstance(value, list):
                 column.data.extend(value)
@@ -86,7 +123,28 @@ class Recorder:
                 column.extend(value)
             else:
                 column.data.extend([value] * count)
+        for name, column in self.sparse.items():
+            value = rows.get(name, 0) if name in AGGREGATES else rows[name]
+            if isinstance(value, (list, np.ndarray)):
+                column.put_many(first, value)
+            elif value:
+                column.put_many(first, [value] * count)
+        self._starts_of(first, rows["replica"], rows["start"], rows["end"])
         return first
+
+    def _starts_of(self, first: int, replica, start, end) -> None:
+        """The starts of rows first.. (appended already), kept where they are not the previous end."""
+        if not np.isscalar(replica):  # rows of several replicas (a test's table): row by row
+            for k, (r, s) in enumerate(zip(np.asarray(replica).tolist(), np.asarray(start).tolist())):
+                self._start_at(first + k, r, s)
+            return
+        count = len(start)
+        self._start_at(first, replica, start[0])
+        later = (np.flatnonzero(start[1:] != end[:-1]) + 1).tolist() if isinstance(start, np.ndarray) else \
+            [k for k in range(1, count) if not start[k] == end[k - 1]]  # none so far: a run's rows abut
+        for k in later:
+            self._starts.put(first + k, start[k])
+        self._last[replica] = first + count - 1
 
     def token(self, req: Request, step: int, previous_step: int) -> None:
         """Note that `req` produced one token in `step`; `previous_step` is its replica's last step."""
@@ -116,7 +174,23 @@ class Recorder:
             req.run_tokens = 0
 
     def step_table(self) -> dict[str, np.ndarray]:
-        return {name: column.array() for name, column in self.columns.items()}
+        """Every column whole, in STEP_COLUMNS order (dense ones are views of the recorder's buffers)."""
+        n = self.num_steps
+        table = {name: column.array() for name, column in self.dense.items()}
+        table.update((name, column.dense(n)) for name, column in self.sparse.items())
+        table["start"] = self._start_column(table["end"], table["replica"])
+        return {name: table[name] for name in STEP_COLUMNS}
+
+    def _start_column(self, end: np.ndarray, replica: np.ndarray) -> np.ndarray:
+        """Each row's start: the one kept, or the end of its replica's previous row."""
+        n = len(end)
+        start = np.empty(n, dtype=np.float64)
+        if n and (replica == replica[0]).all():
+            start[1:] = end[:-1]
+        elif n:
+            order = np.argsort(replica, kind="stable")  # each replica's rows, in order
+            start[order[1:]] = end[order[:-1]]  # (a replica's first row has a kept start)
+        return self._starts.scatter(start)
 
     def run_table(self) -> dict[str, np.ndarray]:
         return {
