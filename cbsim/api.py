@@ -101,7 +101,7 @@ class Results:
             if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
                 continue
             if "parquet" in cfg.output.formats:
-                frame.to_parquet(path(f"{name}.parquet"), index=False, compression="zstd")
+                metrics.densified(frame).to_parquet(path(f"{name}.parquet"), index=False, compression="zstd")
             if "csv" in cfg.output.formats:
                 frame.to_csv(path(f"{name}.csv"), index=False)
         path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import cbsim.cli
 import cbsim.sweep_cli
+from cbsim.sim.metrics import densified
 from cbsim.api import run_experiment
 from cbsim.cli import app
 from cbsim.sim.outputs.progress import Progress
@@ -58,7 +59,8 @@ def test_default_run_writes_parquet_and_no_csv_or_trace(tmp_path):
     assert not any(name.endswith(".csv") for name in names) and "trace.json" not in names
     assert res.files == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "requests.parquet"), res.requests)
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), res.steps)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), densified(res.steps))
+    assert isinstance(res.steps["preemptions"].dtype, pd.SparseDtype)  # in memory: its non-zero rows only
 
 
 def test_csv_on_request_matches_parquet(tmp_path):

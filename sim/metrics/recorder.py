@@ -173,11 +173,12 @@ class Recorder:
             self.run_tokens.append(req.run_tokens)
             req.run_tokens = 0
 
-    def step_table(self) -> dict[str, np.ndarray]:
-        """Every column whole, in STEP_COLUMNS order (dense ones are views of the recorder's buffers)."""
+    def step_table(self, sparse: bool = False) -> dict[str, np.ndarray]:
+        """Every column whole, in STEP_COLUMNS order (dense ones are views of the recorder's buffers);
+        with `sparse`, the SPARSE columns as pandas SparseArrays (their non-zero rows only)."""
         n = self.num_steps
         table = {name: column.array() for name, column in self.dense.items()}
-        table.update((name, column.dense(n)) for name, column in self.sparse.items())
+        table.update((name, column.sparse_array(n) if sparse else column.dense(n)) for name, column in self.sparse.items())
         table["start"] = self._start_column(table["end"], table["replica"])
         return {name: table[name] for name in STEP_COLUMNS}
 

@@ -24,11 +24,22 @@ BLOCK = 1 << 16  # slots per block of a scan over the steps
 
 
 def step_frame(recorder: Recorder) -> pd.DataFrame:
-    """One row per step: `step` (global index), every recorder column, and `duration` (end - start)."""
-    table = recorder.step_table()  # views of the recorder's buffers: the frame does not copy them
+    """One row per step: `step` (global index), every recorder column, and `duration` (end - start).
+    The mostly-zero columns (recorder.SPARSE) are pandas SparseArrays: they read as the dense columns
+    (`to_numpy`, sums, CSV) and hold only their non-zero rows; `densified` makes them plain for parquet."""
+    table = recorder.step_table(sparse=True)  # views of the recorder's buffers, and the mostly-zero columns sparse
     columns = {"step": np.arange(recorder.num_steps, dtype=np.int64), **{name: table[name] for name in STEP_COLUMNS}}
     columns["duration"] = table["end"] - table["start"]
     return pd.DataFrame(columns, copy=False)
+
+
+def densified(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its sparse columns made dense (one column at a time; the others are not copied)."""
+    sparse = [name for name, dtype in frame.dtypes.items() if isinstance(dtype, pd.SparseDtype)]
+    if not sparse:
+        return frame
+    return pd.DataFrame({name: frame[name].sparse.to_dense() if name in sparse else frame[name]
+                         for name in frame.columns}, copy=False)
 
 
 def index_dtype(count: int):

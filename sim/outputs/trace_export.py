@@ -65,7 +65,7 @@ _COUNTER = '{"ph": "C", "name": "kv_blocks_used", "pid": %s, "ts": %s, "args": {
 def _step_lines(block: pd.DataFrame) -> list[str]:
     """The "X" and "C" events of a block of steps, as JSON text (a step name is digits, letters and
     '+' and '.', so it needs no escaping)."""
-    cols = {name: block[name].tolist() for name in ("step", "replica", "start", "end", *ARG_COLUMNS)}
+    cols = {name: block[name].to_numpy().tolist() for name in ("step", "replica", "start", "end", *ARG_COLUMNS)}
     start, end = cols["start"], cols["end"]
     names = [step_name(p, d, pad) for p, d, pad in zip(cols["prefill_tokens"], cols["decode_tokens"],
                                                         cols["padding_tokens"])]
