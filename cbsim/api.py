@@ -25,13 +25,14 @@ from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
 from cbsim.sim.kv_cache import KVCache
 from cbsim.sim.metrics.bench_result import bench_result
-from cbsim.sim.metrics.client_view import client_view, shift_arrivals
+from cbsim.sim.metrics.client_view import client_view, frontend_delays, shift_arrivals
 from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
 from cbsim.sim.metrics.summary import usage_summary
 from cbsim.sim.outputs.side_by_side import run_side_by_side
 from cbsim.sim.outputs.trace_export import write_chrome_trace
 from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
 from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
 from cbsim.workloads import build_run, parse_workload
 
@@ -298,6 +299,8 @@ def client_frontend(cfg: ExperimentConfig, requests):
         raise err.in_file(cfg.source)
     if not engine.has_frontend:
         return engine, None, requests
+    if isinstance(requests, RequestTable):  # its rows stay in id order; it delivers them by the new times
+        return engine, requests.shift_arrivals(frontend_delays(requests.column("prompt_len"), engine.terms)), requests
     client = shift_arrivals(requests, engine.terms)
     return engine, client, sorted(requests, key=lambda r: r.arrival)
 
@@ -315,7 +318,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     try:
         rng = np.random.default_rng(cfg.seed)
         base_dir = Path(cfg.source).parent if cfg.source else None
-        workload = build_run(parse_workload(cfg.workload, "workload"), rng, base_dir)
+        workload = build_run(parse_workload(cfg.workload, "workload"), rng, base_dir, as_table=True)
         requests, dropped = workload.requests, workload.dropped
     except ConfigError as err:
         raise err.in_file(cfg.source)

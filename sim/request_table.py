@@ -4,8 +4,8 @@ A `Request` object costs ~700 bytes once a run has filled in its times and steps
 are most of a long run's memory. A RequestTable keeps every request's fields in typed numpy columns
 (~160 bytes a request) and makes a Request object only while its request is in the system:
 
-- the arrival feed asks for row i when it delivers it (`table[i]`): the table makes the object from
-  the input columns and keeps it *live*;
+- the arrival feed asks for the k-th arrival when it delivers it (`arrive(k)`): the table makes the
+  object from the input columns and keeps it *live*;
 - the feed calls `retire_done()` as arrivals go on: every live request that has finished or been
   rejected is folded back into the columns (each of its fields, exactly) and dropped. Nothing changes
   a request after it has finished or been rejected, so the columns are its final state;
@@ -13,9 +13,10 @@ are most of a long run's memory. A RequestTable keeps every request's fields in 
   included: a run cut at max_time leaves some), and `table[i]` or iterating makes Request objects again,
   equal field for field to the ones the run used (not the same objects: read them, do not mutate them).
 
-Rows are in arrival order (as simulate wants them); ids are 0..n-1 unless given. Text-only requests
-without prefixes, tenants, adapters or images: those stay lists of Request objects. Closed-loop clients
-and P/D clusters take lists too (simulate refuses a table there).
+Rows are in any order (id order, as workloads number them); the feed delivers them in arrival order
+(`arrive(k)`: the k-th arrival, ties in row order, as a stable sort of a list). Ids are 0..n-1 unless
+given. Text-only requests without prefixes, tenants, adapters or images: those stay lists of Request
+objects, and so do closed-loop clients and client timeouts (simulate refuses a table there).
 """
 from __future__ import annotations
 
@@ -53,8 +54,7 @@ class RequestTable:
         self._columns = {name: np.ascontiguousarray(given[name], dtype=dtype) for name, dtype in INPUTS.items()}
         if any(len(c) != n for c in self._columns.values()):
             raise ValueError("RequestTable: every column needs one value per request")
-        if n and not np.all(self._columns["arrival"][1:] >= self._columns["arrival"][:-1]):
-            raise ValueError("RequestTable: rows must be in arrival order")
+        self._order = self._arrival_order()
         for name, (dtype, start) in RESULTS.items():
             self._columns[name] = np.full(n, start, dtype=dtype)
         self._reasons: dict[int, str] = {}  # row -> reject_reason, where one was given
@@ -65,26 +65,36 @@ class RequestTable:
         return len(self._columns["arrival"])
 
     def __getitem__(self, row: int) -> Request:
-        """Row `row`'s request: its live object (made on first use, while the request has not retired),
-        or a fresh copy of a retired one."""
+        """Row `row`'s request: its live object, or a copy made from the columns (not kept: a copy of a
+        request that has not arrived is not the object the run will use)."""
         if row < 0:
             row += len(self)
         req = self._live.get(row)
-        if req is None:
-            if self._columns["status"][row] >= Status.FINISHED:
-                return self._copy(row)
-            return self.arrive(row)
-        return req
+        return self._copy(row) if req is None else req
 
     def __iter__(self):
         return (self[row] for row in range(len(self)))
 
-    @property
-    def arrivals(self) -> np.ndarray:
-        return self._columns["arrival"]
+    def _arrival_order(self) -> np.ndarray | None:
+        """Rows in arrival order (a stable sort); None when that is row order."""
+        arrival = self._columns["arrival"]
+        if np.all(arrival[1:] >= arrival[:-1]):
+            return None
+        return np.argsort(arrival, kind="stable")
 
-    def arrive(self, row: int) -> Request:
-        """Row `row`'s request, made live as it arrives (the feed calls this once a row, in order)."""
+    def shift_arrivals(self, delays: np.ndarray) -> np.ndarray:
+        """Each request reaches the scheduler `delays` later than it was sent (before the run); returns
+        the send times. The arrival order follows the new times."""
+        if self._live:
+            raise RuntimeError("RequestTable: arrivals move only before the run")
+        sent = self._columns["arrival"]
+        self._columns["arrival"] = sent + np.asarray(delays, dtype=np.float64)
+        self._order = self._arrival_order()
+        return sent
+
+    def arrive(self, k: int) -> Request:
+        """The k-th arrival's request, made live as it arrives (the feed calls this in arrival order)."""
+        row = k if self._order is None else int(self._order[k])
         req = self._live.get(row)
         if req is None:
             c = self._columns

@@ -5,6 +5,7 @@ in a P/D cluster."""
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ from cbsim.sim.request import Request, Status
 from cbsim.sim import request_table
 from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
+from cbsim.workloads import parse_workload
 from factories import assert_same_run
 
 POLICIES = {
@@ -102,9 +104,47 @@ def test_pd_cluster_with_a_table():
     assert_same_metrics(results[0][0], results[1][0], results[1][1])
 
 
+@settings(max_examples=30, deadline=None)
+@given(WORKLOADS, st.lists(st.floats(0.0, 2.0), min_size=90, max_size=90))
+def test_rows_in_id_order_arrive_in_arrival_order(specs, delays):
+    """Rows stay in id order and arrive as a stable sort by arrival would order a list, also after the
+    front end has moved every arrival (api.client_frontend)."""
+    listed = requests_of(specs)
+    table = RequestTable.of(requests_of(specs))
+    moved = np.array(delays[:len(listed)])
+    sent = table.shift_arrivals(moved)
+    for req, delay in zip(listed, moved.tolist()):
+        req.arrival += delay
+    assert np.array_equal(sent, [a for a, *_ in np.cumsum([[g] for g, *_ in specs], axis=0)])
+    in_order = sorted(listed, key=lambda r: r.arrival)
+    run(in_order, "sarathi", 80, "recompute", None, 1)
+    run(table, "sarathi", 80, "recompute", None, 1)
+    assert [asdict(r) for r in listed] == [asdict(r) for r in table]
+
+
+@pytest.mark.parametrize("name", ["quickstart", "regression/sarathi_kv_swap", "regression/sarathi_kv_recompute",
+                                  "pd_vs_colocated", "pipeline_parallel"])
+def test_an_experiment_gives_the_same_tables_from_a_table(name, monkeypatch):
+    """run_experiment builds plain workloads as tables: the same requests, steps and summary as from a list."""
+    import cbsim.api as api
+    from cbsim.workloads import build as workload_build
+
+    overrides = ["workload.num_requests=150", "output.plots=false"]
+    cfg = api.load_config(f"experiments/{name}.yaml", overrides)
+    workload = workload_build.build_run(parse_workload(cfg.workload, "workload"), np.random.default_rng(cfg.seed),
+                                        Path("experiments"), as_table=True)
+    assert isinstance(workload.requests, RequestTable)
+    table_run = api.run_experiment(f"experiments/{name}.yaml", overrides=overrides)
+    build = workload_build.build_run
+    monkeypatch.setattr(api, "build_run", lambda *args, as_table=False, **kw: build(*args, **kw))
+    list_run = api.run_experiment(f"experiments/{name}.yaml", overrides=overrides)
+    pd.testing.assert_frame_equal(table_run.requests, list_run.requests)
+    pd.testing.assert_frame_equal(table_run.steps, list_run.steps)
+    table_run.summary.pop("sim_wall_seconds"), list_run.summary.pop("sim_wall_seconds")
+    assert table_run.summary == list_run.summary
+
+
 def test_what_a_table_refuses():
-    with pytest.raises(ValueError, match="arrival order"):
-        RequestTable([1.0, 0.5], [10, 10], [5, 5])
     with pytest.raises(ValueError, match="text-only"):
         RequestTable.of([Request(0, 0.0, 10, 5, tenant="a")])
     with pytest.raises(ValueError, match="one value per request"):

@@ -20,6 +20,7 @@ import numpy as np
 
 from cbsim.errors import ConfigError
 from cbsim.sim.request import Request
+from cbsim.sim.request_table import RequestTable
 
 from .arrivals import StagesArrival, sample_arrivals
 from .clients import ClientPlan
@@ -48,15 +49,20 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
 class Workload:
     """Everything a run takes from its workload section."""
 
-    requests: list[Request]
+    requests: list[Request] | RequestTable
     dropped: dict[str, int] | None = None  # trace rows dropped, by rule (None: not a trace)
     notes: dict[str, object] = field(default_factory=dict)  # summary entries (token_lengths, ...)
     clients: ClientPlan | None = None  # None: open loop without timeouts
 
 
 def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None,
-              path: str = "workload") -> Workload:
-    """The requests and what the run needs with them (see the module docstring)."""
+              path: str = "workload", as_table: bool = False) -> Workload:
+    """The requests and what the run needs with them (see the module docstring). With `as_table`, plain
+    requests (text only, no prefixes, tenants or adapters, open loop without timeouts) come as a
+    RequestTable (sim/request_table.py: the same requests, as columns) instead of a list."""
+    plain = as_table and not (cfg.source == "requests" or cfg.tenants or cfg.multimodal or cfg.adapters
+                              or cfg.closed_loop or cfg.timeout is not None)
+    make = make_table_or_requests if plain else make_requests
     notes, sessions, dropped = {}, None, None
     if cfg.source == "requests":
         rows = cfg.requests
@@ -68,12 +74,12 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
                                             for r in rows])
     elif cfg.source == "trace":
         *columns, groups, dropped, lengths, labels = _from_trace(cfg, rng, base_dir, path)
-        requests, sessions = make_requests(*columns, **labels), _renumber(groups, columns[0])
+        requests, sessions = make(*columns, **labels), _renumber(groups, columns[0])
         if lengths != "file":
             notes["token_lengths"] = lengths
     else:
         *columns, groups = _synthetic(cfg, rng, base_dir, path)
-        requests, sessions = make_requests(*columns), _renumber(groups, columns[0])
+        requests, sessions = make(*columns), _renumber(groups, columns[0])
     clients = _clients(cfg, requests, sessions, rng)
     if cfg.tenants:
         _draw_tenants(cfg.tenants, requests, rng)
@@ -132,6 +138,19 @@ def make_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.nd
                 mm_inputs=None if mm_inputs is None else mm_inputs[k])
         for i, k in enumerate(order)
     ]
+
+
+def make_table_or_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
+                           hashes: list | None = None, priority: np.ndarray | None = None, tenants: list | None = None,
+                           adapters: list | None = None, mm_inputs: list | None = None) -> RequestTable | list[Request]:
+    """make_requests' requests as a RequestTable (same ids, same arrival order), or as make_requests
+    makes them where some request carries a prefix, tenant, adapter or image (a table holds none)."""
+    labelled = any(v is not None for values in (tenants, adapters, mm_inputs) if values is not None for v in values)
+    if hashes is not None or labelled:
+        return make_requests(arrival, prompt_len, output_len, hashes, priority, tenants, adapters, mm_inputs)
+    order = np.argsort(arrival, kind="stable")
+    return RequestTable(np.asarray(arrival, dtype=np.float64)[order], np.asarray(prompt_len)[order],
+                        np.asarray(output_len)[order], priority=None if priority is None else np.asarray(priority)[order])
 
 
 def _synthetic(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None, path: str):

@@ -61,8 +61,15 @@ class SparseColumn:
 
     def put_many(self, first: int, values) -> None:
         """Rows first, first + 1, ...: `values` (a list or numpy array), after every row put so far."""
+        if isinstance(values, list):  # a short run's values: plain Python beats numpy's per-call cost
+            kept = [(first + k, v) for k, v in enumerate(values) if v or self.keep_zeros]
+            if kept:
+                rows, values = zip(*kept)
+                self.rows.extend(rows)
+                self.values.extend(values)
+            return
         values = np.asarray(values, dtype=self.dtype)
-        nonzero = np.flatnonzero(values)
+        nonzero = np.arange(len(values)) if self.keep_zeros else np.flatnonzero(values)
         if len(nonzero):
             self.rows.frombytes((nonzero + first).astype(np.int64).tobytes())
             self.values.frombytes(values[nonzero].tobytes())

@@ -128,7 +128,7 @@ class Recorder:
             if isinstance(value, (list, np.ndarray)):
                 column.put_many(first, value)
             elif value:
-                column.put_many(first, [value] * count)
+                column.put_many(first, [value] * count)  # (a scalar 0, the usual case, keeps nothing)
         self._starts_of(first, rows["replica"], rows["start"], rows["end"])
         return first
 
