@@ -252,9 +252,7 @@ class _SteadySteps:
         self.held: dict = {}  # decode row -> blocks held when it became one
         self.phases: dict[int, list] = {}  # step % block_size -> (first crossing, last step) of rows
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
-        decodes = (r for r in replica.state.running if r is not prompt)
-        for req, context in zip(decodes, shape.decode):
-            self._add_row(req, context, req.num_blocks, req.output_len - req.num_output_tokens - 1, 0)
+        self._add_decodes((r for r in replica.state.running if r is not prompt), shape.decode)
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]
@@ -263,6 +261,23 @@ class _SteadySteps:
         self.contexts = list(shape.decode)
         self.total = sum(self.contexts)
         self._caught_up(0)
+
+    def _add_decodes(self, decodes, contexts) -> None:
+        """The step's decodes as rows from step 1 (_add_row for each, spelled out: the run's set-up is
+        its one O(rows) part)."""
+        base, held, leaving, phases = self.base, self.held, self.leaving, self.phases
+        block_size = self.kv.block_size
+        for req, context in zip(decodes, contexts):
+            blocks = req.num_blocks
+            last = req.output_len - req.num_output_tokens - 1
+            base[req] = context
+            held[req] = blocks
+            leaving.setdefault(last, []).append(req)
+            first = blocks * block_size - context + 1  # the first step whose context outgrows the blocks held
+            if first <= 0:
+                first += -first // block_size * block_size + block_size
+            if first <= last:
+                phases.setdefault(first % block_size, []).append((first, last))
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
         """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
@@ -291,7 +306,7 @@ class _SteadySteps:
         if before and not end < horizon:
             return None
         self._leave(0)
-        block_size, cost, phases = self.kv.block_size, replica.cost, self.phases
+        block_size, cost, phases, num_blocks = self.kv.block_size, replica.cost, self.phases, self.kv.num_blocks
         waiting = bool(replica.state.waiting)  # then only steps that leave no token budget for them run
         for j in range(1, replica.settings.max_fast_forward):
             if not (self.base or self.left) or (not before and not end < horizon):
@@ -312,16 +327,23 @@ class _SteadySteps:
             else:
                 if grow > self.free or waiting:
                     break
-                seconds = cost.decode_step_time(self.contexts, j, self.total + len(self.contexts) * j)
+                rows = len(self.contexts)
+                summed = self.total + rows * j
+                seconds = cost.decode_step_time(self.contexts, j, summed)
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
             if before and not later < horizon:
                 break
-            self._take(j, grow, chunk, target)
+            if chunk:
+                self._take(j, grow, chunk, target)
+            else:  # _take of a decode-only step, spelled out (most steps of a run)
+                self.free -= grow
+                self.rows.append((0, rows, rows, num_blocks - self.free, summed, 0, 0))
             self.ends.append(later)
             end = later
-            self._leave(j)
+            if j in self.leaving:
+                self._leave(j)
         if len(self.ends) < 2:
             return None
         return PromptRun(self.prompt, self.history, self.chunks, self.sampled, self.ends, self.finish, self.rows)
@@ -375,4 +397,5 @@ class _SteadySteps:
         for req in done:
             self.finish[req] = j
             self.free += max(self.held.pop(req), -(-(self.base.pop(req) + j) // block_size))
-        self._rebuild()
+        self.contexts = list(self.base.values())  # (a leave keeps the others' order)
+        self.total = sum(self.contexts)

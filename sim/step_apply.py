@@ -215,10 +215,8 @@ def commit_run(replica, ends, extra, hold_finished: bool) -> None:
     else:
         used = used + extra[1:]
         decode_contexts = contexts + n * np.arange(1, count, dtype=np.int64)
-    recorder.add_steps(
-        replica=replica.index, start=ends[:-1], end=ends[1:], prefill_tokens=0,
-        decode_tokens=n, padding_tokens=0, num_seqs=n, kv_blocks_used=used,
-        preemptions=0, swap_bytes=0.0, decode_context_tokens=decode_contexts)
+    recorder.add_run(replica.index, ends, prefill_tokens=0, decode_tokens=n, padding_tokens=0, num_seqs=n,
+                     kv_blocks_used=used, preemptions=0, swap_bytes=0.0, decode_context_tokens=decode_contexts)
     replica.prev_step = last
     if replica.state.reserve is not None:
         replica.state.reserve.decay_steps(count - 1)
@@ -250,8 +248,7 @@ def commit_prompt_run(replica, run) -> None:
             tokens = finish.get(req, count - 1) + 1
             _decode_tokens(recorder, req, tokens, step, row(tokens - 1), previous)
     _commit_prompt(recorder, run, row)
-    recorder.add_steps(replica=replica.index, start=ends[:-1], end=ends[1:], padding_tokens=0, preemptions=0,
-                       swap_bytes=0.0, **run.columns())
+    recorder.add_run(replica.index, ends, padding_tokens=0, preemptions=0, swap_bytes=0.0, **run.columns())
     replica.prev_step = row(count - 1)
     if finish:  # each at its own step's end, in the order stepping one by one releases them
         running = replica.state.running

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cbsim.sim.metrics.recorder import STEP_COLUMNS, Recorder
 
-OPS = st.lists(st.tuples(st.sampled_from(["step", "run", "run-array", "run-gapped", "pipelined", "preempt"]), st.integers(0, 2),
+OPS = st.lists(st.tuples(st.sampled_from(["step", "run", "run-array", "run-steps", "run-gapped", "pipelined", "preempt"]), st.integers(0, 2),
                          st.sampled_from([0.0, 0.0, 0.25, 1.0]), st.integers(1, 6), st.integers(0, 3)),
                max_size=40)
 
@@ -54,7 +54,12 @@ def test_the_compact_recorder_gives_back_every_row(ops):
             if kind in ("run-array", "run-gapped"):
                 columns = {name: np.array(values) for name, values in columns.items()}
                 columns["replica"] = replica  # a scalar, as the replicas pass it
-            recorder.add_steps(**columns)
+            if kind in ("run", "run-array"):  # a replica's run: its boundaries (step_apply.commit_run)
+                for name in ("replica", "start", "end"):
+                    columns.pop(name)
+                recorder.add_run(replica, np.array(ends) if kind == "run-array" else ends, **columns)
+            else:
+                recorder.add_steps(**columns)
             expected.extend(rows)
             end = ends[-1]
         clock[replica] = end

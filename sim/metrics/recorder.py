@@ -81,9 +81,10 @@ class Recorder:
         a = self._appends  # in DENSE order; spelled out, this runs once per step
         a[0](replica), a[1](end), a[2](prefill_tokens), a[3](decode_tokens), a[4](num_seqs), a[5](kv_blocks_used)
         a[6](decode_context_tokens)
-        p = self._puts  # in SPARSE order
-        p[0](index, padding_tokens), p[1](index, preemptions), p[2](index, swap_bytes)
-        p[3](index, prefill_history_tokens), p[4](index, prefill_attention_pairs)
+        if padding_tokens or preemptions or swap_bytes or prefill_history_tokens or prefill_attention_pairs:
+            p = self._puts  # in SPARSE order
+            p[0](index, padding_tokens), p[1](index, preemptions), p[2](index, swap_bytes)
+            p[3](index, prefill_history_tokens), p[4](index, prefill_attention_pairs)
         return index
 
     def _start_at(self, index: int, replica: int, start: float) -> None:
@@ -109,10 +110,25 @@ class Recorder:
         self.sparse["preemptions"].set(step, count)
 
     def add_steps(self, **rows) -> int:
-        """Append many step rows of one replica at once (scalars broadcast; an aggregate left out is 0);
-        returns the first new index."""
+        """Append many step rows at once (scalars broadcast; an aggregate left out is 0); returns the
+        first new index."""
+        first = self._append_rows(len(rows["start"]), rows)
+        self._starts_of(first, rows["replica"], rows["start"], rows["end"])
+        return first
+
+    def add_run(self, replica: int, ends, **rows) -> int:
+        """Append a run of one replica's steps that follow each other: step k from ends[k] to ends[k + 1]
+        (a list or numpy array); the other columns as add_steps takes them. Returns the first new index."""
+        rows["replica"], rows["end"] = replica, ends[1:]
+        first = self._append_rows(len(ends) - 1, rows)
+        if len(ends) > 1:
+            self._start_at(first, replica, ends[0])  # the others start where the step before ended
+            self._last[replica] = first + len(ends) - 2
+        return first
+
+    def _append_rows(self, count: int, rows: dict) -> int:
+        """The dense and sparse columns of `count` new rows; returns the first new index."""
         first = len(self._end)
-        count = len(rows["start"])
         if not count:
             return first
         for name, column in self.dense.items():  # once per fast-forwarded run: the columns' arrays directly
@@ -129,11 +145,12 @@ class Recorder:
                 column.put_many(first, value)
             elif value:
                 column.put_many(first, [value] * count)  # (a scalar 0, the usual case, keeps nothing)
-        self._starts_of(first, rows["replica"], rows["start"], rows["end"])
         return first
 
     def _starts_of(self, first: int, replica, start, end) -> None:
         """The starts of rows first.. (appended already), kept where they are not the previous end."""
+        if not len(start):
+            return
         if not np.isscalar(replica):  # rows of several replicas (a test's table): row by row
             for k, (r, s) in enumerate(zip(np.asarray(replica).tolist(), np.asarray(start).tolist())):
                 self._start_at(first + k, r, s)
@@ -141,7 +158,7 @@ class Recorder:
         count = len(start)
         self._start_at(first, replica, start[0])
         later = (np.flatnonzero(start[1:] != end[:-1]) + 1).tolist() if isinstance(start, np.ndarray) else \
-            [k for k in range(1, count) if not start[k] == end[k - 1]]  # none so far: a run's rows abut
+            [k for k in range(1, count) if not start[k] == end[k - 1]]
         for k in later:
             self._starts.put(first + k, start[k])
         self._last[replica] = first + count - 1
