@@ -231,6 +231,8 @@ def prompt_run(replica, shape, start: float, duration: float, where) -> PromptRu
     chunk, history = shape.prefill[0]
     if history != prompt.num_computed_tokens:
         return None
+    if not start + duration < min(replica.horizon(), next_deadline(replica)):
+        return None  # an outside event comes before its second step: no run (before its O(rows) set-up)
     run = _SteadySteps(replica, prompt, shape, rule, start + duration)
     return run.price(where)
 
