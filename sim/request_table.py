@@ -6,9 +6,10 @@ are most of a long run's memory. A RequestTable keeps every request's fields in 
 
 - the arrival feed asks for the k-th arrival when it delivers it (`arrive(k)`): the table makes the
   object from the input columns and keeps it *live*;
-- the feed calls `retire_done()` as arrivals go on: every live request that has finished or been
-  rejected is folded back into the columns (each of its fields, exactly) and dropped. Nothing changes
-  a request after it has finished or been rejected, so the columns are its final state;
+- the feed calls `retire_done()` at every arrival and step start; now and then (amortised O(1)) every
+  live request that has finished or been rejected is folded back into the columns (each of its
+  fields, exactly) and dropped. Nothing changes a request after it has finished or been rejected, so
+  the columns are its final state;
 - afterwards `column(name)` gives any Request field as an array (the live requests' current values
   included: a run cut at max_time leaves some), and `table[i]` or iterating makes Request objects again,
   equal field for field to the ones the run used (not the same objects: read them, do not mutate them).
@@ -40,7 +41,8 @@ RESULTS = {  # every other Request field, with its value before the request arri
     "run_tokens": (np.int64, 0),
 }
 _RESULT_VALUES = attrgetter(*RESULTS)
-SWEEP_MIN = 64  # live requests before the first sweep (and at least between two)
+SWEEP_MIN = 64  # calls of retire_done at least between two sweeps
+SWEEP_SHARE = 8  # and at least 1/SWEEP_SHARE of the live requests: a sweep's cost spread over the calls
 assert {f.name for f in fields(Request)} == set(INPUTS) | set(OBJECT_FIELDS) | set(RESULTS), "a Request field has no column"
 
 
@@ -59,7 +61,7 @@ class RequestTable:
             self._columns[name] = np.full(n, start, dtype=dtype)
         self._reasons: dict[int, str] = {}  # row -> reject_reason, where one was given
         self._live: dict[int, Request] = {}  # row -> the object of a request in the system
-        self._next_sweep = SWEEP_MIN
+        self._calls_to_sweep = SWEEP_MIN
 
     def __len__(self) -> int:
         return len(self._columns["arrival"])
@@ -111,9 +113,12 @@ class RequestTable:
         return Request(**values, reject_reason=self._reasons.get(row, ""))
 
     def retire_done(self, force: bool = False) -> None:
-        """Fold the live requests that have finished or been rejected into the columns. Runs when the live
-        set has doubled since the last sweep (O(1) a request in all), or now with `force`."""
-        if not force and len(self._live) < self._next_sweep:
+        """Fold the live requests that have finished or been rejected into the columns. The feed calls this
+        at every arrival and step start; it sweeps once every max(SWEEP_MIN, live / SWEEP_SHARE) calls
+        (O(SWEEP_SHARE) a call in all; a finished request retires within that many calls), or now with
+        `force`."""
+        self._calls_to_sweep -= 1
+        if not force and self._calls_to_sweep > 0:
             return
         live = self._live
         done = [row for row, req in live.items() if req.status >= Status.FINISHED]
@@ -125,7 +130,7 @@ class RequestTable:
             for j, name in enumerate(RESULTS):
                 self._columns[name][rows] = values[:, j]
             self._reasons.update((row, req.reject_reason) for row, req in zip(done, reqs) if req.reject_reason)
-        self._next_sweep = max(SWEEP_MIN, 2 * len(live))
+        self._calls_to_sweep = max(SWEEP_MIN, len(live) // SWEEP_SHARE)
 
     def column(self, name: str) -> np.ndarray:
         """Field `name` of every request, in row order (read-only where no request is live)."""
