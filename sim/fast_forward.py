@@ -258,7 +258,7 @@ class _SteadySteps:
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]
-        self.sampled = None
+        self.sampled: int | None = None
         self.rows: list[tuple] = []  # steps 1..: ROW_COLUMNS
         self.contexts = list(shape.decode)
         self.total = sum(self.contexts)
