@@ -15,10 +15,17 @@ serving-engine overheads (engine: none), as Vidur simulates.
     python benchmarks/sim_speed.py                    # 10,000 requests
     python benchmarks/sim_speed.py --requests 1000000 # the scale check
     python benchmarks/sim_speed.py --no-fast-forward  # step by step, for the ratio
+    python benchmarks/sim_speed.py --requests 2000 --opcodes  # Python opcodes executed: deterministic
+
+CPU time on a shared machine varies by 10-25 % between identical runs; `--opcodes` counts the Python
+opcodes the event loop executes instead (sys.settrace, ~30x slower, identical on every run and machine
+for the same code), which compares two versions of the engine where timing cannot (C work inside
+numpy or the interpreter's builtins is not counted).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import sys
@@ -81,6 +88,26 @@ def vidur_slots(model, tp: int, memory_gib: float = 80.0, margin: float = 0.1, m
     return int(free // slot)
 
 
+class OpcodeCounter:
+    """Counts the Python opcodes executed while it is entered (sys.settrace with f_trace_opcodes)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def _trace(self, frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            self.count += 1
+        return self._trace
+
+    def __enter__(self):
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -112,6 +139,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fast-forward", action="store_true")
+    parser.add_argument("--opcodes", action="store_true", help="count the Python opcodes the event loop executes")
     args = parser.parse_args()
     if not (data_root() / TRACE).exists():
         sys.exit(f"trace not found under {data_root()} (set CBSIM_DATA)")
@@ -125,12 +153,14 @@ def main() -> None:
     slots = vidur_slots(model, tp=2)
     blocks = slots * (4096 // 16)
     rss_before = peak_rss_mb()
+    opcodes = OpcodeCounter() if args.opcodes else None
     cpu_started = time.process_time()
     started = time.perf_counter()
-    recorder, _ = simulate(requests, lambda: make_policy({"name": "sarathi", "token_budget": 512,
-                                                                        "max_num_seqs": VIDUR_BATCH_CAP}), cost,
-                           lambda: KVCache(blocks, 16, int(0.01 * blocks), False, model.kv_bytes_per_token(2)),
-                           settings)
+    with opcodes or contextlib.nullcontext():
+        recorder, _ = simulate(requests, lambda: make_policy({"name": "sarathi", "token_budget": 512,
+                                                                            "max_num_seqs": VIDUR_BATCH_CAP}), cost,
+                               lambda: KVCache(blocks, 16, int(0.01 * blocks), False, model.kv_bytes_per_token(2)),
+                               settings)
     sim_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     rss_sim = peak_rss_mb()
@@ -150,6 +180,9 @@ def main() -> None:
     print(f"simulated time         {summary['makespan']:.0f} s, finished {summary['num_finished']:,}")
     print(f"event loop             {sim_s:.2f} s wall, {cpu_s:.2f} s CPU -> {len(requests) / cpu_s:,.0f} requests/s, "
           f"{cpu_s / n_steps * 1e6:.2f} us/step, {cpu_s / len(requests) * 1e6:.0f} us/request (CPU time)")
+    if opcodes is not None:
+        print(f"python opcodes         {opcodes.count:,} ({opcodes.count / len(requests):,.0f} a request, "
+              f"{opcodes.count / n_steps:,.0f} a step); the times above include the counting")
     print(f"metrics                {metrics_s:.2f} s")
     print(f"peak RSS               {peak_rss_mb():.0f} MB (before simulating: {rss_before:.0f} MB, "
           f"event loop: {rss_sim:.0f} MB, metrics phase: {rss_metrics:.0f} MB from {rss_after_sim:.0f} MB "
