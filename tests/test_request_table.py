@@ -36,8 +36,9 @@ POLICIES = {
     "chunked_only": {"name": "chunked_only", "token_budget": 64, "max_num_seqs": 8},
 }
 COST = load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "none"})
-# (arrival gap, prompt, output, priority): bursts and pauses; enough requests that the table retires some
-WORKLOADS = st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.01, 0.2, 1.0]), st.integers(1, 200), st.integers(1, 120),
+# (arrival gap, prompt, output, priority): bursts and pauses; enough requests that the table retires some,
+# and some longer than max_model_len (400) in all, which are rejected with a reason
+WORKLOADS = st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.01, 0.2, 1.0]), st.integers(1, 330), st.integers(1, 120),
                                st.integers(0, 2)), min_size=1, max_size=90)
 
 
