@@ -94,11 +94,8 @@ class SparseColumn:
         return self.scatter(np.zeros(n, dtype=self.dtype))
 
     def sparse_array(self, n: int):
-        """The n-row column as a pandas SparseArray with fill value 0 (the kept rows only)."""
+        """The n-row column as a pandas SparseArray with fill value 0 (it keeps the non-zero rows only;
+        made from the dense column, which lives only for the call)."""
         from pandas.arrays import SparseArray  # pandas is the metrics' import, not the engine's
-        from scipy.sparse import coo_matrix
 
-        rows = np.frombuffer(self.rows, dtype=np.int64) if len(self.rows) else np.zeros(0, np.int64)
-        values = np.frombuffer(self.values, dtype=self.dtype) if len(self.values) else np.zeros(0, self.dtype)
-        matrix = coo_matrix((values, (rows, np.zeros(len(rows), np.int64))), shape=(n, 1), dtype=self.dtype)
-        return SparseArray.from_spmatrix(matrix)
+        return SparseArray(self.dense(n), fill_value=0)
