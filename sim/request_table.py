@@ -2,7 +2,7 @@
 
 A `Request` object costs ~700 bytes once a run has filled in its times and steps; a million of them
 are most of a long run's memory. A RequestTable keeps every request's fields in typed numpy columns
-(~160 bytes a request) and makes a Request object only while its request is in the system:
+(~165 bytes a request) and makes a Request object only while its request is in the system:
 
 - the arrival feed asks for the k-th arrival when it delivers it (`arrive(k)`): the table makes the
   object from the input columns and keeps it *live*;
@@ -47,7 +47,7 @@ assert {f.name for f in fields(Request)} == set(INPUTS) | set(OBJECT_FIELDS) | s
 
 
 class RequestTable:
-    """n requests in arrival order, as columns (see the module docstring)."""
+    """n requests as columns, rows in id order, delivered in arrival order (see the module docstring)."""
 
     def __init__(self, arrival, prompt_len, output_len, ids=None, priority=None):
         n = len(arrival)
@@ -133,15 +133,14 @@ class RequestTable:
         self._calls_to_sweep = max(SWEEP_MIN, len(live) // SWEEP_SHARE)
 
     def column(self, name: str) -> np.ndarray:
-        """Field `name` of every request, in row order (read-only where no request is live)."""
+        """Field `name` of every request, in row order: the table's own column where no request is live
+        (no copy: a frame built on it shares its memory; the run is over when metrics read it)."""
         if name == "reject_reason":
             return np.array([self._reasons.get(row, "") for row in range(len(self))], dtype=object)
         values = self._columns[name]
         live = [(row, getattr(req, name)) for row, req in self._live.items()] if name in RESULTS else []
         if not live:
-            view = values.view()
-            view.flags.writeable = False
-            return view
+            return values
         values = values.copy()
         for row, value in live:
             values[row] = value

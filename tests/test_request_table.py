@@ -154,6 +154,7 @@ def test_an_experiment_gives_the_same_tables_from_a_table(name, monkeypatch):
     pd.testing.assert_frame_equal(table_run.steps, list_run.steps)
     table_run.summary.pop("sim_wall_seconds"), list_run.summary.pop("sim_wall_seconds")
     assert table_run.summary == list_run.summary
+    table_run.requests.loc[0, ["arrival", "prompt_len", "replica"]] = [1.0, 7, 0]  # a user may edit the frame
 
 
 def test_what_a_table_refuses():
