@@ -50,8 +50,8 @@ DENSE = tuple(name for name in STEP_COLUMNS if name not in SPARSE and name != "s
 class Recorder:
     """Steps are kept compactly (~36 bytes a step): the dense columns, the mostly-zero ones as their
     non-zero rows (SparseColumn), and a step's start only where it is not the end of its replica's
-    previous step (a replica busy step after step starts each when the last ends); `step_table`
-    gives every column whole."""
+    previous step (a busy replica starts each step when the last one ends); `step_table` gives every
+    column whole."""
 
     def __init__(self):
         self.dense = {name: Column(STEP_COLUMNS[name]) for name in DENSE}
@@ -59,7 +59,6 @@ class Recorder:
         self._appends = [column.data.append for column in self.dense.values()]  # in DENSE order
         self._puts = [column.put for column in self.sparse.values()]  # in SPARSE order
         self._end = self.dense["end"].data
-        self._replica = self.dense["replica"].data
         self._starts = SparseColumn(np.float64, keep_zeros=True)  # row -> start, where not the previous end
         self._last = {}  # replica -> its latest row
         self.run_request = array("q")
