@@ -237,6 +237,15 @@ def prompt_run(replica, shape, start: float, duration: float, where) -> PromptRu
     return run.price(where)
 
 
+def first_crossing(held: int, context: int, after: int, block_size: int) -> int:
+    """The first step after `after` in which a row reading context + step (its step-0 `context`) outgrows
+    the `held` blocks; later crossings follow every block_size steps."""
+    first = held * block_size - context + 1
+    if first <= after:
+        first += (after - first) // block_size * block_size + block_size
+    return first
+
+
 class _SteadySteps:
     """The state of a prompt run while its steps are priced one by one (see prompt_run). O(1) work a
     decode step: the decode rows' step-0 contexts (a row of step j reads its context + j) and their sum
@@ -265,8 +274,7 @@ class _SteadySteps:
         self._caught_up(0)
 
     def _add_decodes(self, decodes, contexts) -> None:
-        """The step's decodes as rows from step 1 (_add_row for each, spelled out: the run's set-up is
-        its one O(rows) part)."""
+        """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, one call a row)."""
         base, held, leaving, phases = self.base, self.held, self.leaving, self.phases
         block_size = self.kv.block_size
         for req, context in zip(decodes, contexts):
@@ -275,9 +283,7 @@ class _SteadySteps:
             base[req] = context
             held[req] = blocks
             leaving.setdefault(last, []).append(req)
-            first = blocks * block_size - context + 1  # the first step whose context outgrows the blocks held
-            if first <= 0:
-                first += -first // block_size * block_size + block_size
+            first = first_crossing(blocks, context, 0, block_size)
             if first <= last:
                 phases.setdefault(first % block_size, []).append((first, last))
 
@@ -287,9 +293,7 @@ class _SteadySteps:
         self.held[req] = held
         self.leaving.setdefault(last, []).append(req)
         block_size = self.kv.block_size
-        first = held * block_size - context + 1  # the first step whose context outgrows the blocks held
-        if first <= after:
-            first += (after - first) // block_size * block_size + block_size
+        first = first_crossing(held, context, after, block_size)
         if first <= last:
             self.phases.setdefault(first % block_size, []).append((first, last))
 
