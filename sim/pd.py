@@ -372,6 +372,4 @@ def simulate_pd(requests: Sequence[Request], prefill: PoolParts, decode: PoolPar
     replicas, cluster = build_pd(env, recorder, feed, prefill, decode, settings)
     run_cluster(env, feed, replicas, cluster.prefill, router, max_time, busy=lambda: not cluster.is_idle,
                 progress=progress)
-    if hasattr(requests, "retire_done"):  # a RequestTable (sim/request_table.py): fold in the last ones
-        requests.retire_done(force=True)
     return recorder, replicas, cluster

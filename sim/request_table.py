@@ -137,6 +137,8 @@ class RequestTable:
         (no copy: a frame built on it shares its memory; the run is over when metrics read it)."""
         if name == "reject_reason":
             return np.array([self._reasons.get(row, "") for row in range(len(self))], dtype=object)
+        if name in OBJECT_FIELDS:  # prefixes, tenants, adapters, images: a table holds none
+            return np.full(len(self), None, dtype=object)
         values = self._columns[name]
         live = [(row, getattr(req, name)) for row, req in self._live.items()] if name in RESULTS else []
         if not live:

@@ -90,8 +90,6 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves
         feed.attach(pool)
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
-    if isinstance(requests, RequestTable):
-        requests.retire_done(force=True)
     return recorder, pool
 
 
@@ -116,3 +114,5 @@ def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequ
     if progress is not None:
         env.process(progress.watch(env, feed))
     env.run(until=drained if max_time is None else max_time)
+    if isinstance(feed.requests, RequestTable):  # fold in the requests that finished since the last sweep
+        feed.requests.retire_done(force=True)

@@ -11,12 +11,9 @@ import pandas as pd
 from .metrics_config import MetricsConfig, SLOConfig
 from .recorder import Recorder
 from ..request import Request, Status
-from ..request_table import RequestTable, request_column
+from ..request_table import RequestTable, request_column as _column
 from .step_order import LocalOrder
 from .token_runs import TokenRuns, in_run_max, run_arrays, token_runs
-
-
-_column = request_column
 
 
 def _per_request_runs(ids: np.ndarray, local: LocalOrder, runs: TokenRuns):
@@ -66,8 +63,8 @@ def _dec_at_p(requests: list[Request], local: LocalOrder, short_decodes: np.ndar
     """
     out = np.full(len(long_mask), np.nan)
     rows = np.flatnonzero(long_mask)
-    a = request_column(requests, "first_scheduled_step", np.int64)[rows]
-    b = request_column(requests, "first_token_step", np.int64)[rows]
+    a = _column(requests, "first_scheduled_step", np.int64)[rows]
+    b = _column(requests, "first_token_step", np.int64)[rows]
     ok = (a >= 0) & (b >= a)
     rows, a, b = rows[ok], a[ok], b[ok]
     if len(rows):
@@ -166,9 +163,8 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
         "reject_reason": _column(requests, "reject_reason", object),
     }, copy=False)
     frame["meets_slo"] = meets_slo(frame, config.slo)
-    labelled = () if isinstance(requests, RequestTable) else ("tenant", "adapter")  # a table has neither
-    for name in labelled:  # only where some request has one: other tables stay as they were
-        labels = [getattr(r, name) for r in requests]
+    for name in ("tenant", "adapter"):  # only where some request has one: other tables stay as they were
+        labels = _column(requests, name, object)
         if any(v is not None for v in labels):
             frame[name] = pd.Series(labels, dtype=object)
     return frame

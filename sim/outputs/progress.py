@@ -15,6 +15,7 @@ import time
 from typing import Callable, TextIO
 
 from ..request import Status
+from ..request_table import RequestTable
 
 MIN_STEP, MAX_STEP = 1e-6, 60.0  # simulated seconds between wake-ups (the floor keeps SimPy's clock moving)
 
@@ -56,7 +57,7 @@ class Progress:
             step = min(max(step * min(4.0, max(0.25, self.check / max(now - last, 1e-9))), MIN_STEP), MAX_STEP)
             last = now
             if now >= self.next_line:
-                finished = (requests.done_count() if hasattr(requests, "done_count")  # a RequestTable
+                finished = (requests.done_count() if isinstance(requests, RequestTable)
                             else sum(1 for r in requests if r.status >= Status.FINISHED))
                 self.say(f"simulated {env.now:,.1f} s; {finished:,}/{len(requests):,} requests done "
                          f"({feed.index:,} arrived)")
