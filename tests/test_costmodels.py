@@ -176,6 +176,29 @@ def test_decode_run_times_bit_identical_to_step_by_step(model):
     assert np.array_equal(model.decode_run_times(np.array([], dtype=np.int64), 3), np.zeros(3))
 
 
+def decode_pricing_models():
+    """Every kind of step the roofline prices: dense, MoE, MLA, windowed, pipelined, data-parallel, an engine."""
+    roofline = lambda model, **keys: load_cost_model({"type": "roofline", **keys}, model_spec(model))
+    return [*all_models(), roofline("llama-3-8b", engine="vllm-v1"), roofline("mixtral-8x7b", tp=2),
+            roofline("deepseek-v3", gpu="h200", tp=8), roofline("gemma-2-27b"), roofline("llama-3-8b", pp=2),
+            roofline("qwen3-30b-a3b", tp=2, data_parallel=2, expert_parallel=True),
+            load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "vllm-v1"})]
+
+
+@pytest.mark.parametrize("model", decode_pricing_models(), ids=lambda m: m.describe()["type"])
+def test_decode_step_time_bit_identical_to_step_time(model):
+    """A decode run's O(1) price of a step (CostModel.decode_step_time) is step_time's, bit for bit, also
+    after mixed steps of the same token count have filled a model's remembered terms."""
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        contexts = rng.integers(1, 9000, size=int(rng.integers(1, 200))).tolist()
+        n = len(contexts)
+        model.step_time(StepShape(prefill=((n, 100),), decode=(5,) * 3, tokens_sampled=1))  # tokens n + 3, rows 1
+        for offset in (0, 1, 17):
+            shape = StepShape(decode=tuple(c + offset for c in contexts), tokens_sampled=n)
+            assert model.decode_step_time(contexts, offset, sum(contexts) + n * offset) == model.step_time(shape)
+
+
 # ---------------------------------------------------------------- roofline magnitudes
 
 

@@ -2,8 +2,9 @@
 fast-forwarded (short runs in plain Python, long runs with numpy, or both), give identical step
 tables and identical per-request times, bit for bit.
 
-Cost models: `linear` (the base class's decode_step_time, via step_time) and `vidur` with and
-without a serving engine (its own O(1) decode_step_time and vectorised decode_run_times)."""
+Cost models: `linear` (the base class's decode_step_time, via step_time), `vidur` with and
+without a serving engine and `roofline` with one (their own O(1) decode_step_time and vectorised
+decode_run_times)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,6 +37,7 @@ COSTS = {
     "linear": {"type": "linear", "base": 0.01, "per_token": 0.001},
     "vidur": {"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "none"},
     "vidur-engine": {"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "vllm-v1"},
+    "roofline": {"type": "roofline", "gpu": "h100", "tp": 1, "engine": "vllm-v1"},
 }
 MAX_MODEL_LEN = 400
 # (arrival gap, prompt, output): bursts (gap 0) and pauses, long decodes so that runs are long and short

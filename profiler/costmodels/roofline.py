@@ -102,6 +102,7 @@ from .pipeline import Pipeline, check_pipeline, slowest
 from .registry import register_cost_model
 
 NO_ENGINE_STEP_OVERHEAD = 300e-6  # the CPU work per step this model charged before the engine component
+SIZE_TERMS_CACHE = 1 << 16  # (tokens, rows) pairs whose size terms are remembered; cleared when full
 
 
 def _max(a, b):
@@ -298,6 +299,7 @@ class RooflineCost(CostModel):
                                  self._moe_routing, weight_only=m.weight_dtype == "int4")
         self._stages = _stage_layers(m, self._pipeline.layers if self._pipeline else (m.num_layers,))
         self._staged = self._pipeline is not None or self.data_parallel > 1
+        self._terms: dict[tuple[float, float], tuple] = {}  # _size_terms, remembered
         if self.data_parallel > 1:  # per token and GPU: k copies dispatched, k combined (DeepEP low-latency)
             k = float(m.experts_per_token)
             self._a2a_bytes = (k * m.hidden * _dispatch_bytes(m, self._fp8) / tp, k * m.hidden * b / tp)
@@ -315,14 +317,28 @@ class RooflineCost(CostModel):
             windowed = _max(self._attn_flops_per_pair * window[0] / self._attn_rate,
                             self._kv_bytes_per_token * window[1] / self._bw)
             attention = attention * (1.0 - self._window_share) + windowed * self._window_share
-        lm_head = self._lm_seconds(rows) if rows > 0 else 0.0
-        embed = self._embed_bytes * tokens / self._bw
+        gemm, streaming, lm_head, embed, collective = self._size_terms(tokens, rows)
         if self._staged:  # pipeline stages or data-parallel attention: per stage, GEMMs by layer kind
-            rest = attention + self._elementwise_bytes * tokens / self._bw + self._layer_overhead
+            rest = attention + streaming + self._layer_overhead
             return self._slowest_stage(tokens, rest, lm_head, embed) + self._step_overhead
-        layer = (self._gemm_seconds(tokens) + attention + self._elementwise_bytes * tokens / self._bw
-                 + self._layer_overhead)
-        return layer * self._layers + lm_head + embed + self.collective_time(tokens) + self._step_overhead
+        layer = gemm + attention + streaming + self._layer_overhead
+        return layer * self._layers + lm_head + embed + collective + self._step_overhead
+
+    def _size_terms(self, tokens: float, rows: float) -> tuple:
+        """(one layer's GEMMs, one layer's streaming kernels, LM head, embedding, all-reduces) of a step of
+        `tokens` tokens sampling `rows` rows: pure in (tokens, rows), so remembered (a decode run repeats
+        one batch size step after step); GEMMs and all-reduces are None where stages price them."""
+        key = (tokens, rows)
+        terms = self._terms.get(key)
+        if terms is None:
+            if len(self._terms) >= SIZE_TERMS_CACHE:
+                self._terms.clear()
+            staged = self._staged
+            terms = self._terms[key] = (
+                None if staged else self._gemm_seconds(tokens), self._elementwise_bytes * tokens / self._bw,
+                self._lm_seconds(rows) if rows > 0 else 0.0, self._embed_bytes * tokens / self._bw,
+                None if staged else self.collective_time(tokens))
+        return terms
 
     def _slowest_stage(self, tokens: float, rest, lm_head: float, embed: float):
         """The longest stage (elementwise over arrays): its GEMMs (dense and MoE layers apart), `rest`
@@ -487,6 +503,15 @@ class RooflineCost(CostModel):
             kv_read += min(c + h, w + c - 1)
         decode = sum(min(d, w) for d in shape.decode)
         return float(pairs + decode), float(kv_read + decode)
+
+    def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
+        """step_time of the decode step (contexts + offset) from its row count and context sum, O(1); a
+        sliding window reads each row's context, so a windowed model prices the rows themselves."""
+        n = len(contexts)
+        if self._window or not n:
+            return CostModel.decode_step_time(self, contexts, offset, context_sum)
+        gpu = self._seconds(float(n), float(n), 0.0 + float(context_sum), float(0 + context_sum))
+        return self._engine.decode_step(gpu, n)
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         n, read = decode_run_reads(contexts, steps)
