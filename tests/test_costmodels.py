@@ -1,5 +1,6 @@
 """Model/GPU specs and the built-in analytic cost models (unit, linear, roofline)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from cbsim.sim.shape import StepShape
 LLAMA3_8B = model_spec("llama-3-8b")
 LLAMA2_70B = model_spec("llama-2-70b")
 TINY = model_spec("tiny")
+PROFILES = Path(__file__).resolve().parents[1] / "profiler" / "profiles"
 
 
 def decode(*contexts):
@@ -182,7 +184,9 @@ def decode_pricing_models():
     return [*all_models(), roofline("llama-3-8b", engine="vllm-v1"), roofline("mixtral-8x7b", tp=2),
             roofline("deepseek-v3", gpu="h200", tp=8), roofline("gemma-2-27b"), roofline("llama-3-8b", pp=2),
             roofline("qwen3-30b-a3b", tp=2, data_parallel=2, expert_parallel=True),
-            load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "vllm-v1"})]
+            load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "vllm-v1"}),
+            load_cost_model({"type": "fitted", "engine": "vllm-v1", "profile": str(
+                PROFILES / "fitted" / "a100-llama-2-70b-tp2-published.json")}, LLAMA2_70B)]
 
 
 @pytest.mark.parametrize("model", decode_pricing_models(), ids=lambda m: m.describe()["type"])

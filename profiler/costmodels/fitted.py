@@ -173,6 +173,10 @@ class FittedCostModel(CostModel):
     def step_time(self, shape: StepShape) -> float:
         return self._engine.step_of(self._gpu(*aggregates(shape), shape.tokens_sampled), shape)
 
+    def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
+        n = len(contexts)  # step_time of the decode step from its aggregates (features.aggregates), O(1)
+        return self._engine.decode_step(self._gpu(n, 0.0, 0, 0, 0, context_sum, n, 0, n), n)
+
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.int64)
         n = len(contexts)

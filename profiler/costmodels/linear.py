@@ -56,6 +56,10 @@ class LinearCost(CostModel):
         kv_read = sum(h for _, h in shape.prefill) + sum(shape.decode)
         return self._seconds(float(shape.num_tokens), float(shape.num_seqs), float(kv_read))
 
+    def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
+        n = len(contexts)  # step_time of the decode step, from its row count and context sum (O(1))
+        return self._seconds(float(n), float(n), float(0 + context_sum)) if n else 0.0
+
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         n, kv_read = decode_run_reads(contexts, steps)
         if n == 0:

@@ -37,6 +37,9 @@ class UnitCost(CostModel):
     def step_time(self, shape: StepShape) -> float:
         return 0.0 if shape.is_empty else self.seconds
 
+    def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
+        return self.seconds if len(contexts) else 0.0
+
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         return np.full(steps, self.seconds if len(contexts) else 0.0, dtype=np.float64)
 
