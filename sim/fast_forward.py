@@ -19,8 +19,8 @@ Nothing here mutates the replica; sim/step_apply.py commit_run and commit_prompt
 """
 from __future__ import annotations
 
-import heapq
 import math
+from itertools import islice
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,28 +213,36 @@ def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
             and replica.kv.window is None and replica.admission is None and replica.on_leave is None and replica.role.leaps_prompts)
 
 
-def prompt_run(replica, shape, start: float, duration: float, where) -> PromptRun | None:
-    """The prompt run from the step that starts at `start` and lasts `duration` (shape `shape`), or None
-    to step once. While the prompt has tokens left, step j decodes every running decode once more and
-    runs the chunk min(tokens left, budget - decodes, cap) at the prompt's history; from the step after
-    the one that samples its next token it is one more decode. A request that finishes leaves at the end
-    of its step. A step runs only if its blocks fit in the free ones (block crossings, the prompt's
-    growth), if it leaves no token budget while requests wait, and, as in a decode run, if it starts
-    before the next outside event (with runs_end_before_horizon: ends before it)."""
-    state = replica.state
+def prompt_run(replica, plan, shape, start: float, duration: float, where) -> PromptRun | None:
+    """The prompt run from the step that starts at `start` and lasts `duration` (plan `plan`, shape
+    `shape`), or None to step once. While the prompt has tokens left, step j decodes every running decode
+    once more and runs the chunk min(tokens left, budget - decodes, cap) at the prompt's history; from
+    the step after the one that samples its next token it is one more decode. A request that finishes
+    leaves at the end of its step. A step runs only if its blocks fit in the free ones (block crossings,
+    the prompt's growth), if it leaves no token budget while requests wait, and, as in a decode run, if
+    it starts before the next outside event (with runs_end_before_horizon: ends before it)."""
     steady = getattr(replica.policy, "steady_chunks", None)  # a policy without it (a test's wrapper) is stepped
-    rule = steady(state) if steady is not None else None
-    prompts = [r for r in state.running if r.in_prefill]
-    if rule is None or len(prompts) != 1 or prompts[0].mm_inputs:
+    rule = steady(replica.state) if steady is not None else None
+    if rule is None or not start + duration < min(replica.horizon(), next_deadline(replica)):
+        return None  # not steady, or an outside event comes before its second step (before any O(rows) work)
+    prompt, decodes = _prompt_and_decodes(replica, plan, shape)
+    if prompt is None or prompt.mm_inputs or shape.prefill[0][1] != prompt.num_computed_tokens:
         return None
-    prompt = prompts[0]
-    chunk, history = shape.prefill[0]
-    if history != prompt.num_computed_tokens:
-        return None
-    if not start + duration < min(replica.horizon(), next_deadline(replica)):
-        return None  # an outside event comes before its second step: no run (before its O(rows) set-up)
-    run = _SteadySteps(replica, prompt, shape, rule, start + duration)
-    return run.price(where)
+    return _SteadySteps(replica, prompt, decodes, shape, rule, start + duration).price(where)
+
+
+def _prompt_and_decodes(replica, plan, shape) -> tuple:
+    """(the one running request in prefill, the others in the batch's order), or (None, ()) unless
+    exactly one is in prefill. When the plan's leading decodes are every decode row of the step
+    (StepPlan.decode_requests), the prompt is the plan's one other entry, found without a scan."""
+    lead = plan.decode_requests
+    if len(lead) == len(shape.decode):
+        return replica.by_id[next(islice(plan.scheduled, len(lead), None))], lead
+    running = replica.state.running
+    prompts = [r for r in running if r.in_prefill]
+    if len(prompts) != 1:
+        return None, ()
+    return prompts[0], [r for r in running if r is not prompts[0]]
 
 
 def first_crossing(held: int, context: int, after: int, block_size: int) -> int:
@@ -252,7 +260,7 @@ class _SteadySteps:
     change only when a request joins or leaves; a row's block crossings recur every block_size steps, so
     rows are kept by the phase of their first crossing; leaving requests are kept by their last step."""
 
-    def __init__(self, replica, prompt, shape, rule, end: float):
+    def __init__(self, replica, prompt, decodes, shape, rule, end: float):
         self.replica, self.prompt, self.kv = replica, prompt, replica.kv
         self.budget, self.cap = rule
         chunk, history = shape.prefill[0]
@@ -263,7 +271,7 @@ class _SteadySteps:
         self.held: dict = {}  # decode row -> blocks held when it became one
         self.phases: dict[int, list] = {}  # step % block_size -> (first crossing, last step) of rows
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
-        self._add_decodes((r for r in replica.state.running if r is not prompt), shape.decode)
+        self._add_decodes(decodes, shape.decode)
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]

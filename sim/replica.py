@@ -264,7 +264,7 @@ class Replica:
             _, duration = self._priced(plan, shape, swap_bytes, start)
             run = decode_run(self, start, duration, self._step_context) if may_leap(
                 self, plan, shape, swap_bytes) else None
-            prompt = prompt_run(self, shape, start, duration, self._step_context) if run is None and may_leap_prompt(
+            prompt = prompt_run(self, plan, shape, start, duration, self._step_context) if run is None and may_leap_prompt(
                 self, plan, shape, swap_bytes) else None
             if prompt is not None:
                 end = self.step_end = prompt.ends[-1]
