@@ -316,51 +316,83 @@ class _SteadySteps:
         replica = self.replica
         horizon = min(replica.horizon(), next_deadline(replica))
         before = replica.settings.runs_end_before_horizon
-        end = self.ends[0]
-        if before and not end < horizon:
+        if before and not self.ends[0] < horizon:
             return None
         self._leave(0)
-        block_size, cost, phases, num_blocks = self.kv.block_size, replica.cost, self.phases, self.kv.num_blocks
-        waiting = bool(replica.state.waiting)  # then only steps that leave no token budget for them run
-        for j in range(1, replica.settings.max_fast_forward):
-            if not (self.base or self.left) or (not before and not end < horizon):
+        stop = replica.settings.max_fast_forward
+        j = self._chunk_steps(stop, horizon, before, where)
+        if j is not None and not replica.state.waiting:  # while requests wait, a step must fill the budget
+            self._decode_steps(j, stop, horizon, before, where)
+        if len(self.ends) < 2:
+            return None
+        return PromptRun(self.prompt, self.history, self.chunks, self.sampled, self.ends, self.finish, self.rows)
+
+    def _chunk_steps(self, stop: int, horizon: float, before: bool, where) -> int | None:
+        """Steps 1.. while the prompt has tokens left, each priced by its shape; returns the first step
+        after them, or None where the run ends among them."""
+        block_size, cost = self.kv.block_size, self.replica.cost
+        waiting = bool(self.replica.state.waiting)  # then only steps that leave no token budget for them run
+        end, j = self.ends[-1], 1
+        while self.left:
+            if j >= stop or not (before or end < horizon):
+                return None
+            chunk = self.next_chunk()
+            target = -(-(self.computed + chunk) // block_size)
+            grow = self._crossings(j) + max(0, target - self.prompt_blocks)
+            if chunk <= 0 or grow > self.free or (waiting and chunk != self.budget - len(self.contexts)):
+                return None  # the policy would not run it so (or could admit a waiting request): step by step
+            seconds = cost.step_time(StepShape(((chunk, self.computed),), tuple(c + j for c in self.contexts), 0,
+                                               len(self.contexts) + (chunk == self.left)))
+            later = end + seconds
+            if not end < later < CLOCK_LIMIT:
+                check_run("cost_model", end, np.array([seconds]), where=where())
+            if before and not later < horizon:
+                return None
+            self._take(j, grow, chunk, target)
+            self.ends.append(later)
+            end = later
+            if j in self.leaving:
+                self._leave(j)
+            j += 1
+        return j
+
+    def _decode_steps(self, j: int, stop: int, horizon: float, before: bool, where) -> None:
+        """Steps j.. once the prompt has caught up: decode-only, O(1) each (the row count, the contexts'
+        sum and the free blocks are locals between leaves)."""
+        step_time, num_blocks = self.replica.cost.decode_step_time, self.kv.num_blocks
+        rows, ends, leaving = self.rows, self.ends, self.leaving
+        contexts, total, free = self.contexts, self.total, self.free
+        n, end = len(contexts), ends[-1]
+        while j < stop and n and (before or end < horizon):
+            grow = self._crossings(j)
+            if grow > free:
                 break
-            grow = 0
-            for first, last in phases.get(j % block_size, ()):
-                if first <= j <= last:
-                    grow += 1
-            chunk = target = 0
-            if self.left:
-                chunk = self.next_chunk()
-                target = -(-(self.computed + chunk) // block_size)
-                grow += max(0, target - self.prompt_blocks)
-                if chunk <= 0 or grow > self.free or (waiting and chunk != self.budget - len(self.contexts)):
-                    break  # the policy would not run it so (or could admit a waiting request): step by step
-                seconds = cost.step_time(StepShape(((chunk, self.computed),), tuple(c + j for c in self.contexts), 0,
-                                                   len(self.contexts) + (chunk == self.left)))
-            else:
-                if grow > self.free or waiting:
-                    break
-                rows = len(self.contexts)
-                summed = self.total + rows * j
-                seconds = cost.decode_step_time(self.contexts, j, summed)
+            summed = total + n * j
+            seconds = step_time(contexts, j, summed)
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
             if before and not later < horizon:
                 break
-            if chunk:
-                self._take(j, grow, chunk, target)
-            else:  # _take of a decode-only step, spelled out (most steps of a run)
-                self.free -= grow
-                self.rows.append((0, rows, rows, num_blocks - self.free, summed, 0, 0))
-            self.ends.append(later)
+            free -= grow
+            rows.append((0, n, n, num_blocks - free, summed, 0, 0))
+            ends.append(later)
             end = later
-            if j in self.leaving:
+            if j in leaving:
+                self.free = free
                 self._leave(j)
-        if len(self.ends) < 2:
-            return None
-        return PromptRun(self.prompt, self.history, self.chunks, self.sampled, self.ends, self.finish, self.rows)
+                contexts, total, free = self.contexts, self.total, self.free
+                n = len(contexts)
+            j += 1
+        self.free = free
+
+    def _crossings(self, j: int) -> int:
+        """Decode rows that cross into a new KV block in step j."""
+        count = 0
+        for first, last in self.phases.get(j % self.kv.block_size, ()):
+            if first <= j <= last:
+                count += 1
+        return count
 
     def next_chunk(self) -> int:
         """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""

@@ -135,7 +135,7 @@ class Grid:
         self.a0, self.b0 = self.a[0], self.b[0]
         self._s = float(slopes_of(b, z[-1])[-1]) / self.a[-1]
         self._rows: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-        self._cells: dict[float, list[float]] = {}  # a -> the row's values at the b knots (scalar path)
+        self._cells: dict[float, tuple] = {}  # a -> the row's values at the b knots and slopes (scalar path)
 
     def _row_index(self, a: float) -> tuple[int, float]:
         """(row, offset) for a row between knots, or (-1, a / a_last) beyond the last row."""
@@ -152,23 +152,27 @@ class Grid:
         return self.z[i][j] + da * self.a_slopes[i][j]
 
     def at(self, a: float, b: float) -> float:
-        """z at one point (plain Python arithmetic; the row at `a` is remembered, as it is pure in a)."""
-        cells = self._cells.get(a)
-        if cells is None:
-            if len(self._cells) >= ROW_CACHE:
-                self._cells.clear()
-            i, da = self._row_index(a)
-            cells = self._cells[a] = [self._cell(i, da, j) for j in range(len(self.b))]
+        """z at one point (plain Python arithmetic; the row at `a`, its values and slopes along b, is
+        remembered, as it is pure in a)."""
+        row = self._cells.get(a)
+        if row is None:
+            row = self._scalar_row(a)
+        cells, slopes = row
         if b < self.b0:
             b = self.b0
         j = bisect_right(self.b, b) - 1
-        r0 = cells[j]
-        if j + 1 < len(cells):
-            r1 = cells[j + 1]
-            slope = (r1 - r0) / (self.b[j + 1] - self.b[j])
-        else:
-            slope = (a if a > self.a0 else self.a0) * self._s
-        return r0 + (b - self.b[j]) * slope
+        return cells[j] + (b - self.b[j]) * slopes[j]
+
+    def _scalar_row(self, a: float) -> tuple[list[float], list[float]]:
+        """(values at the b knots, slope of each segment and beyond the last knot) of the row at `a`."""
+        if len(self._cells) >= ROW_CACHE:
+            self._cells.clear()
+        i, da = self._row_index(a)
+        cells = [self._cell(i, da, j) for j in range(len(self.b))]
+        slopes = [(cells[j + 1] - cells[j]) / (self.b[j + 1] - self.b[j]) for j in range(len(cells) - 1)]
+        slopes.append((a if a > self.a0 else self.a0) * self._s)
+        self._cells[a] = cells, slopes
+        return cells, slopes
 
     def many(self, a: float, b: np.ndarray) -> np.ndarray:
         """z(a, b[k]) for fixed a; element k equals `at(a, b[k])` exactly."""
