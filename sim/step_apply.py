@@ -242,18 +242,20 @@ def commit_prompt_run(replica, run) -> None:
     def row(j: int) -> int:
         return step if j == 0 else first + j - 1
 
-    previous = replica.prev_step
-    for req in replica.state.running:
+    previous, running = replica.prev_step, replica.state.running
+    leaving = []  # the finished, in the batch's order
+    for req in running:
+        if req in finish:
+            leaving.append(req)
         if req is not prompt:
             tokens = finish.get(req, count - 1) + 1
             _decode_tokens(recorder, req, tokens, step, row(tokens - 1), previous)
     _commit_prompt(recorder, run, row)
     recorder.add_run(replica.index, ends, padding_tokens=0, preemptions=0, swap_bytes=0.0, **run.columns())
     replica.prev_step = row(count - 1)
-    if finish:  # each at its own step's end, in the order stepping one by one releases them
-        running = replica.state.running
-        order = {req: i for i, req in enumerate(running)}
-        for req in sorted(finish, key=lambda r: (finish[r], order[r])):
+    if leaving:  # each at its own step's end, in the order stepping one by one releases them (a stable sort)
+        leaving.sort(key=finish.__getitem__)
+        for req in leaving:
             leave_finished(replica, req, ends[finish[req]])
         replica.state.running = [req for req in running if req not in finish]
     kv = replica.kv
