@@ -20,6 +20,7 @@ Nothing here mutates the replica; sim/step_apply.py commit_run and commit_prompt
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from itertools import islice
 from dataclasses import dataclass
 
@@ -77,8 +78,20 @@ def decode_run(replica, start: float, duration: float, where):
         return None
     before = settings.runs_end_before_horizon
     if steps <= SCALAR_RUN:
-        return scalar_run(running, replica.kv, replica.cost, steps, start, duration, horizon, before, where)
-    return vector_run(running, replica.kv, replica.cost, steps, start, duration, horizon, before, where)
+        run = scalar_run(running, replica.kv, replica.cost, steps, start, duration, horizon, before, where)
+    else:
+        run = vector_run(running, replica.kv, replica.cost, steps, start, duration, horizon, before, where)
+    return run if run is None else _before_stop(run, replica.stop_time)
+
+
+def _before_stop(run, stop_time: float):
+    """The steps of a decode run (ends, extra) that end before the simulation stops (max_time), or None
+    to step once where that leaves fewer than two."""
+    ends, extra = run
+    if ends[-1] < stop_time:
+        return run
+    count = bisect_left(ends, stop_time) if isinstance(ends, list) else int(np.searchsorted(ends, stop_time, "left"))
+    return (ends[:count], extra[:count]) if count >= 2 else None
 
 
 def vector_run(running, kv, cost, steps, start, duration, horizon, before, where):
@@ -346,7 +359,7 @@ class _SteadySteps:
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
-            if before and not later < horizon:
+            if (before and not later < horizon) or not later < self.replica.stop_time:
                 return None
             self._take(j, grow, chunk, target)
             self.ends.append(later)
@@ -362,7 +375,7 @@ class _SteadySteps:
         step_time, num_blocks = self.replica.cost.decode_step_time, self.kv.num_blocks
         rows, ends, leaving = self.rows, self.ends, self.leaving
         contexts, total, free = self.contexts, self.total, self.free
-        n, end = len(contexts), ends[-1]
+        n, end, stop_time = len(contexts), ends[-1], self.replica.stop_time
         while j < stop and n and (before or end < horizon):
             grow = self._crossings(j)
             if grow > free:
@@ -372,7 +385,7 @@ class _SteadySteps:
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
-            if before and not later < horizon:
+            if (before and not later < horizon) or not later < stop_time:
                 break
             free -= grow
             rows.append((0, n, n, num_blocks - free, summed, 0, 0))

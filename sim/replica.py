@@ -16,6 +16,7 @@ micro-batches in flight); sim/pipeline.py make_replica picks the loop from the c
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -112,6 +113,9 @@ class Replica:
         self._wake = None
         self._cut = None  # closed loop: triggered by an arrival routed here during a fast-forwarded run
         self._resume_at = None
+        # the simulation's end (max_time): every step of a fast-forwarded run ends before it, since a run is
+        # committed at its end and SimPy stops there; stepping commits each step that ended by then
+        self.stop_time = math.inf
         self.process = env.process(self.run())
 
     def _init_admission_signals(self, settings: ReplicaSettings, cost: CostModel) -> None:

@@ -108,6 +108,7 @@ def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequ
 
     for replica in replicas:
         replica.on_idle = check_drained
+        replica.stop_time = math.inf if max_time is None else max_time  # fast-forwarded runs end before it
     feed.router = ROUTERS[router](entry)
     feed.on_done = check_drained
     env.process(feed.run())

@@ -52,25 +52,26 @@ def cost_model(name: str):
     return _COST_MODELS[name]
 
 
-def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool):
+def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool, max_time: float = 1e6):
     requests, t = [], 0.0
     for i, (gap, prompt, output) in enumerate(specs):
         t += gap
         requests.append(Request(i, t, prompt, output))
     settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward, swap_bandwidth=1e9)
     recorder, _ = simulate(requests, lambda: make_policy(POLICIES[policy]), cost_model(cost),
-                           lambda: KVCache(num_blocks, 16, 1, False, 1024.0), settings_, max_time=1e6)
+                           lambda: KVCache(num_blocks, 16, 1, False, 1024.0), settings_, max_time=max_time)
     return requests, recorder
 
 
-@settings(max_examples=120)
+@settings(max_examples=150)
 @given(st.sampled_from(sorted(POLICIES)), st.sampled_from(sorted(COSTS)), WORKLOADS, st.integers(26, 200),
-       st.sampled_from([0, 8, 64, 10**9]))
-def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run):
-    stepped = run(policy, cost, specs, num_blocks, fast_forward=False)
+       st.sampled_from([0, 8, 64, 10**9]), st.sampled_from([1e6, 1e6, 0.5, 3.0]))
+def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run, max_time):
+    """Also where the simulation stops mid-run (sim.max_time): a run's steps that ended by then count."""
+    stepped = run(policy, cost, specs, num_blocks, fast_forward=False, max_time=max_time)
     with pytest.MonkeyPatch.context() as patch:  # 0: numpy runs only; 10**9: plain-Python runs only
         patch.setattr(fast_forward_module, "SCALAR_RUN", scalar_run)
-        fast = run(policy, cost, specs, num_blocks, fast_forward=True)
+        fast = run(policy, cost, specs, num_blocks, fast_forward=True, max_time=max_time)
     assert_same_run(stepped, fast)
 
 
