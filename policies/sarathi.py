@@ -108,6 +108,11 @@ class Sarathi(Policy):
             return None
         return self.token_budget(state), self.request_cap()
 
+    def steady_admission(self, state):
+        if self.steady_chunks(state) is None or self.extras is not None or self.gate is not None:
+            return None  # (encoder budgets and LoRA slots shape admissions; quotas judge arrivals by state)
+        return self.config.max_num_seqs
+
     def never_runs(self, req, state) -> str:
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 

@@ -10,7 +10,8 @@ bound once when the replica is built:
 - sim/preemption.py: the preemption recovery strategy (recompute, swap or auto; the queue order);
 - sim/roles.py: the replica's role (colocated, or a P/D pool's prefill or decode) and its hooks;
 - sim/fast_forward.py: how far a run of identical decode steps may be skipped, computed without
-  touching the replica (results identical to stepping one by one).
+  touching the replica (results identical to stepping one by one); sim/prompt_run.py the same for a
+  steady chunked-prefill schedule (a prompt's chunks, the decodes after it, the arrivals it admits).
 A replica of P > 1 pipeline stages runs a loop of its own (sim/pipeline.py PipelinedReplica: up to P
 micro-batches in flight); sim/pipeline.py make_replica picks the loop from the cost model.
 """
@@ -26,12 +27,13 @@ from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead, queue
 from .clock import delay_to
 from .cost import CostModel
 from .durations import CLOCK_LIMIT, check_step
-from .fast_forward import cut_run, decode_run, may_leap, may_leap_prompt, prompt_run
+from .fast_forward import cut_run, decode_run, may_leap
 from .kv_cache import KVCache
 from .kv_link import KVLink
 from .metrics.recorder import Recorder
 from .plan import StepPlan
 from .preemption import make_recovery
+from .prompt_run import may_leap_prompt, prompt_run
 from .request import Request, Status
 from .roles import Colocated
 from .shape import StepShape
@@ -116,6 +118,7 @@ class Replica:
         # the simulation's end (max_time): every step of a fast-forwarded run ends before it, since a run is
         # committed at its end and SimPy stops there; stepping commits each step that ended by then
         self.stop_time = math.inf
+        self.arrivals = None  # the arrival feed, where this replica alone receives every arrival, open loop
         self.process = env.process(self.run())
 
     def _init_admission_signals(self, settings: ReplicaSettings, cost: CostModel) -> None:

@@ -56,6 +56,12 @@ class ArrivalFeed:
         if self.index == len(requests):
             self.on_done()
 
+    def peek(self, k: int) -> Request | None:
+        """The k-th request not routed yet (k = 0: the next), made as it will arrive; None past the last.
+        Routing is left to its time (a prompt run looks ahead: sim/prompt_run.py)."""
+        index = self.index + k
+        return self.take(index) if index < len(self.requests) else None
+
     def run(self):
         env = self.env
         while self.index < len(self.requests):
@@ -89,6 +95,8 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
                          noise=noise, pull=feed.deliver_until) for i in range(replicas)]
     if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves
         feed.attach(pool)
+    if clients is None and replicas == 1:  # every arrival goes to it, open loop: a prompt run may look ahead
+        pool[0].arrivals = feed
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 

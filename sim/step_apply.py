@@ -229,11 +229,12 @@ def commit_run(replica, ends, extra, hold_finished: bool) -> None:
 
 
 def commit_prompt_run(replica, run) -> None:
-    """Commit a prompt run (sim/fast_forward.py PromptRun) with the result of committing its steps one
-    by one: rows in bulk; every decode a token a step until it finishes; the prompt its chunks, then a
-    token in the step of its last chunk and in every step after it; finished requests leave, each at
-    its own step's end, before the others' blocks grow."""
-    ends, prompt, finish = run.ends, run.prompt, run.finish
+    """Commit a prompt run (sim/prompt_run.py PromptRun) with the result of committing its steps one by
+    one: rows in bulk; every decode a token a step until it finishes; each prompt joins (an admitted one
+    in its step, as `admit` has it), runs its chunks, then samples a token in the step of its last chunk
+    and in every step after it; finished requests leave, each at its own step's end, before the others'
+    blocks grow."""
+    ends, finish = run.ends, run.finish
     count = len(ends)
     recorder, step = replica.recorder, replica.step
     recorder.set_end(step, ends[0])
@@ -243,14 +244,22 @@ def commit_prompt_run(replica, run) -> None:
         return step if j == 0 else first + j - 1
 
     previous, running = replica.prev_step, replica.state.running
+    prompts = {segment.prompt for segment in run.prompts}
     leaving = []  # the finished, in the batch's order
     for req in running:
         if req in finish:
             leaving.append(req)
-        if req is not prompt:
+        if req not in prompts:
             tokens = finish.get(req, count - 1) + 1
             _decode_tokens(recorder, req, tokens, step, row(tokens - 1), previous)
-    _commit_prompt(recorder, run, row)
+    if len(run.prompts) > 1:
+        replica.pull(ends[-1])  # the requests the run admitted arrived by its end (the feed routed them)
+    for segment in run.prompts:
+        if segment.first:
+            _join(replica, segment.prompt, ends[segment.first - 1], row(segment.first))
+            if segment.prompt in finish:
+                leaving.append(segment.prompt)
+        _commit_prompt(recorder, segment, run, row)
     recorder.add_run(replica.index, ends, padding_tokens=0, preemptions=0, swap_bytes=0.0, **run.columns())
     replica.prev_step = row(count - 1)
     if leaving:  # each at its own step's end, in the order stepping one by one releases them (a stable sort)
@@ -263,6 +272,20 @@ def commit_prompt_run(replica, run) -> None:
         blocks = -(-req.num_computed_tokens // kv.block_size)
         if blocks > req.num_blocks:
             kv.grow(req, blocks)
+
+
+def _join(replica, req: Request, start: float, row: int) -> None:
+    """`req`, admitted by a prompt run in the step that starts at `start` (row `row` of the step table),
+    joins the batch as `admit` has a request join: from the waiting queue, or, having arrived during the
+    run, from `incoming` (where it is the first: the run admits only a lone waiting request)."""
+    waiting = replica.state.waiting
+    if not (waiting and waiting[0] is req):
+        if replica.incoming.popleft() is not req:
+            raise RuntimeError(f"request {req.id}: a prompt run admitted a request that was not next")
+        waiting.append(req)
+        replica.by_id[req.id] = req
+    admit(replica, req, start)  # (a fresh request holds no KV: its blocks grow with the run's, below)
+    req.first_scheduled_step = row
 
 
 def _decode_tokens(recorder, req: Request, tokens: int, step: int, last: int, previous: int) -> None:
@@ -279,14 +302,14 @@ def _decode_tokens(recorder, req: Request, tokens: int, step: int, last: int, pr
     req.num_computed_tokens += tokens
 
 
-def _commit_prompt(recorder, run, row) -> None:
-    """The prompt's chunks, then a token in step `run.sampled` and in each step after it (each a
-    decode row from step len(chunks) on) until it finishes or the run ends."""
-    prompt, ends, sampled = run.prompt, run.ends, run.sampled
-    computed = run.history + sum(run.chunks)
+def _commit_prompt(recorder, segment, run, row) -> None:
+    """A prompt's chunks, then a token in step `segment.sampled` and in each step after it (each a decode
+    row from the step after its last chunk on) until it finishes or the run ends."""
+    prompt, ends, sampled = segment.prompt, run.ends, segment.sampled
+    computed = segment.history + sum(segment.chunks)
     if sampled is not None and sampled < len(ends):  # (a recompute's decode row may fall after the run)
         last = run.finish.get(prompt, len(ends) - 1)
-        computed += last - len(run.chunks) + 1  # its decode rows
+        computed += last - (segment.first + len(segment.chunks)) + 1  # its decode rows
         _prompt_token(recorder, prompt, row(sampled), ends[sampled])
         if last > sampled:
             prompt.run_tokens += last - sampled

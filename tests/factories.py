@@ -127,8 +127,10 @@ def assert_same_run(one, other) -> None:
     """Two runs ((requests, recorder), e.g. stepped and fast-forwarded) gave the same requests' times,
     the same step table and every token at the same step."""
     for a, b in zip(one[0], other[0]):
-        assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled) == \
-            (b.status, b.first_token_time, b.completion_time, b.num_preemptions, b.first_scheduled), a.id
+        assert (a.status, a.first_token_time, a.completion_time, a.num_preemptions, a.first_scheduled,
+                a.first_scheduled_step, a.first_token_step) == \
+            (b.status, b.first_token_time, b.completion_time, b.num_preemptions, b.first_scheduled,
+             b.first_scheduled_step, b.first_token_step), a.id
     steps, other_steps = one[1].step_table(), other[1].step_table()
     for name in steps:
         assert np.array_equal(steps[name], other_steps[name], equal_nan=True), name  # a step cut by max_time: NaN end

@@ -99,3 +99,79 @@ def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
     order, other_order = np.lexsort((one["start"], one["replica"])), np.lexsort((other["start"], other["replica"]))
     for name in one:
         assert np.array_equal(one[name][order], other[name][other_order]), name
+
+
+# sarathi under budgets, seats and caches that an admission inside a prompt run can hit: a budget the
+# decodes can fill, few seats, a cap, and a watermark the first chunk must leave
+ADMITTING = {
+    "sarathi": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8},
+    "sarathi-tight": {"name": "sarathi", "token_budget": 6, "max_num_seqs": 12},
+    "sarathi-seats": {"name": "sarathi", "token_budget": 96, "max_num_seqs": 3},
+    "sarathi-capped": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "long_prefill_token_threshold": 24},
+    "sarathi-partials": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "max_num_partial_prefills": 2},
+}
+# arrivals spread over the decode steps of the requests before them (a step takes ~0.02-0.2 s)
+SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0.6, 2.0]), st.integers(1, 160),
+                            st.integers(1, 120)), min_size=2, max_size=18)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(ADMITTING)), st.sampled_from(["linear", "vidur", "roofline"]), SPREAD,
+       st.integers(12, 160), st.sampled_from([1, 4, 12]), st.sampled_from([1e6, 1e6, 2.0]))
+def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, watermark, max_time):
+    """A prompt run that routes and admits arrivals itself (one replica, open loop: sim/prompt_run.py)
+    gives what stepping one by one gives, where the admission fits and where it does not (KV beside the
+    watermark, seats, a budget the decodes fill, two requests waiting, a cut)."""
+    def one(fast_forward: bool):
+        requests, t = [], 0.0
+        for i, (gap, prompt, output) in enumerate(specs):
+            t += gap
+            requests.append(Request(i, t, prompt, output))
+        settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward)
+        recorder, _ = simulate(requests, lambda: make_policy(ADMITTING[policy]), cost_model(cost),
+                               lambda: KVCache(num_blocks, 16, watermark, False, 1024.0), settings_, max_time=max_time)
+        return requests, recorder
+
+    assert_same_run(one(False), one(True))
+
+
+@pytest.mark.parametrize("policy, specs", [
+    ("sarathi-tight", [(0.0, 5, 100)] * 7 + [(0.5, 10, 20)]),  # the decodes fill the budget: no admission
+    ("sarathi", [(0.0, 30, 100), (0.5, 10, 20), (0.5, 10, 20)]),  # two arrive together: the policy plans
+    ("sarathi", [(0.0, 30, 100), (0.5, 500, 20), (0.7, 10, 20)]),  # one too long for the model: rejected
+    ("sarathi", [(0.0, 300, 100), (0.001, 200, 20), (0.9, 10, 5)]),  # one waits while a chunk fills the budget
+    ("sarathi-seats", [(0.0, 20, 100)] * 3 + [(0.4, 10, 20)]),  # every seat taken
+])
+def test_runs_with_arrivals_in_examples(policy, specs):
+    def one(fast_forward: bool):
+        requests = [Request(i, t, prompt, output) for i, (t, prompt, output) in enumerate(specs)]
+        recorder, _ = simulate(requests, lambda: make_policy(ADMITTING[policy]), cost_model("linear"),
+                               lambda: KVCache(200, 16, 1, False, 1024.0),
+                               ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward))
+        return requests, recorder
+
+    assert_same_run(one(False), one(True))
+
+
+def test_a_run_admits_the_arrivals_it_reaches():
+    """The reference shape (a request at a time, each arriving while the others decode) takes its
+    arrivals inside prompt runs: fewer planned steps than arrivals, and the same tables."""
+    specs = [(0.5, 100, 80)] * 30
+    requests = [Request(i, 0.5 * i, 100, 80) for i in range(30)]
+    planned = []
+
+    def one(fast_forward: bool):
+        reqs = [Request(r.id, r.arrival, r.prompt_len, r.output_len) for r in requests]
+        policy = make_policy(ADMITTING["sarathi"])
+        schedule = policy.schedule
+        policy.schedule = lambda state: planned.append(1) or schedule(state)
+        recorder, _ = simulate(reqs, lambda: policy, cost_model("linear"),
+                               lambda: KVCache(400, 16, 1, False, 1024.0),
+                               ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward))
+        return reqs, recorder
+
+    stepped = one(False)
+    planned.clear()
+    fast = one(True)
+    assert_same_run(stepped, fast)
+    assert len(planned) < len(specs) / 2, len(planned)

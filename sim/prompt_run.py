@@ -1,0 +1,413 @@
+"""Prompt runs: fast-forward over the steps of a steady chunked-prefill schedule, computed without
+touching the replica (sim/step_apply.py commit_prompt_run applies one).
+
+A policy that states its plans (Policy.steady_chunks: Sarathi-style, every decode and then the prompt's
+next chunk, min(tokens left, budget - decodes, cap)) lets the replica skip over the chunks of the one
+prompt in progress and on over the decode steps after it: each step's shape is priced by the cost model
+as the step would be; a request that finishes leaves at its step's end while the others go on. While
+requests wait, only steps whose chunk takes the whole token budget run (nothing can be admitted beside
+it). The run stops before KV runs short, before the simulation's end, and at the next outside event.
+
+Arrivals inside a run. Where the replica alone receives every arrival (one replica, open loop:
+Replica.arrivals is the feed) and the policy states its admission (Policy.steady_admission: a lone
+fresh waiting request, with no prompt in progress, is admitted as admit_prefills does), an arrival is
+not an outside event. The run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each
+request at its time, and the replica's reject_reason says which it will turn away); a request is
+visible from the first step that starts at or after its arrival, and when nothing else waits and no
+prompt is in progress the run admits it in that step if a sequence, a token and its first chunk's KV
+blocks beside the watermark are free; the new prompt then runs its chunks as the first one did.
+Anything else (two requests waiting, a request that holds progress, a prompt's last chunk that leaves
+budget while a request waits, an admission that does not fit) ends the run before that step, which
+the policy then plans.
+
+Per step O(1) work: the decode rows' step-0 contexts (a row of step j reads its context + j) and their
+sum change only when a request joins or leaves; a row's block crossings recur every block_size steps,
+so rows are kept by the phase of their first crossing; leaving requests are kept by their last step.
+Invariant: the result is exactly (bit for bit) what stepping one by one gives; tests/test_fast_path.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import islice
+
+import numpy as np
+
+from .durations import CLOCK_LIMIT, check_run
+from .fast_forward import next_deadline
+from .request import Request, Status
+from .shape import StepShape
+
+ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
+               "prefill_history_tokens", "prefill_attention_pairs")
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSegment:
+    """One prompt's part of a run: it runs `chunks[k]` in step first + k (from history `history`) until it
+    has caught up, then is a decode row. `first`: 0 for the prompt in progress at the run's start, else
+    the step that admits it. It samples its next token in step `sampled` (None: not in this run): its
+    last chunk's, or, when that left one token (a recompute's), its first decode row's."""
+
+    prompt: Request
+    first: int
+    history: int
+    chunks: list[int]
+    sampled: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRun:
+    """Steps 0..k from the step begun (step 0): every running decode decodes each step, and the prompts
+    run their chunks one after another (`prompts`, in the order they run). A request whose last token
+    comes in step j leaves at that step's end (`finish[req]` = j). `ends[j]`: when step j ends;
+    `rows[j - 1]`: step j's values of ROW_COLUMNS in the step table."""
+
+    prompts: tuple[PromptSegment, ...]
+    ends: list[float]
+    finish: dict
+    rows: list[tuple]
+
+    def columns(self) -> dict[str, list]:
+        """The run's steps 1..k as step-table columns (ROW_COLUMNS)."""
+        return {name: list(values) for name, values in zip(ROW_COLUMNS, zip(*self.rows))}
+
+
+def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
+    """Whether the step just begun may start a prompt run: one prompt in progress beside decodes of every
+    other running request, and nothing that changes from step to step or must see each
+    step (noise, recorded shapes, prefix caching, a sliding window, the decode reserve and step cap, TTFT
+    admission, a closed loop or client timeouts, a P/D role, side work)."""
+    state = replica.state
+    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
+            and replica.settings.fast_forward and replica.settings.client_timeout is None
+            and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
+                     or plan.hold_finished or state.reserve is not None
+                     or state.step_cap is not None)
+            and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
+            and replica.kv.window is None and replica.admission is None and replica.on_leave is None
+            and replica.role.leaps_prompts)
+
+
+def prompt_run(replica, plan, shape, start: float, duration: float, where) -> PromptRun | None:
+    """The prompt run from the step that starts at `start` and lasts `duration` (plan `plan`, shape
+    `shape`), or None to step once. While a prompt has tokens left, step j decodes every running decode
+    once more and runs the chunk min(tokens left, budget - decodes, cap) at the prompt's history; from
+    the step after the one that samples its next token it is one more decode. A request that finishes
+    leaves at the end of its step. A step runs only if its blocks fit in the free ones (block crossings,
+    the prompt's growth), if it leaves no token budget while requests wait, if it ends before the
+    simulation does, and, as in a decode run, if it starts before the next outside event (with
+    runs_end_before_horizon: ends before it). Arrivals: see the module docstring."""
+    steady = getattr(replica.policy, "steady_chunks", None)  # a policy without it (a test's wrapper) is stepped
+    rule = steady(replica.state) if steady is not None else None
+    seats = _admission_seats(replica) if rule is not None else None
+    horizon = next_deadline(replica) if seats is not None else min(replica.horizon(), next_deadline(replica))
+    if rule is None or not start + duration < horizon:
+        return None  # not steady, or an outside event comes before its second step (before any O(rows) work)
+    prompt, decodes = _prompt_and_decodes(replica, plan, shape)
+    if prompt is None or prompt.mm_inputs or shape.prefill[0][1] != prompt.num_computed_tokens:
+        return None
+    return _SteadySteps(replica, prompt, decodes, shape, rule, seats, start + duration).price(horizon, where)
+
+
+def _admission_seats(replica) -> int | None:
+    """max_num_seqs where a run may route and admit arrivals itself (see the module docstring), else None."""
+    admits = getattr(replica.policy, "steady_admission", None)
+    if not (replica.arrivals is not None and admits is not None) or replica.state.swapped_first \
+            or replica.kv.reserve_full_prompt or replica.settings.max_queued_requests is not None:
+        return None
+    return admits(replica.state)
+
+
+def _prompt_and_decodes(replica, plan, shape) -> tuple:
+    """(the one running request in prefill, the others in the batch's order), or (None, ()) unless
+    exactly one is in prefill. When the plan's leading decodes are every decode row of the step
+    (StepPlan.decode_requests), the prompt is the plan's one other entry, found without a scan."""
+    lead = plan.decode_requests
+    if len(lead) == len(shape.decode):
+        return replica.by_id[next(islice(plan.scheduled, len(lead), None))], lead
+    running = replica.state.running
+    prompts = [r for r in running if r.in_prefill]
+    if len(prompts) != 1:
+        return None, ()
+    return prompts[0], [r for r in running if r is not prompts[0]]
+
+
+def first_crossing(held: int, context: int, after: int, block_size: int) -> int:
+    """The first step after `after` in which a row reading context + step (its step-0 `context`) outgrows
+    the `held` blocks; later crossings follow every block_size steps."""
+    first = held * block_size - context + 1
+    if first <= after:
+        first += (after - first) // block_size * block_size + block_size
+    return first
+
+
+class _SteadySteps:
+    """The state of a prompt run while its steps are priced one by one (see the module docstring)."""
+
+    def __init__(self, replica, prompt, decodes, shape, rule, seats: int | None, end: float):
+        self.replica, self.kv = replica, replica.kv
+        self.budget, self.cap = rule
+        self.seats = seats  # max_num_seqs when the run routes and admits arrivals, else None
+        self.segments: list[PromptSegment] = []  # prompts done with (a later one was admitted)
+        chunk, history = shape.prefill[0]
+        self._start_prompt(prompt, 0, history, prompt.num_blocks)
+        self.base: dict = {}  # decode row -> its step-0 context (step j reads it + j), in the batch's order
+        self.held: dict = {}  # decode row -> blocks held when it became one
+        self.phases: dict[int, list] = {}  # step % block_size -> (first crossing, last step) of rows
+        self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
+        self._add_decodes(decodes, shape.decode)
+        self.admitted: list[Request] = []  # joined the batch in this run, in order
+        self.waiting = len(replica.state.waiting)  # of the requests waiting at the start, those not admitted
+        self.arriving = list(replica.incoming)  # routed here, not visible at the start; then those peeked at
+        self.peeked = 0  # requests of the feed looked at (not routed yet)
+        self.seen = 0  # of self.arriving, those visible by the current step
+        self.routed = 0  # of those, the ones admitted (the first ones)
+        self.finish: dict = {}
+        self.free = self.kv.free_blocks
+        self.ends = [end]
+        self.rows: list[tuple] = []  # steps 1..: ROW_COLUMNS
+        self.contexts = list(shape.decode)
+        self.total = sum(self.contexts)
+        self.chunks.append(chunk)
+        self.computed += chunk
+        self.left -= chunk
+        self._caught_up(0)
+
+    def _start_prompt(self, prompt, first: int, history: int, blocks: int) -> None:
+        """`prompt` runs its chunks from step `first` (history `history`, `blocks` held)."""
+        self.prompt, self.first, self.history, self.chunks, self.sampled = prompt, first, history, [], None
+        self.computed, self.prompt_blocks = history, blocks
+        self.left = prompt.prompt_len + prompt.num_output_tokens - history
+
+    def _segment(self) -> PromptSegment:
+        return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled)
+
+    def _add_decodes(self, decodes, contexts) -> None:
+        """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, one call a row)."""
+        base, held, leaving, phases = self.base, self.held, self.leaving, self.phases
+        block_size = self.kv.block_size
+        for req, context in zip(decodes, contexts):
+            blocks = req.num_blocks
+            last = req.output_len - req.num_output_tokens - 1
+            base[req] = context
+            held[req] = blocks
+            leaving.setdefault(last, []).append(req)
+            first = first_crossing(blocks, context, 0, block_size)
+            if first <= last:
+                phases.setdefault(first % block_size, []).append((first, last))
+
+    def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
+        """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
+        self.base[req] = context
+        self.held[req] = held
+        self.leaving.setdefault(last, []).append(req)
+        block_size = self.kv.block_size
+        first = first_crossing(held, context, after, block_size)
+        if first <= last:
+            self.phases.setdefault(first % block_size, []).append((first, last))
+
+    def _rebuild(self) -> None:
+        """The rows in the batch's order (the running requests', then those admitted in this run), their
+        contexts and sum."""
+        order = [r for r in (*self.replica.state.running, *self.admitted) if r in self.base]
+        self.base = {r: self.base[r] for r in order}
+        self.contexts = list(self.base.values())
+        self.total = sum(self.contexts)
+
+    # -- the steps -----------------------------------------------------------------------
+    def price(self, horizon: float, where) -> PromptRun | None:
+        before = self.replica.settings.runs_end_before_horizon
+        if before and not self.ends[0] < horizon:
+            return None
+        self._leave(0)
+        stop = self.replica.settings.max_fast_forward
+        j = 1
+        while True:
+            j = self._chunk_steps(j, stop, horizon, before, where)
+            if j is not None:
+                j = self._decode_steps(j, stop, horizon, before, where)
+            if j is None or not self._admit(j):
+                break
+        if len(self.ends) < 2:
+            return None
+        prompts = [*self.segments, self._segment()]
+        if prompts[-1].first and not prompts[-1].chunks:  # admitted for a step the run did not take
+            prompts.pop()
+        return PromptRun(tuple(prompts), self.ends, self.finish, self.rows)
+
+    def _arrivals(self, start: float) -> int:
+        """Requests waiting at a step that starts at `start`: those waiting when the run began and not
+        admitted since, and, where the run takes arrivals, those that arrived here by then."""
+        if self.seats is not None:
+            while self._next_arrival() <= start:
+                self.seen += 1
+        return self.waiting + self.seen - self.routed
+
+    def _next_arrival(self) -> float:
+        """When the next request that will be visible here arrives (inf: none). The feed is looked at,
+        not advanced: it routes each request at its time, and the replica's `reject_reason` (pure here,
+        see _admission_seats) says which it will turn away."""
+        arriving, feed = self.arriving, self.replica.arrivals
+        while self.seen == len(arriving):
+            req = feed.peek(self.peeked)
+            if req is None:
+                return math.inf
+            self.peeked += 1
+            if not self.replica.reject_reason(req):
+                arriving.append(req)
+        return arriving[self.seen].arrival
+
+    def _chunk_steps(self, j: int, stop: int, horizon: float, before: bool, where) -> int | None:
+        """Steps j.. while the prompt has tokens left, each priced by its shape; returns the first step
+        after them, or None where the run ends among them."""
+        block_size, cost = self.kv.block_size, self.replica.cost
+        end = self.ends[-1]
+        while self.left:
+            if j >= stop or not (before or end < horizon):
+                return None
+            waiting = self._arrivals(end)  # then only steps that leave no token budget for them run
+            chunk = self.next_chunk()
+            target = -(-(self.computed + chunk) // block_size)
+            grow = self._crossings(j) + max(0, target - self.prompt_blocks)
+            if chunk <= 0 or grow > self.free or (waiting and chunk != self.budget - len(self.contexts)):
+                return None  # the policy would not run it so (or could admit a waiting request): step by step
+            seconds = cost.step_time(StepShape(((chunk, self.computed),), tuple(c + j for c in self.contexts), 0,
+                                               len(self.contexts) + (chunk == self.left)))
+            later = end + seconds
+            if not end < later < CLOCK_LIMIT:
+                check_run("cost_model", end, np.array([seconds]), where=where())
+            if (before and not later < horizon) or not later < self.replica.stop_time:
+                return None
+            self._take(j, grow, chunk, target)
+            self.ends.append(later)
+            end = later
+            if j in self.leaving:
+                self._leave(j)
+            j += 1
+        return j
+
+    def _decode_steps(self, j: int, stop: int, horizon: float, before: bool, where) -> int | None:
+        """Steps j.. once the prompt has caught up: decode-only, O(1) each (the row count, the contexts'
+        sum and the free blocks are locals between leaves). Returns the step at whose start a request
+        waits (the run may admit it), or None where the run ends."""
+        step_time, num_blocks = self.replica.cost.decode_step_time, self.kv.num_blocks
+        rows, ends, leaving = self.rows, self.ends, self.leaving
+        contexts, total, free = self.contexts, self.total, self.free
+        n, end, stop_time = len(contexts), ends[-1], self.replica.stop_time
+        if self._arrivals(end):
+            return j if self.seats is not None else None
+        arrival = self._next_arrival() if self.seats is not None else math.inf  # the next one to be visible
+        while j < stop and n and (before or end < horizon):
+            if arrival <= end:
+                self.free = free
+                return j
+            grow = self._crossings(j)
+            if grow > free:
+                break
+            summed = total + n * j
+            seconds = step_time(contexts, j, summed)
+            later = end + seconds
+            if not end < later < CLOCK_LIMIT:
+                check_run("cost_model", end, np.array([seconds]), where=where())
+            if (before and not later < horizon) or not later < stop_time:
+                break
+            free -= grow
+            rows.append((0, n, n, num_blocks - free, summed, 0, 0))
+            ends.append(later)
+            end = later
+            if j in leaving:
+                self.free = free
+                self._leave(j)
+                contexts, total, free = self.contexts, self.total, self.free
+                n = len(contexts)
+            j += 1
+        self.free = free
+        return None
+
+    def _admit(self, j: int) -> bool:
+        """Admit the one request waiting at step j as its next prompt, where the policy would (see the
+        module docstring); False: the run ends before step j."""
+        if self.seats is None or self._arrivals(self.ends[-1]) != 1:
+            return False
+        req = self._queued_request()
+        decodes = len(self.contexts)
+        if (req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs
+                or decodes >= self.seats or decodes >= self.budget):
+            return False
+        chunk = min(req.prompt_len, self.budget - decodes)
+        if self.cap is not None:
+            chunk = min(chunk, self.cap)
+        if self.kv.blocks_for(chunk) > self.free - self._crossings(j) - self.kv.watermark_blocks:
+            return False
+        self.segments.append(self._segment())
+        if self.waiting:
+            self.waiting -= 1
+        else:
+            self.routed += 1
+        self.admitted.append(req)
+        self._start_prompt(req, j, 0, 0)
+        return True
+
+    def _queued_request(self) -> Request:
+        """The one request waiting (at the head of the replica's queue, or the next routed here)."""
+        if self.waiting:
+            return self.replica.state.waiting[0]
+        return self.arriving[self.routed]
+
+    def _crossings(self, j: int) -> int:
+        """Decode rows that cross into a new KV block in step j."""
+        count = 0
+        for first, last in self.phases.get(j % self.kv.block_size, ()):
+            if first <= j <= last:
+                count += 1
+        return count
+
+    def next_chunk(self) -> int:
+        """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""
+        room = self.budget - len(self.contexts)
+        if self.cap is not None:
+            room = min(room, self.cap)
+        return min(self.left, room)
+
+    def _take(self, j: int, grow: int, chunk: int, target: int) -> None:
+        """Apply step j: blocks, the prompt's chunk (`target` blocks; and its joining the decodes), the
+        step's row."""
+        self.free -= grow
+        decodes = len(self.contexts)
+        contexts = self.total + decodes * j
+        history = self.computed
+        pairs = chunk * history + chunk * (chunk + 1) // 2
+        self.prompt_blocks = max(self.prompt_blocks, target)
+        self.chunks.append(chunk)
+        self.computed += chunk
+        self.left -= chunk
+        self._caught_up(j)
+        self.rows.append((chunk, decodes, decodes + 1, self.kv.num_blocks - self.free, contexts, history, pairs))
+
+    def _caught_up(self, j: int) -> None:
+        """After step j's chunk: a prompt with nothing left sampled in step j; one with one token left and
+        outputs already (a recompute) is a decode row from step j + 1 and samples there. Either way it
+        decodes, in its place in the batch, from step j + 1."""
+        prompt = self.prompt
+        if not self.left:
+            self.sampled = j
+        elif self.left == 1 and prompt.num_output_tokens:
+            self.sampled, self.left = j + 1, 0
+        else:
+            return
+        last = self.sampled + prompt.output_len - prompt.num_output_tokens - 1
+        self._add_row(prompt, self.computed - j, self.prompt_blocks, last, j)  # step j + 1 reads computed + 1
+        self._rebuild()
+
+    def _leave(self, j: int) -> None:
+        """Requests whose last token came in step j leave at its end (their blocks are free after it)."""
+        done = self.leaving.pop(j, None)
+        if not done:
+            return
+        block_size = self.kv.block_size
+        for req in done:
+            self.finish[req] = j
+            self.free += max(self.held.pop(req), -(-(self.base.pop(req) + j) // block_size))
+        self.contexts = list(self.base.values())  # (a leave keeps the others' order)
+        self.total = sum(self.contexts)
