@@ -107,13 +107,14 @@ class Policy:
         predictable. tests/test_fast_path.py holds every policy that says so to stepping one by one."""
         return None
 
-    def steady_admission(self, state: SchedulerState) -> int | None:
-        """max_num_seqs when, beside steady_chunks, this policy admits a lone fresh request (waiting, no
-        progress) into a step whose running requests all decode exactly as admit_prefills does (its first
-        chunk min(prompt, budget - decodes, cap) if a sequence and a token are left and the chunk's KV
-        blocks fit beside the watermark; else it admits nothing), and judges an arrival by the request
-        alone (no quotas, no overload state): a prompt run may then route and admit arrivals itself
-        (sim/prompt_run.py). None (the default): arrivals end a run."""
+    def steady_admission(self, state: SchedulerState) -> tuple[int, int | None] | None:
+        """(max_num_seqs, long threshold) when, beside steady_chunks, this policy admits a lone fresh request
+        (waiting, no progress) exactly as admit_prefills does into a step whose running requests all decode
+        or whose prompt in progress runs its last chunk, unless that chunk is long (more than `threshold`
+        tokens; None: none is): its first chunk min(prompt, tokens left, cap) if a sequence and a token are
+        left and the chunk's KV blocks fit beside the watermark, else nothing; and judges an arrival by the
+        request alone (no quotas or overload state). A prompt run may then admit arrivals itself
+        (sim/prompt_run.py). None (the default): an arrival ends a run."""
         return None
 
     def reject_reason(self, req: Request, state: SchedulerState) -> str:

@@ -111,7 +111,7 @@ class Sarathi(Policy):
     def steady_admission(self, state):
         if self.steady_chunks(state) is None or self.extras is not None or self.gate is not None:
             return None  # (encoder budgets and LoRA slots shape admissions; quotas judge arrivals by state)
-        return self.config.max_num_seqs
+        return self.config.max_num_seqs, self.long_threshold(state.max_model_len)
 
     def never_runs(self, req, state) -> str:
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)

@@ -100,18 +100,19 @@ def prompt_run(replica, plan, shape, start: float, duration: float, where) -> Pr
     runs_end_before_horizon: ends before it). Arrivals: see the module docstring."""
     steady = getattr(replica.policy, "steady_chunks", None)  # a policy without it (a test's wrapper) is stepped
     rule = steady(replica.state) if steady is not None else None
-    seats = _admission_seats(replica) if rule is not None else None
-    horizon = next_deadline(replica) if seats is not None else min(replica.horizon(), next_deadline(replica))
+    admission = _stated_admission(replica) if rule is not None else None
+    horizon = next_deadline(replica) if admission is not None else min(replica.horizon(), next_deadline(replica))
     if rule is None or not start + duration < horizon:
         return None  # not steady, or an outside event comes before its second step (before any O(rows) work)
     prompt, decodes = _prompt_and_decodes(replica, plan, shape)
     if prompt is None or prompt.mm_inputs or shape.prefill[0][1] != prompt.num_computed_tokens:
         return None
-    return _SteadySteps(replica, prompt, decodes, shape, rule, seats, start + duration).price(horizon, where)
+    return _SteadySteps(replica, prompt, decodes, shape, rule, admission, start + duration).price(horizon, where)
 
 
-def _admission_seats(replica) -> int | None:
-    """max_num_seqs where a run may route and admit arrivals itself (see the module docstring), else None."""
+def _stated_admission(replica) -> tuple[int, int | None] | None:
+    """The policy's stated admission (max_num_seqs, long-prompt threshold) where a run may admit arrivals
+    itself (see the module docstring), else None."""
     admits = getattr(replica.policy, "steady_admission", None)
     if not (replica.arrivals is not None and admits is not None) or replica.state.swapped_first \
             or replica.kv.reserve_full_prompt or replica.settings.max_queued_requests is not None:
@@ -145,10 +146,10 @@ def first_crossing(held: int, context: int, after: int, block_size: int) -> int:
 class _SteadySteps:
     """The state of a prompt run while its steps are priced one by one (see the module docstring)."""
 
-    def __init__(self, replica, prompt, decodes, shape, rule, seats: int | None, end: float):
+    def __init__(self, replica, prompt, decodes, shape, rule, admission, end: float):
         self.replica, self.kv = replica, replica.kv
         self.budget, self.cap = rule
-        self.seats = seats  # max_num_seqs when the run routes and admits arrivals, else None
+        self.seats, self.threshold = admission or (None, None)  # the policy's stated admission (steady_admission)
         self.segments: list[PromptSegment] = []  # prompts done with (a later one was admitted)
         chunk, history = shape.prefill[0]
         self._start_prompt(prompt, 0, history, prompt.num_blocks)
@@ -247,7 +248,7 @@ class _SteadySteps:
     def _next_arrival(self) -> float:
         """When the next request that will be visible here arrives (inf: none). The feed is looked at,
         not advanced: it routes each request at its time, and the replica's `reject_reason` (pure here,
-        see _admission_seats) says which it will turn away."""
+        see _stated_admission) says which it will turn away."""
         arriving, feed = self.arriving, self.replica.arrivals
         while self.seen == len(arriving):
             req = feed.peek(self.peeked)
@@ -270,16 +271,23 @@ class _SteadySteps:
             chunk = self.next_chunk()
             target = -(-(self.computed + chunk) // block_size)
             grow = self._crossings(j) + max(0, target - self.prompt_blocks)
-            if chunk <= 0 or grow > self.free or (waiting and chunk != self.budget - len(self.contexts)):
-                return None  # the policy would not run it so (or could admit a waiting request): step by step
-            seconds = cost.step_time(StepShape(((chunk, self.computed),), tuple(c + j for c in self.contexts), 0,
-                                               len(self.contexts) + (chunk == self.left)))
+            if chunk <= 0 or grow > self.free:
+                return None  # the policy would not run it so: step by step
+            beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
+            if waiting and chunk != self.budget - len(self.contexts):
+                if waiting != 1 or chunk != self.left or (self.threshold is not None and chunk > self.threshold):
+                    return None  # the policy could admit a waiting request as this run cannot: step by step
+                beside = self._first_chunk(self.budget - len(self.contexts) - chunk, len(self.contexts) + 1,
+                                           self.free - grow)
+                if beside is None:
+                    return None
+            seconds = cost.step_time(self._shape(j, chunk, beside))
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
             if (before and not later < horizon) or not later < self.replica.stop_time:
                 return None
-            self._take(j, grow, chunk, target)
+            self._take(j, grow, chunk, target, beside)
             self.ends.append(later)
             end = later
             if j in self.leaving:
@@ -326,20 +334,32 @@ class _SteadySteps:
         return None
 
     def _admit(self, j: int) -> bool:
-        """Admit the one request waiting at step j as its next prompt, where the policy would (see the
-        module docstring); False: the run ends before step j."""
+        """Admit the one request waiting at step j, whose running requests all decode, as its next prompt
+        where the policy would (see the module docstring); False: the run ends before step j."""
         if self.seats is None or self._arrivals(self.ends[-1]) != 1:
             return False
-        req = self._queued_request()
         decodes = len(self.contexts)
-        if (req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs
-                or decodes >= self.seats or decodes >= self.budget):
+        first = self._first_chunk(self.budget - decodes, decodes, self.free - self._crossings(j))
+        if first is None:
             return False
-        chunk = min(req.prompt_len, self.budget - decodes)
+        self._join(first[0], j)
+        return True
+
+    def _first_chunk(self, room: int, taken: int, free: int) -> tuple[Request, int] | None:
+        """(the one waiting request, its first chunk) where the policy admits it into a step with `room`
+        tokens left, `taken` sequences and `free` KV blocks (the watermark must stay free), else None."""
+        if self.seats is None or room <= 0 or taken >= self.seats:
+            return None
+        req = self._queued_request()
+        if req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs:
+            return None  # a request that holds progress (a preempted one) is the policy's to plan
+        chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
-        if self.kv.blocks_for(chunk) > self.free - self._crossings(j) - self.kv.watermark_blocks:
-            return False
+        return (req, chunk) if self.kv.blocks_for(chunk) <= free - self.kv.watermark_blocks else None
+
+    def _join(self, req: Request, j: int) -> None:
+        """`req`, the one waiting, is admitted in step j: it is the prompt from then on."""
         self.segments.append(self._segment())
         if self.waiting:
             self.waiting -= 1
@@ -347,7 +367,6 @@ class _SteadySteps:
             self.routed += 1
         self.admitted.append(req)
         self._start_prompt(req, j, 0, 0)
-        return True
 
     def _queued_request(self) -> Request:
         """The one request waiting (at the head of the replica's queue, or the next routed here)."""
@@ -370,20 +389,43 @@ class _SteadySteps:
             room = min(room, self.cap)
         return min(self.left, room)
 
-    def _take(self, j: int, grow: int, chunk: int, target: int) -> None:
+    def _shape(self, j: int, chunk: int, beside) -> StepShape:
+        """Step j's shape: the decodes, the prompt's chunk and, beside it, a new prompt's first chunk."""
+        prefill, sampled = ((chunk, self.computed),), len(self.contexts) + (chunk == self.left)
+        if beside is not None:
+            req, first = beside
+            prefill += ((first, 0),)
+            sampled += first == req.prompt_len
+        return StepShape(prefill, tuple(c + j for c in self.contexts), 0, sampled)
+
+    def _take(self, j: int, grow: int, chunk: int, target: int, beside) -> None:
         """Apply step j: blocks, the prompt's chunk (`target` blocks; and its joining the decodes), the
-        step's row."""
+        prompt admitted beside it (`beside`: it is the prompt from step j on), the step's row."""
         self.free -= grow
         decodes = len(self.contexts)
         contexts = self.total + decodes * j
         history = self.computed
         pairs = chunk * history + chunk * (chunk + 1) // 2
+        self._advance(j, chunk, target)
+        tokens = chunk
+        if beside is not None:
+            req, first = beside
+            blocks = self.kv.blocks_for(first)
+            self.free -= blocks
+            self._join(req, j)
+            self._advance(j, first, blocks)
+            tokens += first
+            pairs += first * (first + 1) // 2
+        self.rows.append((tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free,
+                          contexts, history, pairs))
+
+    def _advance(self, j: int, chunk: int, target: int) -> None:
+        """The prompt runs `chunk` tokens in step j, holding `target` blocks; it may catch up."""
         self.prompt_blocks = max(self.prompt_blocks, target)
         self.chunks.append(chunk)
         self.computed += chunk
         self.left -= chunk
         self._caught_up(j)
-        self.rows.append((chunk, decodes, decodes + 1, self.kv.num_blocks - self.free, contexts, history, pairs))
 
     def _caught_up(self, j: int) -> None:
         """After step j's chunk: a prompt with nothing left sampled in step j; one with one token left and
