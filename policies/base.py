@@ -108,13 +108,14 @@ class Policy:
         return None
 
     def steady_admission(self, state: SchedulerState) -> tuple[int, int | None] | None:
-        """(max_num_seqs, long threshold) when, beside steady_chunks, this policy admits a lone fresh request
-        (waiting, no progress) exactly as admit_prefills does into a step whose running requests all decode
-        or whose prompt in progress runs its last chunk, unless that chunk is long (more than `threshold`
-        tokens; None: none is): its first chunk min(prompt, tokens left, cap) if a sequence and a token are
-        left and the chunk's KV blocks fit beside the watermark, else nothing; and judges an arrival by the
-        request alone (no quotas or overload state). A prompt run may then admit arrivals itself
-        (sim/prompt_run.py). None (the default): an arrival ends a run."""
+        """(max_num_seqs, long threshold) when, beside steady_chunks, this policy admits waiting requests in
+        queue order exactly as admit_prefills does into a step whose running requests all decode or whose
+        prompt in progress runs its last chunk, unless that chunk is long (more than `threshold` tokens;
+        None: none is): the head's first chunk is min(its prompt, tokens left, cap), taken if a sequence
+        and a token are left and the chunk's KV blocks fit beside the watermark, and the scan ends at the
+        first that does not fit; and it judges an arrival by the request alone (no quotas or overload
+        state). A prompt run may then admit arrivals itself (sim/prompt_run.py). None (the default): an
+        arrival ends a run."""
         return None
 
     def reject_reason(self, req: Request, state: SchedulerState) -> str:

@@ -9,16 +9,17 @@ requests wait, only steps whose chunk takes the whole token budget run (nothing 
 it). The run stops before KV runs short, before the simulation's end, and at the next outside event.
 
 Arrivals inside a run. Where the replica alone receives every arrival (one replica, open loop:
-Replica.arrivals is the feed) and the policy states its admission (Policy.steady_admission: a lone
-fresh waiting request, with no prompt in progress, is admitted as admit_prefills does), an arrival is
-not an outside event. The run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each
-request at its time, and the replica's reject_reason says which it will turn away); a request is
-visible from the first step that starts at or after its arrival, and when nothing else waits and no
-prompt is in progress the run admits it in that step if a sequence, a token and its first chunk's KV
-blocks beside the watermark are free; the new prompt then runs its chunks as the first one did.
-Anything else (two requests waiting, a request that holds progress, a prompt's last chunk that leaves
-budget while a request waits, an admission that does not fit) ends the run before that step, which
-the policy then plans.
+Replica.arrivals is the feed) and the policy states its admission (Policy.steady_admission: the head
+of the waiting queue, fresh, admitted as admit_prefills does), an arrival is not an outside event. The
+run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each request at its time, and the
+replica's reject_reason says which it will turn away); a request waits from the first step that starts
+at or after its arrival. In a step whose running requests all decode, or whose prompt runs its last
+chunk with token budget left (not a long chunk), the run admits the head of the queue if a sequence, a
+token and its first chunk's KV blocks beside the watermark are free, and if the requests behind it, if
+any, find no token or sequence left; the new prompt then runs its chunks as the first one did.
+Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
+wait, a second admission into one step, an admission that does not fit) ends the run before that
+step, which the policy then plans.
 
 Per step O(1) work: the decode rows' step-0 contexts (a row of step j reads its context + j) and their
 sum change only when a request joins or leaves; a row's block crossings recur every block_size steps,
@@ -275,10 +276,10 @@ class _SteadySteps:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
             if waiting and chunk != self.budget - len(self.contexts):
-                if waiting != 1 or chunk != self.left or (self.threshold is not None and chunk > self.threshold):
+                if chunk != self.left or (self.threshold is not None and chunk > self.threshold):
                     return None  # the policy could admit a waiting request as this run cannot: step by step
                 beside = self._first_chunk(self.budget - len(self.contexts) - chunk, len(self.contexts) + 1,
-                                           self.free - grow)
+                                           self.free - grow, waiting)
                 if beside is None:
                     return None
             seconds = cost.step_time(self._shape(j, chunk, beside))
@@ -334,20 +335,22 @@ class _SteadySteps:
         return None
 
     def _admit(self, j: int) -> bool:
-        """Admit the one request waiting at step j, whose running requests all decode, as its next prompt
-        where the policy would (see the module docstring); False: the run ends before step j."""
-        if self.seats is None or self._arrivals(self.ends[-1]) != 1:
+        """Admit the head of the requests waiting at step j, whose running requests all decode, as its next
+        prompt where the policy would (see the module docstring); False: the run ends before step j."""
+        waiting = self._arrivals(self.ends[-1])
+        if self.seats is None or not waiting:
             return False
         decodes = len(self.contexts)
-        first = self._first_chunk(self.budget - decodes, decodes, self.free - self._crossings(j))
+        first = self._first_chunk(self.budget - decodes, decodes, self.free - self._crossings(j), waiting)
         if first is None:
             return False
         self._join(first[0], j)
         return True
 
-    def _first_chunk(self, room: int, taken: int, free: int) -> tuple[Request, int] | None:
-        """(the one waiting request, its first chunk) where the policy admits it into a step with `room`
-        tokens left, `taken` sequences and `free` KV blocks (the watermark must stay free), else None."""
+    def _first_chunk(self, room: int, taken: int, free: int, waiting: int) -> tuple[Request, int] | None:
+        """(the head of the `waiting` requests, its first chunk) where the policy admits it, and it alone,
+        into a step with `room` tokens left, `taken` sequences and `free` KV blocks (the watermark must stay
+        free): the others, if any, find no token or no sequence left after it. Else None."""
         if self.seats is None or room <= 0 or taken >= self.seats:
             return None
         req = self._queued_request()
@@ -356,10 +359,12 @@ class _SteadySteps:
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
+        if waiting > 1 and chunk < room and taken + 1 < self.seats:
+            return None  # the policy would go on to the next waiting request
         return (req, chunk) if self.kv.blocks_for(chunk) <= free - self.kv.watermark_blocks else None
 
     def _join(self, req: Request, j: int) -> None:
-        """`req`, the one waiting, is admitted in step j: it is the prompt from then on."""
+        """`req`, the head of the waiting requests, is admitted in step j: it is the prompt from then on."""
         self.segments.append(self._segment())
         if self.waiting:
             self.waiting -= 1
@@ -369,9 +374,10 @@ class _SteadySteps:
         self._start_prompt(req, j, 0, 0)
 
     def _queued_request(self) -> Request:
-        """The one request waiting (at the head of the replica's queue, or the next routed here)."""
+        """The head of the waiting requests (of the replica's queue, or the next arrived here)."""
+        queue = self.replica.state.waiting
         if self.waiting:
-            return self.replica.state.waiting[0]
+            return queue[len(queue) - self.waiting]
         return self.arriving[self.routed]
 
     def _crossings(self, j: int) -> int:

@@ -277,7 +277,8 @@ def commit_prompt_run(replica, run) -> None:
 def _join(replica, req: Request, start: float, row: int) -> None:
     """`req`, admitted by a prompt run in the step that starts at `start` (row `row` of the step table),
     joins the batch as `admit` has a request join: from the waiting queue, or, having arrived during the
-    run, from `incoming` (where it is the first: the run admits only a lone waiting request)."""
+    run, from `incoming` (where it is the first: a run admits the head of the queue, the queue before
+    the arrivals)."""
     waiting = replica.state.waiting
     if not (waiting and waiting[0] is req):
         if replica.incoming.popleft() is not req:

@@ -141,6 +141,9 @@ def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, w
     ("sarathi", [(0.0, 30, 100), (0.5, 500, 20), (0.7, 10, 20)]),  # one too long for the model: rejected
     ("sarathi", [(0.0, 300, 100), (0.001, 200, 20), (0.9, 10, 5)]),  # one waits while a chunk fills the budget
     ("sarathi-seats", [(0.0, 20, 100)] * 3 + [(0.4, 10, 20)]),  # every seat taken
+    ("sarathi", [(0.0, 30, 100), (0.5, 200, 20), (0.5, 10, 20), (0.5, 10, 20)]),  # the head fills the budget
+    ("sarathi-capped", [(0.0, 30, 100), (0.5, 100, 20), (0.5, 10, 20)]),  # a capped head: the next one joins it
+    ("sarathi-seats", [(0.0, 20, 100), (0.4, 10, 20), (0.4, 10, 20), (0.4, 10, 20)]),  # seats end the scan
 ])
 def test_runs_with_arrivals_in_examples(policy, specs):
     def one(fast_forward: bool):
