@@ -381,12 +381,16 @@ class _SteadySteps:
         return self.arriving[self.routed]
 
     def _crossings(self, j: int) -> int:
-        """Decode rows that cross into a new KV block in step j."""
-        count = 0
-        for first, last in self.phases.get(j % self.kv.block_size, ()):
-            if first <= j <= last:
-                count += 1
-        return count
+        """Decode rows that cross into a new KV block in step j (rows past their last step are dropped
+        from their phase as it comes round: a long run's phases hold only rows still decoding)."""
+        phase = j % self.kv.block_size
+        rows = self.phases.get(phase)
+        if not rows:
+            return 0
+        live = [row for row in rows if row[1] >= j]
+        if len(live) < len(rows):
+            self.phases[phase] = live
+        return sum(1 for first, _ in live if first <= j)
 
     def next_chunk(self) -> int:
         """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""
@@ -445,8 +449,13 @@ class _SteadySteps:
         else:
             return
         last = self.sampled + prompt.output_len - prompt.num_output_tokens - 1
-        self._add_row(prompt, self.computed - j, self.prompt_blocks, last, j)  # step j + 1 reads computed + 1
-        self._rebuild()
+        context = self.computed - j  # step j + 1 reads computed + 1
+        self._add_row(prompt, context, self.prompt_blocks, last, j)
+        if self.admitted and self.admitted[-1] is prompt:  # the batch's last row: appended in its place
+            self.contexts.append(context)
+            self.total += context
+        else:
+            self._rebuild()
 
     def _leave(self, j: int) -> None:
         """Requests whose last token came in step j leave at its end (their blocks are free after it)."""
