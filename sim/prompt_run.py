@@ -36,11 +36,13 @@ import numpy as np
 
 from .durations import CLOCK_LIMIT, check_run
 from .fast_forward import next_deadline
+from .metrics.recorder import SPARSE
 from .request import Request, Status
 from .shape import StepShape
 
 ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
                "prefill_history_tokens", "prefill_attention_pairs")
+SPARSE_COLUMNS = tuple(name for name in ROW_COLUMNS if name in SPARSE)  # zero in most steps of a run
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +71,13 @@ class PromptRun:
     finish: dict
     rows: list[tuple]
 
-    def columns(self) -> dict[str, list]:
-        """The run's steps 1..k as step-table columns (ROW_COLUMNS)."""
-        return {name: list(values) for name, values in zip(ROW_COLUMNS, zip(*self.rows))}
+    def columns(self) -> dict:
+        """The run's steps 1..k as step-table columns (ROW_COLUMNS): lists, and numpy arrays for the
+        prefill columns, which are zero in most steps (the recorder keeps their non-zero rows)."""
+        columns = {name: list(values) for name, values in zip(ROW_COLUMNS, zip(*self.rows))}
+        for name in SPARSE_COLUMNS:
+            columns[name] = np.array(columns[name], dtype=np.int64)
+        return columns
 
 
 def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
@@ -384,13 +390,15 @@ class _SteadySteps:
         """Decode rows that cross into a new KV block in step j (rows past their last step are dropped
         from their phase as it comes round: a long run's phases hold only rows still decoding)."""
         phase = j % self.kv.block_size
-        rows = self.phases.get(phase)
-        if not rows:
-            return 0
-        live = [row for row in rows if row[1] >= j]
-        if len(live) < len(rows):
-            self.phases[phase] = live
-        return sum(1 for first, _ in live if first <= j)
+        count = expired = 0
+        for first, last in self.phases.get(phase, ()):
+            if last < j:
+                expired += 1
+            elif first <= j:
+                count += 1
+        if expired:
+            self.phases[phase] = [row for row in self.phases[phase] if row[1] >= j]
+        return count
 
     def next_chunk(self) -> int:
         """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""
