@@ -47,16 +47,20 @@ class Aggregates(NamedTuple):
 
 def aggregates(shape: StepShape) -> Aggregates:
     """The features of one step shape (plain Python; called once per simulated step)."""
+    return rows_aggregates(shape.prefill, len(shape.decode), sum(shape.decode))
+
+
+def rows_aggregates(prefill, n_dec: int, decode_kv: int) -> Aggregates:
+    """The features of a step from its prefill rows (c, h) and its decode rows' count and context sum."""
     pairs = 0.0
     ph = pn = kp = tokens = 0
-    for c, h in shape.prefill:
+    for c, h in prefill:
         pairs += c * (h + (c + 1) / 2)
         ph += c * h
         pn += c * (c + 1) // 2
         kp += c + h
         tokens += c
-    n_dec = len(shape.decode)
-    return Aggregates(tokens + n_dec, pairs, ph, pn, kp, sum(shape.decode), n_dec, len(shape.prefill))
+    return Aggregates(tokens + n_dec, pairs, ph, pn, kp, decode_kv, n_dec, len(prefill))
 
 
 def padded_tokens(tokens: int, tile: int) -> int:

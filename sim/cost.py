@@ -4,7 +4,8 @@ The simulator only ever asks "how long does a step of this shape take". `decode_
 the fast path for a run of pure-decode steps in which every context grows by one token per step;
 an implementation that overrides it must return exactly (bit for bit) what `step_time` returns
 for each of those steps, which is what lets the replica skip ahead without changing results.
-`decode_step_time` is the same for one step of such a run, in plain Python (short runs).
+`decode_step_time` is the same for one step of such a run, in plain Python (short runs), and
+`mixed_step_time` for a step of prefill chunks beside such decode rows (prompt runs).
 """
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ class CostModel:
         (`context_sum`: their sum, offset included): the scalar twin of `decode_run_times`, called
         step by step over a short decode run. An override must return exactly what `step_time` returns."""
         return self.step_time(StepShape(decode=tuple(x + offset for x in contexts), tokens_sampled=len(contexts)))
+
+    def mixed_step_time(self, prefill: tuple, contexts: list[int], offset: int, context_sum: int,
+                        sampled: int) -> float:
+        """Seconds of a step of prefill rows `prefill` beside decode rows of contexts `contexts` + `offset`
+        (`context_sum`: their sum, offset included) that samples `sampled` tokens: step_time of that shape,
+        called step by step over a prompt run (sim/prompt_run.py). An override prices it from the decode
+        rows' count and sum and must return exactly what `step_time` returns."""
+        return self.step_time(StepShape(prefill, tuple(x + offset for x in contexts), 0, sampled))
 
     def describe(self) -> dict:
         """A small JSON-able description recorded with the results."""

@@ -38,7 +38,6 @@ from .durations import CLOCK_LIMIT, check_run
 from .fast_forward import next_deadline
 from .metrics.recorder import SPARSE
 from .request import Request, Status
-from .shape import StepShape
 
 ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
                "prefill_history_tokens", "prefill_attention_pairs")
@@ -288,7 +287,8 @@ class _SteadySteps:
                                            self.free - grow, waiting)
                 if beside is None:
                     return None
-            seconds = cost.step_time(self._shape(j, chunk, beside))
+            prefill, sampled = self._prefill(chunk, beside)
+            seconds = cost.mixed_step_time(prefill, self.contexts, j, self.total + len(self.contexts) * j, sampled)
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
@@ -407,14 +407,15 @@ class _SteadySteps:
             room = min(room, self.cap)
         return min(self.left, room)
 
-    def _shape(self, j: int, chunk: int, beside) -> StepShape:
-        """Step j's shape: the decodes, the prompt's chunk and, beside it, a new prompt's first chunk."""
+    def _prefill(self, chunk: int, beside) -> tuple[tuple, int]:
+        """(a step's prefill rows: the prompt's chunk and, beside it, a new prompt's first; the tokens it
+        samples, the decodes' included)."""
         prefill, sampled = ((chunk, self.computed),), len(self.contexts) + (chunk == self.left)
         if beside is not None:
             req, first = beside
             prefill += ((first, 0),)
             sampled += first == req.prompt_len
-        return StepShape(prefill, tuple(c + j for c in self.contexts), 0, sampled)
+        return prefill, sampled
 
     def _take(self, j: int, grow: int, chunk: int, target: int, beside) -> None:
         """Apply step j: blocks, the prompt's chunk (`target` blocks; and its joining the decodes), the

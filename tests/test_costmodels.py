@@ -190,6 +190,20 @@ def decode_pricing_models():
 
 
 @pytest.mark.parametrize("model", decode_pricing_models(), ids=lambda m: m.describe()["type"])
+def test_mixed_step_time_bit_identical_to_step_time(model):
+    """A prompt run's price of a step of chunks beside decode rows (CostModel.mixed_step_time, from the
+    rows' count and context sum) is step_time's, bit for bit."""
+    rng = np.random.default_rng(12)
+    for _ in range(40):
+        contexts = rng.integers(1, 9000, size=int(rng.integers(0, 150))).tolist()
+        prefill = tuple((int(c), int(h)) for c, h in rng.integers(1, 3000, size=(int(rng.integers(1, 3)), 2)))
+        for offset, sampled in ((0, len(contexts)), (3, len(contexts) + 1), (40, len(contexts) + len(prefill))):
+            shape = StepShape(prefill, tuple(c + offset for c in contexts), 0, sampled)
+            assert model.mixed_step_time(prefill, contexts, offset, sum(contexts) + len(contexts) * offset,
+                                         sampled) == model.step_time(shape)
+
+
+@pytest.mark.parametrize("model", decode_pricing_models(), ids=lambda m: m.describe()["type"])
 def test_decode_step_time_bit_identical_to_step_time(model):
     """A decode run's O(1) price of a step (CostModel.decode_step_time) is step_time's, bit for bit, also
     after mixed steps of the same token count have filled a model's remembered terms."""

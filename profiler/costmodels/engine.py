@@ -151,30 +151,25 @@ class StepEngine:
         return self.graph_floor if prefills == 0 and seqs <= self.graph_max else self.eager_floor
 
     def step_of(self, gpu: float, shape) -> float:
-        """Step seconds of a step of this StepShape whose kernels take `gpu` seconds (called once per
-        simulated step: `host` and `floor` are written out inline)."""
+        """Step seconds of a step of this StepShape whose kernels take `gpu` seconds."""
+        prefills = len(shape.prefill)
+        return self.step_for(gpu, prefills + len(shape.decode), prefills, shape.num_tokens)
+
+    def decode_step(self, gpu: float, seqs: int) -> float:
+        """`step_of` for a decode-only step of `seqs` sequences (one token each), without a shape."""
+        return self.step_for(gpu, seqs, 0, seqs)
+
+    def step_for(self, gpu: float, seqs: int, prefills: int, tokens: int) -> float:
+        """Step seconds of a step of `seqs` sequences (`prefills` of them prefill rows) and `tokens` tokens
+        whose kernels take `gpu` seconds (called once per simulated step: `host` and `floor` are written out
+        inline)."""
         if self.none:
             return gpu
-        seqs, prefills = len(shape.prefill) + len(shape.decode), len(shape.prefill)
         forward = gpu * self.scale
         floor = self.graph_floor if prefills == 0 and seqs <= self.graph_max else self.eager_floor
         if forward < floor:
             forward = floor
-        host = (self.per_step + self.per_seq * seqs + self.per_prefill * prefills
-                + self.per_token * shape.num_tokens)
-        if self.overlap:
-            return forward if forward >= host else host
-        return forward + host
-
-    def decode_step(self, gpu: float, seqs: int) -> float:
-        """`step_of` for a decode-only step of `seqs` sequences (one token each), without a shape."""
-        if self.none:
-            return gpu
-        forward = gpu * self.scale
-        floor = self.graph_floor if seqs <= self.graph_max else self.eager_floor
-        if forward < floor:
-            forward = floor
-        host = self.per_step + self.per_seq * seqs + self.per_prefill * 0 + self.per_token * seqs
+        host = self.per_step + self.per_seq * seqs + self.per_prefill * prefills + self.per_token * tokens
         if self.overlap:
             return forward if forward >= host else host
         return forward + host

@@ -33,7 +33,7 @@ from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 
 from ..features import (PADDED_PREFIX, aggregates, padded_segments, padded_tokens, ramp_values_at_knots,
-                        segment_name)
+                        rows_aggregates, segment_name)
 from .allreduce import AllReduce
 from .engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from .curves import Curve
@@ -176,6 +176,11 @@ class FittedCostModel(CostModel):
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
         n = len(contexts)  # step_time of the decode step from its aggregates (features.aggregates), O(1)
         return self._engine.decode_step(self._gpu(n, 0.0, 0, 0, 0, context_sum, n, 0, n), n)
+
+    def mixed_step_time(self, prefill, contexts, offset: int, context_sum: int, sampled: int) -> float:
+        features = rows_aggregates(prefill, len(contexts), context_sum)  # step_time's, O(1) in the decode rows
+        return self._engine.step_for(self._gpu(*features, sampled), len(prefill) + len(contexts), len(prefill),
+                                     features.tokens)
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.int64)

@@ -51,14 +51,17 @@ class LinearCost(CostModel):
         return self.base + self.per_token * tokens + self.per_seq * seqs + self.per_kv_token * kv_read
 
     def step_time(self, shape: StepShape) -> float:
-        if shape.is_empty:
-            return 0.0
-        kv_read = sum(h for _, h in shape.prefill) + sum(shape.decode)
-        return self._seconds(float(shape.num_tokens), float(shape.num_seqs), float(kv_read))
+        return self.mixed_step_time(shape.prefill, shape.decode, 0, sum(shape.decode), shape.tokens_sampled)
+
+    def mixed_step_time(self, prefill, contexts, offset: int, context_sum: int, sampled: int) -> float:
+        if not (prefill or contexts):
+            return 0.0  # step_time's, from the decode rows' count and context sum (O(1) in them)
+        kv_read = sum(h for _, h in prefill) + context_sum
+        tokens, seqs = sum(c for c, _ in prefill) + len(contexts), len(prefill) + len(contexts)
+        return self._seconds(float(tokens), float(seqs), float(kv_read))
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
-        n = len(contexts)  # step_time of the decode step, from its row count and context sum (O(1))
-        return self._seconds(float(n), float(n), float(0 + context_sum)) if n else 0.0
+        return self.mixed_step_time((), contexts, offset, context_sum, len(contexts))
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         n, kv_read = decode_run_reads(contexts, steps)

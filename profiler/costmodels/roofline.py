@@ -474,19 +474,30 @@ class RooflineCost(CostModel):
     def step_time(self, shape: StepShape) -> float:
         if shape.is_empty:
             return 0.0
-        tokens = len(shape.decode)
+        window = self._window_features(shape) if self._window else None
+        return self._rows_time(shape.prefill, len(shape.decode), sum(shape.decode), shape.tokens_sampled, window)
+
+    def mixed_step_time(self, prefill, contexts, offset: int, context_sum: int, sampled: int) -> float:
+        """step_time from the decode rows' count and context sum, O(1) in them; a sliding window reads
+        each row's context, so a windowed model prices the rows themselves."""
+        if self._window or not (prefill or contexts):
+            return CostModel.mixed_step_time(self, prefill, contexts, offset, context_sum, sampled)
+        return self._rows_time(prefill, len(contexts), context_sum, sampled, None)
+
+    def _rows_time(self, prefill, rows: int, decode_read: int, sampled: int, window) -> float:
+        """A step's seconds from its prefill rows (c, h), its decode rows' count and context sum, the tokens
+        it samples and, for a windowed model, its capped reads (_window_features)."""
+        tokens = rows
         pairs = 0.0
         kv_read = 0
-        for c, h in shape.prefill:
+        for c, h in prefill:
             tokens += c
             pairs += c * (h + (c + 1) / 2)
             kv_read += c + h
-        decode_read = sum(shape.decode)
-        window = self._window_features(shape) if self._window else None
-        prefill = (pairs, float(kv_read)) if self.model.is_mla and shape.prefill else None
-        gpu = self._seconds(float(tokens), float(shape.tokens_sampled), pairs + float(decode_read),
-                            float(kv_read + decode_read), window, prefill)
-        return self._engine.step_of(gpu, shape)
+        mla = (pairs, float(kv_read)) if self.model.is_mla and prefill else None
+        gpu = self._seconds(float(tokens), float(sampled), pairs + float(decode_read), float(kv_read + decode_read),
+                            window, mla)
+        return self._engine.step_for(gpu, len(prefill) + rows, len(prefill), tokens)
 
     def _window_features(self, shape: StepShape) -> tuple[float, float]:
         """(pairs, kv_read) of a step when every query sees at most `window` keys (itself included)."""
@@ -505,13 +516,7 @@ class RooflineCost(CostModel):
         return float(pairs + decode), float(kv_read + decode)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
-        """step_time of the decode step (contexts + offset) from its row count and context sum, O(1); a
-        sliding window reads each row's context, so a windowed model prices the rows themselves."""
-        n = len(contexts)
-        if self._window or not n:
-            return CostModel.decode_step_time(self, contexts, offset, context_sum)
-        gpu = self._seconds(float(n), float(n), 0.0 + float(context_sum), float(0 + context_sum))
-        return self._engine.decode_step(gpu, n)
+        return self.mixed_step_time((), contexts, offset, context_sum, len(contexts))
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         n, read = decode_run_reads(contexts, steps)

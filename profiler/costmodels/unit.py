@@ -40,6 +40,9 @@ class UnitCost(CostModel):
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
         return self.seconds if len(contexts) else 0.0
 
+    def mixed_step_time(self, prefill, contexts, offset: int, context_sum: int, sampled: int) -> float:
+        return self.seconds if prefill or len(contexts) else 0.0
+
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         return np.full(steps, self.seconds if len(contexts) else 0.0, dtype=np.float64)
 

@@ -183,10 +183,10 @@ class VidurCostModel(CostModel):
             return self._pipeline.collective_seconds(per_layer, tokens)
         return self.num_layers * per_layer if self.allreduce is not None else 0.0
 
-    def _prefill_attention(self, shape: StepShape) -> float:
+    def _prefill_attention(self, prefill: tuple) -> float:
         total = 0.0
         memo = self._prefill_terms
-        for c, h in shape.prefill:
+        for c, h in prefill:
             seconds = memo.get((c, h))
             if seconds is None:
                 if len(memo) >= TOKEN_TERMS_CACHE:
@@ -198,14 +198,17 @@ class VidurCostModel(CostModel):
     def layer_time(self, shape: StepShape) -> float:
         """Seconds of one decoder layer's compute (no all-reduce, embedding, LM head or CPU)."""
         n = len(shape.decode)
-        attn = self._prefill_attention(shape) + self.attention.decode(n, sum(shape.decode))
+        attn = self._prefill_attention(shape.prefill) + self.attention.decode(n, sum(shape.decode))
         return self._token_ops.at(shape.num_tokens) + attn
 
     def step_time(self, shape: StepShape) -> float:
-        n = len(shape.decode)
-        attn = self._prefill_attention(shape) + self.attention.decode(n, sum(shape.decode))
-        gpu = self._gpu(shape.num_prefill_tokens + n, attn, shape.tokens_sampled)
-        return self._engine.step_of(gpu, shape)
+        return self.mixed_step_time(shape.prefill, shape.decode, 0, sum(shape.decode), shape.tokens_sampled)
+
+    def mixed_step_time(self, prefill, contexts, offset: int, context_sum: int, sampled: int) -> float:
+        n = len(contexts)
+        attn = self._prefill_attention(prefill) + self.attention.decode(n, context_sum)
+        tokens = sum(c for c, _ in prefill) + n
+        return self._engine.step_for(self._gpu(tokens, attn, sampled), len(prefill) + n, len(prefill), tokens)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
         n = len(contexts)
