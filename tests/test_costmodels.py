@@ -185,6 +185,8 @@ def decode_pricing_models():
             roofline("deepseek-v3", gpu="h200", tp=8), roofline("gemma-2-27b"), roofline("llama-3-8b", pp=2),
             roofline("qwen3-30b-a3b", tp=2, data_parallel=2, expert_parallel=True),
             load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "engine": "vllm-v1"}),
+            load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-7b", "tp": 1, "pp": 2}),
+            load_cost_model({"type": "vidur", "gpu": "a100", "model": "llama-2-70b", "tp": 2, "engine": "none"}),
             load_cost_model({"type": "fitted", "engine": "vllm-v1", "profile": str(
                 PROFILES / "fitted" / "a100-llama-2-70b-tp2-published.json")}, LLAMA2_70B)]
 

@@ -14,6 +14,7 @@ maximum; callers keep the raw values when exact reproduction matters more than m
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import Callable
 
 import numpy as np
 
@@ -135,7 +136,7 @@ class Grid:
         self.a0, self.b0 = self.a[0], self.b[0]
         self._s = float(slopes_of(b, z[-1])[-1]) / self.a[-1]
         self._rows: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-        self._cells: dict[float, tuple] = {}  # a -> the row's values at the b knots and slopes (scalar path)
+        self._cells: dict[float, Callable[[float], float]] = {}  # a -> its row, b -> z (the scalar path)
 
     def _row_index(self, a: float) -> tuple[int, float]:
         """(row, offset) for a row between knots, or (-1, a / a_last) beyond the last row."""
@@ -152,27 +153,31 @@ class Grid:
         return self.z[i][j] + da * self.a_slopes[i][j]
 
     def at(self, a: float, b: float) -> float:
-        """z at one point (plain Python arithmetic; the row at `a`, its values and slopes along b, is
-        remembered, as it is pure in a)."""
-        row = self._cells.get(a)
-        if row is None:
-            row = self._scalar_row(a)
-        cells, slopes = row
-        if b < self.b0:
-            b = self.b0
-        j = bisect_right(self.b, b) - 1
-        return cells[j] + (b - self.b[j]) * slopes[j]
+        """z at one point (plain Python arithmetic; the row at `a` is remembered, as it is pure in a)."""
+        return (self._cells.get(a) or self.row(a))(b)
 
-    def _scalar_row(self, a: float) -> tuple[list[float], list[float]]:
-        """(values at the b knots, slope of each segment and beyond the last knot) of the row at `a`."""
+    def row(self, a: float):
+        """b -> z(a, b) for one a, remembered (a decode run's a is its batch size, which takes few values):
+        the row's values at the b knots and the slope of each segment and beyond the last knot."""
+        known = self._cells.get(a)
+        if known is not None:
+            return known
         if len(self._cells) >= ROW_CACHE:
             self._cells.clear()
         i, da = self._row_index(a)
-        cells = [self._cell(i, da, j) for j in range(len(self.b))]
-        slopes = [(cells[j + 1] - cells[j]) / (self.b[j + 1] - self.b[j]) for j in range(len(cells) - 1)]
+        knots, b0 = self.b, self.b0
+        cells = [self._cell(i, da, j) for j in range(len(knots))]
+        slopes = [(cells[j + 1] - cells[j]) / (knots[j + 1] - knots[j]) for j in range(len(cells) - 1)]
         slopes.append((a if a > self.a0 else self.a0) * self._s)
-        self._cells[a] = cells, slopes
-        return cells, slopes
+
+        def at(b: float) -> float:
+            if b < b0:
+                b = b0
+            j = bisect_right(knots, b) - 1
+            return cells[j] + (b - knots[j]) * slopes[j]
+
+        self._cells[a] = at
+        return at
 
     def many(self, a: float, b: np.ndarray) -> np.ndarray:
         """z(a, b[k]) for fixed a; element k equals `at(a, b[k])` exactly."""

@@ -97,6 +97,7 @@ class VidurCostModel(CostModel):
         self.attention = make_attention(profile["attention"], monotone)
         self.allreduce = AllReduce(profile["allreduce"], monotone) if profile.get("allreduce") else None
         self._token_terms: dict[tuple[int, int], tuple[float, float]] = {}  # steps repeat their sizes
+        self._decode_prices: dict[int, object] = {}  # batch size -> its decode step's price (_decode_price)
         self._prefill_terms: dict[tuple[int, int], float] = {}  # (c, h) -> one chunk's attention; chunks repeat
 
     @classmethod
@@ -144,14 +145,17 @@ class VidurCostModel(CostModel):
 
     def _gpu(self, tokens: int, attn, rows: int):
         """GPU seconds of a step from its aggregates; `attn` (per layer) may be a numpy array."""
-        key = (tokens, rows)
-        terms = self._token_terms.get(key)
-        if terms is None:
-            terms = self._token_terms[key] = self._token_terms_of(tokens, rows)
-        per_layer, fixed = terms
+        per_layer, fixed = self._terms(tokens, rows)
         if self._pipeline is not None:
             return self._slowest_stage(tokens, rows, per_layer + attn)
         return self.num_layers * (per_layer + attn) + fixed
+
+    def _terms(self, tokens: int, rows: int) -> tuple[float, float]:
+        """_token_terms_of, remembered (steps repeat their sizes)."""
+        terms = self._token_terms.get((tokens, rows))
+        if terms is None:
+            terms = self._token_terms[tokens, rows] = self._token_terms_of(tokens, rows)
+        return terms
 
     def _slowest_stage(self, tokens: int, rows: int, layer):
         """One pipeline stage's seconds (the slowest; elementwise over arrays): its layers, the embedding
@@ -211,9 +215,26 @@ class VidurCostModel(CostModel):
         return self._engine.step_for(self._gpu(tokens, attn, sampled), len(prefill) + n, len(prefill), tokens)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
-        n = len(contexts)
-        attn = 0.0 + self.attention.decode(n, context_sum)  # step_time's empty prefill sum, then decode
-        return self._engine.decode_step(self._gpu(n, attn, n), n)
+        price = self._decode_prices.get(len(contexts))
+        return (price if price is not None else self._decode_price(len(contexts)))(context_sum)
+
+    def _decode_price(self, n: int):
+        """context sum -> decode_step_time of n rows, remembered per n: step_time's arithmetic (its empty
+        prefill sum, then the decode attention; _gpu; the engine) with the batch's attention row, per-size
+        terms and engine looked up once."""
+        if len(self._decode_prices) >= TOKEN_TERMS_CACHE:
+            self._decode_prices.clear()
+        attention, engine = self.attention.decode_row(n), self._engine
+        if self._pipeline is not None:
+            price = lambda s: engine.step_for(self._gpu(n, 0.0 + attention(s), n), n, 0, n)
+        else:
+            (per_layer, fixed), layers = self._terms(n, n), self.num_layers
+            if engine.none:
+                price = lambda s: layers * (per_layer + (0.0 + attention(s))) + fixed
+            else:
+                price = lambda s: engine.step_for(layers * (per_layer + (0.0 + attention(s))) + fixed, n, 0, n)
+        self._decode_prices[n] = price
+        return price
 
     def decode_run_times(self, contexts: np.ndarray, steps: int) -> np.ndarray:
         contexts = np.asarray(contexts, dtype=np.int64)

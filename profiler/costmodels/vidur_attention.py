@@ -50,6 +50,13 @@ class TableAttention:
             return 0.0
         return self._decode.at(batch, kv_sum / batch)
 
+    def decode_row(self, batch: int):
+        """kv_sum -> decode(batch, kv_sum) for one batch size (the grid's row looked up once)."""
+        if batch == 0:
+            return lambda kv_sum: 0.0
+        row = self._decode.row(batch)
+        return lambda kv_sum: row(kv_sum / batch)
+
     def decode_many(self, batch: int, kv_sum: np.ndarray) -> np.ndarray:
         if batch == 0:
             return np.zeros(len(kv_sum))
@@ -75,6 +82,10 @@ class RooflineAttention:
         if batch == 0:
             return 0.0
         return self._d0 + kv_sum * self._dk
+
+    def decode_row(self, batch: int):
+        """kv_sum -> decode(batch, kv_sum) for one batch size."""
+        return lambda kv_sum: self.decode(batch, kv_sum)
 
     def decode_many(self, batch: int, kv_sum: np.ndarray) -> np.ndarray:
         if batch == 0:
