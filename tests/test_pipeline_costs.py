@@ -178,7 +178,7 @@ def test_vidur_one_stage_is_bit_identical_and_two_stages_by_hand():
         assert one.step_time(shape).hex() == before.step_time(shape).hex()
         tokens, rows = shape.num_tokens, shape.tokens_sampled
         per_layer, fixed = before._token_terms_of(tokens, rows)
-        attn = before._prefill_attention(shape) + before.attention.decode(len(shape.decode), sum(shape.decode))
+        attn = before._prefill_attention(shape.prefill) + before.attention.decode(len(shape.decode), sum(shape.decode))
         emb, lm = before._emb.at(tokens), before._lm_head.at(rows) * before._lm_ratio
         send = P2P_FIT["a100"][0] + tokens * 2 * 8192 * 2 / 2 / P2P_FIT["a100"][1]
         link = link_model(gpu_spec("a100"), "nvswitch")
