@@ -29,6 +29,7 @@ Invariant: the result is exactly (bit for bit) what stepping one by one gives; t
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from itertools import islice
 
@@ -36,12 +37,12 @@ import numpy as np
 
 from .durations import CLOCK_LIMIT, check_run
 from .fast_forward import next_deadline
-from .metrics.recorder import SPARSE
+from .metrics.growable import TYPECODES
+from .metrics.recorder import STEP_COLUMNS
 from .request import Request, Status
 
-ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
-               "prefill_history_tokens", "prefill_attention_pairs")
-SPARSE_COLUMNS = tuple(name for name in ROW_COLUMNS if name in SPARSE)  # zero in most steps of a run
+# the step-table columns a run fills step by step, each in its own typed array (one C value a step)
+ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +64,13 @@ class PromptRun:
     """Steps 0..k from the step begun (step 0): every running decode decodes each step, and the prompts
     run their chunks one after another (`prompts`, in the order they run). A request whose last token
     comes in step j leaves at that step's end (`finish[req]` = j). `ends[j]`: when step j ends;
-    `rows[j - 1]`: step j's values of ROW_COLUMNS in the step table."""
+    `columns`: steps 1..k in the step table (ROW_COLUMNS as typed arrays, the prefill histories and
+    attention pairs as numpy arrays, zero in most steps)."""
 
     prompts: tuple[PromptSegment, ...]
     ends: list[float]
     finish: dict
-    rows: list[tuple]
-
-    def columns(self) -> dict:
-        """The run's steps 1..k as step-table columns (ROW_COLUMNS): lists, and numpy arrays for the
-        prefill columns, which are zero in most steps (the recorder keeps their non-zero rows)."""
-        columns = {name: list(values) for name, values in zip(ROW_COLUMNS, zip(*self.rows))}
-        for name in SPARSE_COLUMNS:
-            columns[name] = np.array(columns[name], dtype=np.int64)
-        return columns
+    columns: dict
 
 
 def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
@@ -173,7 +167,8 @@ class _SteadySteps:
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]
-        self.rows: list[tuple] = []  # steps 1..: ROW_COLUMNS
+        self.columns = tuple(array(TYPECODES[np.dtype(STEP_COLUMNS[name])]) for name in ROW_COLUMNS)  # steps 1..
+        self.prefills: dict[int, tuple[int, int]] = {}  # step -> (history, attention pairs) of its prefill rows
         self.contexts = list(shape.decode)
         self.total = sum(self.contexts)
         self.chunks.append(chunk)
@@ -241,7 +236,15 @@ class _SteadySteps:
         prompts = [*self.segments, self._segment()]
         if prompts[-1].first and not prompts[-1].chunks:  # admitted for a step the run did not take
             prompts.pop()
-        return PromptRun(tuple(prompts), self.ends, self.finish, self.rows)
+        return PromptRun(tuple(prompts), self.ends, self.finish, self._columns())
+
+    def _columns(self) -> dict:
+        """Steps 1.. as step-table columns."""
+        history, pairs = np.zeros(len(self.ends) - 1, np.int64), np.zeros(len(self.ends) - 1, np.int64)
+        for j, (h, p) in self.prefills.items():
+            history[j - 1], pairs[j - 1] = h, p
+        return {**dict(zip(ROW_COLUMNS, self.columns)), "prefill_history_tokens": history,
+                "prefill_attention_pairs": pairs}
 
     def _arrivals(self, start: float) -> int:
         """Requests waiting at a step that starts at `start`: those waiting when the run began and not
@@ -307,7 +310,8 @@ class _SteadySteps:
         sum and the free blocks are locals between leaves). Returns the step at whose start a request
         waits (the run may admit it), or None where the run ends."""
         step_time, num_blocks = self.replica.cost.decode_step_time, self.kv.num_blocks
-        rows, ends, leaving = self.rows, self.ends, self.leaving
+        ends, leaving = self.ends, self.leaving
+        prefills, decodes, seqs, used, read = (column.append for column in self.columns)
         contexts, total, free = self.contexts, self.total, self.free
         n, end, stop_time = len(contexts), ends[-1], self.replica.stop_time
         if self._arrivals(end):
@@ -328,7 +332,7 @@ class _SteadySteps:
             if (before and not later < horizon) or not later < stop_time:
                 break
             free -= grow
-            rows.append((0, n, n, num_blocks - free, summed, 0, 0))
+            prefills(0), decodes(n), seqs(n), used(num_blocks - free), read(summed)
             ends.append(later)
             end = later
             if j in leaving:
@@ -435,8 +439,10 @@ class _SteadySteps:
             self._advance(j, first, blocks)
             tokens += first
             pairs += first * (first + 1) // 2
-        self.rows.append((tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free,
-                          contexts, history, pairs))
+        row = (tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free, contexts)
+        for column, value in zip(self.columns, row):
+            column.append(value)
+        self.prefills[j] = history, pairs
 
     def _advance(self, j: int, chunk: int, target: int) -> None:
         """The prompt runs `chunk` tokens in step j, holding `target` blocks; it may catch up."""

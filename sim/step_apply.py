@@ -260,7 +260,7 @@ def commit_prompt_run(replica, run) -> None:
             if segment.prompt in finish:
                 leaving.append(segment.prompt)
         _commit_prompt(recorder, segment, run, row)
-    recorder.add_run(replica.index, ends, padding_tokens=0, preemptions=0, swap_bytes=0.0, **run.columns())
+    recorder.add_run(replica.index, ends, padding_tokens=0, preemptions=0, swap_bytes=0.0, **run.columns)
     replica.prev_step = row(count - 1)
     if leaving:  # each at its own step's end, in the order stepping one by one releases them (a stable sort)
         leaving.sort(key=finish.__getitem__)

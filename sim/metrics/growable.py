@@ -21,8 +21,8 @@ class Column:
         self.data.append(value)
 
     def extend(self, values) -> None:
-        """Append numpy values, or a list of Python numbers (kept as they are)."""
-        if isinstance(values, list):
+        """Append numpy values, a list of Python numbers (kept as they are), or an array.array."""
+        if isinstance(values, list) or (isinstance(values, array) and values.typecode == self.data.typecode):
             self.data.extend(values)
         else:
             self.data.frombytes(np.ascontiguousarray(values, dtype=self.dtype).tobytes())

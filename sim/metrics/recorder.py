@@ -134,7 +134,7 @@ class Recorder:
             value = rows.get(name, 0) if name in AGGREGATES else rows[name]
             if isinstance(value, list):
                 column.data.extend(value)
-            elif isinstance(value, np.ndarray):
+            elif isinstance(value, (np.ndarray, array)):
                 column.extend(value)
             else:
                 column.data.extend([value] * count)
