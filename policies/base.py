@@ -20,6 +20,19 @@ from .lora import LoraResidency, LoraResidencyConfig
 from .quotas import ArrivalGate, OverloadConfig, TenantQuotaConfig, check_quotas
 
 
+@dataclass(frozen=True)
+class SteadyAdmission:
+    """A policy's admission as a prompt run applies it (Policy.steady_admission): the head of the queue's
+    first chunk is min(its prompt, tokens left, the policy's cap), taken if a sequence (max_num_seqs) and a
+    token are left, the chunk is at least min(min_chunk, its prompt) beside other rows, and its KV blocks
+    fit beside the watermark; the scan ends at the first that is not taken. Beside a prompt's last chunk
+    only if that chunk is not long (more than long_threshold tokens; None: none is)."""
+
+    max_num_seqs: int
+    long_threshold: int | None = None
+    min_chunk: int = 1
+
+
 @dataclass
 class Budgets:
     """Per-step limits every policy respects."""
@@ -107,15 +120,12 @@ class Policy:
         predictable. tests/test_fast_path.py holds every policy that says so to stepping one by one."""
         return None
 
-    def steady_admission(self, state: SchedulerState) -> tuple[int, int | None] | None:
-        """(max_num_seqs, long threshold) when, beside steady_chunks, this policy admits waiting requests in
-        queue order exactly as admit_prefills does into a step whose running requests all decode or whose
-        prompt in progress runs its last chunk, unless that chunk is long (more than `threshold` tokens;
-        None: none is): the head's first chunk is min(its prompt, tokens left, cap), taken if a sequence
-        and a token are left and the chunk's KV blocks fit beside the watermark, and the scan ends at the
-        first that does not fit; and it judges an arrival by the request alone (no quotas or overload
-        state). A prompt run may then admit arrivals itself (sim/prompt_run.py). None (the default): an
-        arrival ends a run."""
+    def steady_admission(self, state: SchedulerState) -> SteadyAdmission | None:
+        """How this policy admits, when beside steady_chunks it admits waiting requests in queue order
+        exactly as admit_prefills does into a step whose running requests all decode or whose prompt in
+        progress runs its last chunk (SteadyAdmission says the limits), and judges an arrival by the
+        request alone (no quotas or overload state): a prompt run may then admit arrivals itself
+        (sim/prompt_run.py). None (the default): an arrival ends a run."""
         return None
 
     def reject_reason(self, req: Request, state: SchedulerState) -> str:

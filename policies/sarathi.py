@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from cbsim.schema import option, require
 
-from .base import Budgets, Policy
+from .base import Budgets, Policy, SteadyAdmission
 from .fairness import FairConfig, bucket_reject_reason, make_fair
 from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
                       fill_decodes, make_dynamic)
@@ -111,7 +111,7 @@ class Sarathi(Policy):
     def steady_admission(self, state):
         if self.steady_chunks(state) is None or self.extras is not None or self.gate is not None:
             return None  # (encoder budgets and LoRA slots shape admissions; quotas judge arrivals by state)
-        return self.config.max_num_seqs, self.long_threshold(state.max_model_len)
+        return SteadyAdmission(self.config.max_num_seqs, self.long_threshold(state.max_model_len))
 
     def never_runs(self, req, state) -> str:
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cbsim.schema import option, require
 
-from .base import Budgets, Policy
+from .base import Budgets, Policy, SteadyAdmission
 from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
 from .helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, make_dynamic
 from .registry import register
@@ -55,6 +55,11 @@ class SplitFuse(Policy):
         if self.fair is not None or self.dynamic is not None:  # the order or the piece changes with service
             return None
         return self.token_budget(state), None
+
+    def steady_admission(self, state):
+        if self.steady_chunks(state) is None or self.extras is not None or self.gate is not None:
+            return None  # (encoder budgets and LoRA slots shape admissions; quotas judge arrivals by state)
+        return SteadyAdmission(self.config.max_num_seqs, min_chunk=self.config.min_chunk)
 
     def never_runs(self, req, state) -> str:
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)

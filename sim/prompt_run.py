@@ -110,9 +110,9 @@ def prompt_run(replica, plan, shape, start: float, duration: float, where) -> Pr
     return _SteadySteps(replica, prompt, decodes, shape, rule, admission, start + duration).price(horizon, where)
 
 
-def _stated_admission(replica) -> tuple[int, int | None] | None:
-    """The policy's stated admission (max_num_seqs, long-prompt threshold) where a run may admit arrivals
-    itself (see the module docstring), else None."""
+def _stated_admission(replica):
+    """The policy's stated admission (Policy.steady_admission) where a run may admit arrivals itself (see
+    the module docstring), else None."""
     admits = getattr(replica.policy, "steady_admission", None)
     if not (replica.arrivals is not None and admits is not None) or replica.state.swapped_first \
             or replica.kv.reserve_full_prompt or replica.settings.max_queued_requests is not None:
@@ -149,7 +149,7 @@ class _SteadySteps:
     def __init__(self, replica, prompt, decodes, shape, rule, admission, end: float):
         self.replica, self.kv = replica, replica.kv
         self.budget, self.cap = rule
-        self.seats, self.threshold = admission or (None, None)  # the policy's stated admission (steady_admission)
+        self.admission = admission  # the policy's (Policy.steady_admission); None: arrivals end the run
         self.segments: list[PromptSegment] = []  # prompts done with (a later one was admitted)
         chunk, history = shape.prefill[0]
         self._start_prompt(prompt, 0, history, prompt.num_blocks)
@@ -249,7 +249,7 @@ class _SteadySteps:
     def _arrivals(self, start: float) -> int:
         """Requests waiting at a step that starts at `start`: those waiting when the run began and not
         admitted since, and, where the run takes arrivals, those that arrived here by then."""
-        if self.seats is not None:
+        if self.admission is not None:
             while self._next_arrival() <= start:
                 self.seen += 1
         return self.waiting + self.seen - self.routed
@@ -284,7 +284,7 @@ class _SteadySteps:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
             if waiting and chunk != self.budget - len(self.contexts):
-                if chunk != self.left or (self.threshold is not None and chunk > self.threshold):
+                if chunk != self.left or self._long(chunk):
                     return None  # the policy could admit a waiting request as this run cannot: step by step
                 beside = self._first_chunk(self.budget - len(self.contexts) - chunk, len(self.contexts) + 1,
                                            self.free - grow, waiting)
@@ -315,8 +315,8 @@ class _SteadySteps:
         contexts, total, free = self.contexts, self.total, self.free
         n, end, stop_time = len(contexts), ends[-1], self.replica.stop_time
         if self._arrivals(end):
-            return j if self.seats is not None else None
-        arrival = self._next_arrival() if self.seats is not None else math.inf  # the next one to be visible
+            return j if self.admission is not None else None
+        arrival = self._next_arrival() if self.admission is not None else math.inf  # the next one to be visible
         while j < stop and n and (before or end < horizon):
             if arrival <= end:
                 self.free = free
@@ -348,7 +348,7 @@ class _SteadySteps:
         """Admit the head of the requests waiting at step j, whose running requests all decode, as its next
         prompt where the policy would (see the module docstring); False: the run ends before step j."""
         waiting = self._arrivals(self.ends[-1])
-        if self.seats is None or not waiting:
+        if self.admission is None or not waiting:
             return False
         decodes = len(self.contexts)
         first = self._first_chunk(self.budget - decodes, decodes, self.free - self._crossings(j), waiting)
@@ -357,11 +357,17 @@ class _SteadySteps:
         self._join(first[0], j)
         return True
 
+    def _long(self, chunk: int) -> bool:
+        """Whether a prompt's last chunk counts as long for the policy (then nothing is admitted beside it)."""
+        threshold = self.admission.long_threshold if self.admission is not None else None
+        return threshold is not None and chunk > threshold
+
     def _first_chunk(self, room: int, taken: int, free: int, waiting: int) -> tuple[Request, int] | None:
         """(the head of the `waiting` requests, its first chunk) where the policy admits it, and it alone,
         into a step with `room` tokens left, `taken` sequences and `free` KV blocks (the watermark must stay
         free): the others, if any, find no token or no sequence left after it. Else None."""
-        if self.seats is None or room <= 0 or taken >= self.seats:
+        admission = self.admission
+        if admission is None or room <= 0 or taken >= admission.max_num_seqs:
             return None
         req = self._queued_request()
         if req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs:
@@ -369,7 +375,9 @@ class _SteadySteps:
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
-        if waiting > 1 and chunk < room and taken + 1 < self.seats:
+        if taken and chunk < min(admission.min_chunk, req.prompt_len):
+            return None  # too small a first piece beside other rows: the policy admits nobody
+        if waiting > 1 and chunk < room and taken + 1 < admission.max_num_seqs:
             return None  # the policy would go on to the next waiting request
         return (req, chunk) if self.kv.blocks_for(chunk) <= free - self.kv.watermark_blocks else None
 

@@ -101,14 +101,15 @@ def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
         assert np.array_equal(one[name][order], other[name][other_order]), name
 
 
-# sarathi under budgets, seats and caches that an admission inside a prompt run can hit: a budget the
-# decodes can fill, few seats, a cap, and a watermark the first chunk must leave
+# sarathi under budgets, seats and caches that an admission inside a prompt run can hit (a budget the
+# decodes can fill, few seats, a cap, and a watermark the first chunk must leave), and splitfuse's min_chunk
 ADMITTING = {
     "sarathi": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8},
     "sarathi-tight": {"name": "sarathi", "token_budget": 6, "max_num_seqs": 12},
     "sarathi-seats": {"name": "sarathi", "token_budget": 96, "max_num_seqs": 3},
     "sarathi-capped": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "long_prefill_token_threshold": 24},
     "sarathi-partials": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "max_num_partial_prefills": 2},
+    "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8, "min_chunk": 24},
 }
 # arrivals spread over the decode steps of the requests before them (a step takes ~0.02-0.2 s)
 SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0.6, 2.0]), st.integers(1, 160),
@@ -144,6 +145,7 @@ def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, w
     ("sarathi", [(0.0, 30, 100), (0.5, 200, 20), (0.5, 10, 20), (0.5, 10, 20)]),  # the head fills the budget
     ("sarathi-capped", [(0.0, 30, 100), (0.5, 100, 20), (0.5, 10, 20)]),  # a capped head: the next one joins it
     ("sarathi-seats", [(0.0, 20, 100), (0.4, 10, 20), (0.4, 10, 20), (0.4, 10, 20)]),  # seats end the scan
+    ("splitfuse", [(0.0, 50, 100), (0.3, 200, 20), (0.5, 30, 20)]),  # a first piece under min_chunk waits
 ])
 def test_runs_with_arrivals_in_examples(policy, specs):
     def one(fast_forward: bool):
