@@ -252,8 +252,6 @@ def commit_prompt_run(replica, run) -> None:
         if req not in prompts:
             tokens = finish.get(req, count - 1) + 1
             _decode_tokens(recorder, req, tokens, step, row(tokens - 1), previous)
-    if len(run.prompts) > 1:
-        replica.pull(ends[-1])  # the requests the run admitted arrived by its end (the feed routed them)
     for segment in run.prompts:
         if segment.first:
             _join(replica, segment.prompt, ends[segment.first - 1], row(segment.first))
@@ -276,15 +274,9 @@ def commit_prompt_run(replica, run) -> None:
 
 def _join(replica, req: Request, start: float, row: int) -> None:
     """`req`, admitted by a prompt run in the step that starts at `start` (row `row` of the step table),
-    joins the batch as `admit` has a request join: from the waiting queue, or, having arrived during the
-    run, from `incoming` (where it is the first: a run admits the head of the queue, the queue before
-    the arrivals)."""
-    waiting = replica.state.waiting
-    if not (waiting and waiting[0] is req):
-        if replica.incoming.popleft() is not req:
-            raise RuntimeError(f"request {req.id}: a prompt run admitted a request that was not next")
-        waiting.append(req)
-        replica.by_id[req.id] = req
+    joins the batch as in that step: what arrived by its start becomes visible, and `req`, the head of
+    the queue, is admitted."""
+    replica._take_arrivals(start)
     admit(replica, req, start)  # (a fresh request holds no KV: its blocks grow with the run's, below)
     req.first_scheduled_step = row
 
