@@ -128,6 +128,11 @@ class Policy:
         (sim/prompt_run.py). None (the default): an arrival ends a run."""
         return None
 
+    def admits_by_budgets(self, state: SchedulerState) -> bool:
+        """Whether steady_chunks holds and only the budgets shape an admission: no encoder budget or LoRA
+        slots (they shape it) and no tenant quotas or overload state (they judge arrivals by the state)."""
+        return self.steady_chunks(state) is not None and self.extras is None and self.gate is None
+
     def reject_reason(self, req: Request, state: SchedulerState) -> str:
         """Why `req`, arriving now, is rejected: this policy could never run it, or arrival admission
         (tenant quotas, overload) refuses it. Empty if it is accepted."""

@@ -109,8 +109,8 @@ class Sarathi(Policy):
         return self.token_budget(state), self.request_cap()
 
     def steady_admission(self, state):
-        if self.steady_chunks(state) is None or self.extras is not None or self.gate is not None:
-            return None  # (encoder budgets and LoRA slots shape admissions; quotas judge arrivals by state)
+        if not self.admits_by_budgets(state):
+            return None
         return SteadyAdmission(self.config.max_num_seqs, self.long_threshold(state.max_model_len))
 
     def never_runs(self, req, state) -> str:

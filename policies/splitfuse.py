@@ -57,8 +57,8 @@ class SplitFuse(Policy):
         return self.token_budget(state), None
 
     def steady_admission(self, state):
-        if self.steady_chunks(state) is None or self.extras is not None or self.gate is not None:
-            return None  # (encoder budgets and LoRA slots shape admissions; quotas judge arrivals by state)
+        if not self.admits_by_budgets(state):
+            return None
         return SteadyAdmission(self.config.max_num_seqs, min_chunk=self.config.min_chunk)
 
     def never_runs(self, req, state) -> str:
