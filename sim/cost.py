@@ -4,8 +4,9 @@ The simulator only ever asks "how long does a step of this shape take". `decode_
 the fast path for a run of pure-decode steps in which every context grows by one token per step;
 an implementation that overrides it must return exactly (bit for bit) what `step_time` returns
 for each of those steps, which is what lets the replica skip ahead without changing results.
-`decode_step_time` is the same for one step of such a run, in plain Python (short runs), and
-`mixed_step_time` for a step of prefill chunks beside such decode rows (prompt runs).
+`decode_step_time` is the same for one step of such a run, in plain Python (short runs),
+`decode_pricer` the same as one function of a fixed set of rows (called at every step of a prompt
+run's decode phase), and `mixed_step_time` for a step of prefill chunks beside such decode rows.
 """
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ class CostModel:
         (`context_sum`: their sum, offset included): the scalar twin of `decode_run_times`, called
         step by step over a short decode run. An override must return exactly what `step_time` returns."""
         return self.step_time(StepShape(decode=tuple(x + offset for x in contexts), tokens_sampled=len(contexts)))
+
+    def decode_pricer(self, contexts: list[int]):
+        """(context_sum, offset) -> decode_step_time(contexts, offset, context_sum) for these rows (fixed
+        until one leaves): asked once per set of rows, then called once a step. An override prices
+        from the sum alone, in as few calls as it can, and returns exactly what `step_time` returns."""
+        step_time = self.decode_step_time
+        return lambda context_sum, offset: step_time(contexts, offset, context_sum)
 
     def mixed_step_time(self, prefill: tuple, contexts: list[int], offset: int, context_sum: int,
                         sampled: int) -> float:

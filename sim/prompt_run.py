@@ -309,11 +309,11 @@ class _SteadySteps:
         """Steps j.. once the prompt has caught up: decode-only, O(1) each (the row count, the contexts'
         sum and the free blocks are locals between leaves). Returns the step at whose start a request
         waits (the run may admit it), or None where the run ends."""
-        step_time, num_blocks = self.replica.cost.decode_step_time, self.kv.num_blocks
+        pricer, num_blocks = self.replica.cost.decode_pricer, self.kv.num_blocks
         ends, leaving = self.ends, self.leaving
         prefills, decodes, seqs, used, read = (column.append for column in self.columns)
         contexts, total, free = self.contexts, self.total, self.free
-        n, end, stop_time = len(contexts), ends[-1], self.replica.stop_time
+        n, end, stop_time, price = len(contexts), ends[-1], self.replica.stop_time, pricer(contexts)
         if self._arrivals(end):
             return j if self.admission is not None else None
         arrival = self._next_arrival() if self.admission is not None else math.inf  # the next one to be visible
@@ -325,7 +325,7 @@ class _SteadySteps:
             if grow > free:
                 break
             summed = total + n * j
-            seconds = step_time(contexts, j, summed)
+            seconds = price(summed, j)
             later = end + seconds
             if not end < later < CLOCK_LIMIT:
                 check_run("cost_model", end, np.array([seconds]), where=where())
@@ -339,7 +339,7 @@ class _SteadySteps:
                 self.free = free
                 self._leave(j)
                 contexts, total, free = self.contexts, self.total, self.free
-                n = len(contexts)
+                n, price = len(contexts), pricer(contexts)
             j += 1
         self.free = free
         return None

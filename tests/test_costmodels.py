@@ -207,8 +207,9 @@ def test_mixed_step_time_bit_identical_to_step_time(model):
 
 @pytest.mark.parametrize("model", decode_pricing_models(), ids=lambda m: m.describe()["type"])
 def test_decode_step_time_bit_identical_to_step_time(model):
-    """A decode run's O(1) price of a step (CostModel.decode_step_time) is step_time's, bit for bit, also
-    after mixed steps of the same token count have filled a model's remembered terms."""
+    """A decode run's O(1) price of a step (CostModel.decode_step_time, and the function decode_pricer gives
+    for a set of rows) is step_time's, bit for bit, also after mixed steps of the same token count have
+    filled a model's remembered terms."""
     rng = np.random.default_rng(11)
     for _ in range(40):
         contexts = rng.integers(1, 9000, size=int(rng.integers(1, 200))).tolist()
@@ -217,6 +218,7 @@ def test_decode_step_time_bit_identical_to_step_time(model):
         for offset in (0, 1, 17):
             shape = StepShape(decode=tuple(c + offset for c in contexts), tokens_sampled=n)
             assert model.decode_step_time(contexts, offset, sum(contexts) + n * offset) == model.step_time(shape)
+            assert model.decode_pricer(contexts)(sum(contexts) + n * offset, offset) == model.step_time(shape)
 
 
 # ---------------------------------------------------------------- roofline magnitudes

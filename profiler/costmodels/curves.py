@@ -156,10 +156,12 @@ class Grid:
         """z at one point (plain Python arithmetic; the row at `a` is remembered, as it is pure in a)."""
         return (self._cells.get(a) or self.row(a))(b)
 
-    def row(self, a: float):
+    def row(self, a: float, per: int | None = None):
         """b -> z(a, b) for one a, remembered (a decode run's a is its batch size, which takes few values):
-        the row's values at the b knots and the slope of each segment and beyond the last knot."""
-        known = self._cells.get(a)
+        the row's values at the b knots and the slope of each segment and beyond the last knot. With
+        `per`: x -> z(a, x / per) (a batch's context sum -> the time at its mean), one call a step;
+        not remembered here (its caller keeps it)."""
+        known = self._cells.get(a) if per is None else None
         if known is not None:
             return known
         if len(self._cells) >= ROW_CACHE:
@@ -176,6 +178,15 @@ class Grid:
             j = bisect_right(knots, b) - 1
             return cells[j] + (b - knots[j]) * slopes[j]
 
+        def at_mean(x: float) -> float:  # at(x / per), written out: one call a decode step
+            b = x / per
+            if b < b0:
+                b = b0
+            j = bisect_right(knots, b) - 1
+            return cells[j] + (b - knots[j]) * slopes[j]
+
+        if per is not None:
+            return at_mean
         self._cells[a] = at
         return at
 

@@ -98,6 +98,7 @@ class VidurCostModel(CostModel):
         self.allreduce = AllReduce(profile["allreduce"], monotone) if profile.get("allreduce") else None
         self._token_terms: dict[tuple[int, int], tuple[float, float]] = {}  # steps repeat their sizes
         self._decode_prices: dict[int, object] = {}  # batch size -> its decode step's price (_decode_price)
+        self._decode_attention: dict[int, object] = {}  # batch size -> context sum -> its decode attention
         self._prefill_terms: dict[tuple[int, int], float] = {}  # (c, h) -> one chunk's attention; chunks repeat
 
     @classmethod
@@ -210,29 +211,45 @@ class VidurCostModel(CostModel):
 
     def mixed_step_time(self, prefill, contexts, offset: int, context_sum: int, sampled: int) -> float:
         n = len(contexts)
-        attn = self._prefill_attention(prefill) + self.attention.decode(n, context_sum)
-        tokens = sum(c for c, _ in prefill) + n
+        decode = self._decode_attention.get(n)
+        if decode is None:
+            decode = self._decode_row(n)
+        attn = self._prefill_attention(prefill) + decode(context_sum)
+        tokens = n
+        for c, _ in prefill:
+            tokens += c
         return self._engine.step_for(self._gpu(tokens, attn, sampled), len(prefill) + n, len(prefill), tokens)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
+        return self.decode_pricer(contexts)(context_sum, offset)
+
+    def decode_pricer(self, contexts):
         price = self._decode_prices.get(len(contexts))
-        return (price if price is not None else self._decode_price(len(contexts)))(context_sum)
+        return price if price is not None else self._decode_price(len(contexts))
+
+    def _decode_row(self, n: int):
+        """context sum -> the decode attention of n rows (the attention grid's row looked up once), remembered."""
+        if len(self._decode_attention) >= TOKEN_TERMS_CACHE:
+            self._decode_attention.clear()
+        row = self._decode_attention[n] = self.attention.decode_row(n)
+        return row
 
     def _decode_price(self, n: int):
-        """context sum -> decode_step_time of n rows, remembered per n: step_time's arithmetic (its empty
-        prefill sum, then the decode attention; _gpu; the engine) with the batch's attention row, per-size
-        terms and engine looked up once."""
+        """(context sum, offset) -> decode_step_time of n rows, remembered per n: step_time's arithmetic (its
+        empty prefill sum, then the decode attention; _gpu; the engine) with the batch's attention row,
+        per-size terms and engine looked up once."""
         if len(self._decode_prices) >= TOKEN_TERMS_CACHE:
             self._decode_prices.clear()
-        attention, engine = self.attention.decode_row(n), self._engine
+        attention, engine = self._decode_attention.get(n) or self._decode_row(n), self._engine
         if self._pipeline is not None:
-            price = lambda s: engine.step_for(self._gpu(n, 0.0 + attention(s), n), n, 0, n)
+            price = lambda s, _offset=0: engine.step_for(self._gpu(n, 0.0 + attention(s), n), n, 0, n)
         else:
             (per_layer, fixed), layers = self._terms(n, n), self.num_layers
             if engine.none:
-                price = lambda s: layers * (per_layer + (0.0 + attention(s))) + fixed
+                price = lambda s, _offset=0: layers * (per_layer + (0.0 + attention(s))) + fixed
             else:
-                price = lambda s: engine.step_for(layers * (per_layer + (0.0 + attention(s))) + fixed, n, 0, n)
+                price = lambda s, _offset=0: engine.step_for(layers * (per_layer + (0.0 + attention(s))) + fixed,
+                                                             n, 0, n)
         self._decode_prices[n] = price
         return price
 

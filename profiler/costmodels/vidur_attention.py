@@ -54,8 +54,7 @@ class TableAttention:
         """kv_sum -> decode(batch, kv_sum) for one batch size (the grid's row looked up once)."""
         if batch == 0:
             return lambda kv_sum: 0.0
-        row = self._decode.row(batch)
-        return lambda kv_sum: row(kv_sum / batch)
+        return self._decode.row(batch, per=batch)
 
     def decode_many(self, batch: int, kv_sum: np.ndarray) -> np.ndarray:
         if batch == 0:
