@@ -22,14 +22,16 @@ wait, a second admission into one step, an admission that does not fit) ends the
 step, which the policy then plans.
 
 Per step O(1) work: the decode rows' step-0 contexts (a row of step j reads its context + j) and their
-sum change only when a request joins or leaves; a row's block crossings recur every block_size steps,
-so rows are kept by the phase of their first crossing; leaving requests are kept by their last step.
+sum change only when a request joins or leaves; a row's block crossings recur every block_size steps
+up to its last step, all known when it becomes a row, so they are counted by step then (Counter.update
+of a range: C work); leaving requests are kept by their last step.
 Invariant: the result is exactly (bit for bit) what stepping one by one gives; tests/test_fast_path.py.
 """
 from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
 
@@ -155,7 +157,8 @@ class _SteadySteps:
         self._start_prompt(prompt, 0, history, prompt.num_blocks)
         self.base: dict = {}  # decode row -> its step-0 context (step j reads it + j), in the batch's order
         self.held: dict = {}  # decode row -> blocks held when it became one
-        self.phases: dict[int, list] = {}  # step % block_size -> (first crossing, last step) of rows
+        self.stop = replica.settings.max_fast_forward  # no step of the run reaches it
+        self.crossings = Counter()  # step -> decode rows that cross into a new KV block in it
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
         self._add_decodes(decodes, shape.decode)
         self.admitted: list[Request] = []  # joined the batch in this run, in order
@@ -164,6 +167,7 @@ class _SteadySteps:
         self.peeked = 0  # requests of the feed looked at (not routed yet)
         self.seen = 0  # of self.arriving, those visible by the current step
         self.routed = 0  # of those, the ones admitted (the first ones)
+        self.upcoming = self._next_arrival() if admission is not None else math.inf  # of the next to be seen
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]
@@ -187,17 +191,15 @@ class _SteadySteps:
 
     def _add_decodes(self, decodes, contexts) -> None:
         """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, one call a row)."""
-        base, held, leaving, phases = self.base, self.held, self.leaving, self.phases
-        block_size = self.kv.block_size
+        base, held, leaving, count = self.base, self.held, self.leaving, self.crossings.update
+        block_size, stop = self.kv.block_size, self.stop
         for req, context in zip(decodes, contexts):
             blocks = req.num_blocks
             last = req.output_len - req.num_output_tokens - 1
             base[req] = context
             held[req] = blocks
             leaving.setdefault(last, []).append(req)
-            first = first_crossing(blocks, context, 0, block_size)
-            if first <= last:
-                phases.setdefault(first % block_size, []).append((first, last))
+            count(range(first_crossing(blocks, context, 0, block_size), min(last, stop) + 1, block_size))
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
         """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
@@ -205,9 +207,8 @@ class _SteadySteps:
         self.held[req] = held
         self.leaving.setdefault(last, []).append(req)
         block_size = self.kv.block_size
-        first = first_crossing(held, context, after, block_size)
-        if first <= last:
-            self.phases.setdefault(first % block_size, []).append((first, last))
+        self.crossings.update(range(first_crossing(held, context, after, block_size), min(last, self.stop) + 1,
+                                    block_size))
 
     def _rebuild(self) -> None:
         """The rows in the batch's order (the running requests', then those admitted in this run), their
@@ -223,7 +224,7 @@ class _SteadySteps:
         if before and not self.ends[0] < horizon:
             return None
         self._leave(0)
-        stop = self.replica.settings.max_fast_forward
+        stop = self.stop
         j = 1
         while True:
             j = self._chunk_steps(j, stop, horizon, before, where)
@@ -249,9 +250,9 @@ class _SteadySteps:
     def _arrivals(self, start: float) -> int:
         """Requests waiting at a step that starts at `start`: those waiting when the run began and not
         admitted since, and, where the run takes arrivals, those that arrived here by then."""
-        if self.admission is not None:
-            while self._next_arrival() <= start:
-                self.seen += 1
+        while self.upcoming <= start:
+            self.seen += 1
+            self.upcoming = self._next_arrival()
         return self.waiting + self.seen - self.routed
 
     def _next_arrival(self) -> float:
@@ -279,7 +280,7 @@ class _SteadySteps:
             waiting = self._arrivals(end)  # then only steps that leave no token budget for them run
             chunk = self.next_chunk()
             target = -(-(self.computed + chunk) // block_size)
-            grow = self._crossings(j) + max(0, target - self.prompt_blocks)
+            grow = self.crossings[j] + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
@@ -312,16 +313,16 @@ class _SteadySteps:
         pricer, num_blocks = self.replica.cost.decode_pricer, self.kv.num_blocks
         ends, leaving = self.ends, self.leaving
         prefills, decodes, seqs, used, read = (column.append for column in self.columns)
-        contexts, total, free = self.contexts, self.total, self.free
+        contexts, total, free, crossing = self.contexts, self.total, self.free, self.crossings.get
         n, end, stop_time, price = len(contexts), ends[-1], self.replica.stop_time, pricer(contexts)
         if self._arrivals(end):
             return j if self.admission is not None else None
-        arrival = self._next_arrival() if self.admission is not None else math.inf  # the next one to be visible
+        arrival = self.upcoming  # when the next one becomes visible
         while j < stop and n and (before or end < horizon):
             if arrival <= end:
                 self.free = free
                 return j
-            grow = self._crossings(j)
+            grow = crossing(j, 0)
             if grow > free:
                 break
             summed = total + n * j
@@ -351,7 +352,7 @@ class _SteadySteps:
         if self.admission is None or not waiting:
             return False
         decodes = len(self.contexts)
-        first = self._first_chunk(self.budget - decodes, decodes, self.free - self._crossings(j), waiting)
+        first = self._first_chunk(self.budget - decodes, decodes, self.free - self.crossings[j], waiting)
         if first is None:
             return False
         self._join(first[0], j)
@@ -398,20 +399,6 @@ class _SteadySteps:
             return queue[len(queue) - self.waiting]
         return self.arriving[self.routed]
 
-    def _crossings(self, j: int) -> int:
-        """Decode rows that cross into a new KV block in step j (rows past their last step are dropped
-        from their phase as it comes round: a long run's phases hold only rows still decoding)."""
-        phase = j % self.kv.block_size
-        count = expired = 0
-        for first, last in self.phases.get(phase, ()):
-            if last < j:
-                expired += 1
-            elif first <= j:
-                count += 1
-        if expired:
-            self.phases[phase] = [row for row in self.phases[phase] if row[1] >= j]
-        return count
-
     def next_chunk(self) -> int:
         """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""
         room = self.budget - len(self.contexts)
@@ -447,9 +434,12 @@ class _SteadySteps:
             self._advance(j, first, blocks)
             tokens += first
             pairs += first * (first + 1) // 2
-        row = (tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free, contexts)
-        for column, value in zip(self.columns, row):
-            column.append(value)
+        prefill_tokens, decode_tokens, num_seqs, kv_blocks_used, decode_context_tokens = self.columns
+        prefill_tokens.append(tokens)
+        decode_tokens.append(decodes)
+        num_seqs.append(decodes + 1 + (beside is not None))
+        kv_blocks_used.append(self.kv.num_blocks - self.free)
+        decode_context_tokens.append(contexts)
         self.prefills[j] = history, pairs
 
     def _advance(self, j: int, chunk: int, target: int) -> None:
