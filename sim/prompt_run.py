@@ -33,7 +33,7 @@ import math
 from array import array
 from collections import Counter
 from dataclasses import dataclass
-from itertools import islice
+from itertools import accumulate, islice, repeat
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from .metrics.growable import TYPECODES
 from .metrics.recorder import STEP_COLUMNS
 from .request import Request, Status
 
+_LEAVE, _BOUND = "leave", "bound"  # why a segment of decode-only steps ended (_SteadySteps._decode_segment)
 # the step-table columns a run fills step by step, each in its own typed array (one C value a step)
 ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens")
 
@@ -307,43 +308,69 @@ class _SteadySteps:
         return j
 
     def _decode_steps(self, j: int, stop: int, horizon: float, before: bool, where) -> int | None:
-        """Steps j.. once the prompt has caught up: decode-only, O(1) each (the row count, the contexts'
-        sum and the free blocks are locals between leaves). Returns the step at whose start a request
-        waits (the run may admit it), or None where the run ends."""
-        pricer, num_blocks = self.replica.cost.decode_pricer, self.kv.num_blocks
-        ends, leaving = self.ends, self.leaving
-        prefills, decodes, seqs, used, read = (column.append for column in self.columns)
-        contexts, total, free, crossing = self.contexts, self.total, self.free, self.crossings.get
-        n, end, stop_time, price = len(contexts), ends[-1], self.replica.stop_time, pricer(contexts)
-        if self._arrivals(end):
+        """Steps j.. once the prompt has caught up: decode-only, O(1) each, in segments between leaves
+        (_decode_segment). Returns the step at whose start a request waits (the run may admit it), or None
+        where the run ends."""
+        if self._arrivals(self.ends[-1]):
             return j if self.admission is not None else None
-        arrival = self.upcoming  # when the next one becomes visible
-        while j < stop and n and (before or end < horizon):
-            if arrival <= end:
-                self.free = free
-                return j
+        opens = math.inf if before else horizon  # a step starts before it
+        bound = min(self.upcoming, opens)  # ... and before the next arrival is visible
+        limit = min(CLOCK_LIMIT, self.replica.stop_time, horizon if before else math.inf)  # ... and ends before this
+        while self.contexts:
+            j, reason = self._decode_segment(j, stop, bound, limit, where)
+            if reason is _LEAVE:
+                self._leave(j - 1)
+                continue
+            if reason is _BOUND and j < stop and self.ends[-1] < opens:
+                return j  # the next arrival is visible at step j's start
+            break
+        return None
+
+    def _decode_segment(self, j: int, stop: int, bound: float, limit: float, where) -> tuple[int, object]:
+        """Decode-only steps j.. of the rows as they are (nobody joins or leaves among them) while a step
+        starts before `bound`, ends before `limit` and its blocks fit; the step-table rows are added at
+        the end, in one go. Returns (the next step, _LEAVE: a request's last token came in the step
+        before it; _BOUND: the next step would start at or after `bound`; None: the run ends)."""
+        contexts, total, free, first = self.contexts, self.total, self.free, j
+        n, price = len(contexts), self.replica.cost.decode_pricer(contexts)
+        ends, leaving, crossing = self.ends, self.leaving, self.crossings.get
+        end, reason = ends[-1], _BOUND
+        while j < stop and end < bound:
             grow = crossing(j, 0)
             if grow > free:
+                reason = None
                 break
-            summed = total + n * j
-            seconds = price(summed, j)
+            seconds = price(total + n * j, j)
             later = end + seconds
-            if not end < later < CLOCK_LIMIT:
-                check_run("cost_model", end, np.array([seconds]), where=where())
-            if (before and not later < horizon) or not later < stop_time:
+            if not end < later < limit:
+                if not end < later < CLOCK_LIMIT:
+                    check_run("cost_model", end, np.array([seconds]), where=where())
+                reason = None
                 break
             free -= grow
-            prefills(0), decodes(n), seqs(n), used(num_blocks - free), read(summed)
             ends.append(later)
             end = later
-            if j in leaving:
-                self.free = free
-                self._leave(j)
-                contexts, total, free = self.contexts, self.total, self.free
-                n, price = len(contexts), pricer(contexts)
             j += 1
+            if j - 1 in leaving:
+                reason = _LEAVE
+                break
+        self._decode_rows(first, j, n, total, self.kv.num_blocks - self.free)
         self.free = free
-        return None
+        return j, reason
+
+    def _decode_rows(self, first: int, stop: int, n: int, total: int, used: int) -> None:
+        """The step-table rows of decode-only steps first..stop-1 of n rows (step-0 context sum `total`),
+        `used` blocks in use before the first (then its crossings, step by step): C work, no Python loop."""
+        if stop == first:
+            return
+        k = stop - first
+        prefill_tokens, decode_tokens, num_seqs, kv_blocks_used, decode_context_tokens = self.columns
+        prefill_tokens.extend(repeat(0, k))
+        decode_tokens.extend(repeat(n, k))
+        num_seqs.extend(repeat(n, k))
+        grows = map(self.crossings.get, range(first, stop), repeat(0))
+        kv_blocks_used.extend(islice(accumulate(grows, initial=used), 1, None))
+        decode_context_tokens.extend(range(total + n * first, total + n * stop, n))
 
     def _admit(self, j: int) -> bool:
         """Admit the head of the requests waiting at step j, whose running requests all decode, as its next
