@@ -30,22 +30,18 @@ Invariant: the result is exactly (bit for bit) what stepping one by one gives; t
 from __future__ import annotations
 
 import math
-from array import array
 from collections import Counter
 from dataclasses import dataclass
-from itertools import accumulate, islice, repeat
+from itertools import islice
 
 import numpy as np
 
 from .durations import CLOCK_LIMIT, check_run
 from .fast_forward import next_deadline
-from .metrics.growable import TYPECODES
-from .metrics.recorder import STEP_COLUMNS
 from .request import Request, Status
+from .run_rows import RunRows
 
 _LEAVE, _BOUND = "leave", "bound"  # why a segment of decode-only steps ended (_SteadySteps._decode_segment)
-# the step-table columns a run fills step by step, each in its own typed array (one C value a step)
-ROW_COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +63,7 @@ class PromptRun:
     """Steps 0..k from the step begun (step 0): every running decode decodes each step, and the prompts
     run their chunks one after another (`prompts`, in the order they run). A request whose last token
     comes in step j leaves at that step's end (`finish[req]` = j). `ends[j]`: when step j ends;
-    `columns`: steps 1..k in the step table (ROW_COLUMNS as typed arrays, the prefill histories and
-    attention pairs as numpy arrays, zero in most steps)."""
+    `columns`: steps 1..k in the step table (sim/run_rows.py COLUMNS, numpy)."""
 
     prompts: tuple[PromptSegment, ...]
     ends: list[float]
@@ -172,8 +167,7 @@ class _SteadySteps:
         self.finish: dict = {}
         self.free = self.kv.free_blocks
         self.ends = [end]
-        self.columns = tuple(array(TYPECODES[np.dtype(STEP_COLUMNS[name])]) for name in ROW_COLUMNS)  # steps 1..
-        self.prefills: dict[int, tuple[int, int]] = {}  # step -> (history, attention pairs) of its prefill rows
+        self.rows = RunRows()  # steps 1..
         self.contexts = list(shape.decode)
         self.total = sum(self.contexts)
         self.chunks.append(chunk)
@@ -238,15 +232,8 @@ class _SteadySteps:
         prompts = [*self.segments, self._segment()]
         if prompts[-1].first and not prompts[-1].chunks:  # admitted for a step the run did not take
             prompts.pop()
-        return PromptRun(tuple(prompts), self.ends, self.finish, self._columns())
-
-    def _columns(self) -> dict:
-        """Steps 1.. as step-table columns."""
-        history, pairs = np.zeros(len(self.ends) - 1, np.int64), np.zeros(len(self.ends) - 1, np.int64)
-        for j, (h, p) in self.prefills.items():
-            history[j - 1], pairs[j - 1] = h, p
-        return {**dict(zip(ROW_COLUMNS, self.columns)), "prefill_history_tokens": history,
-                "prefill_attention_pairs": pairs}
+        return PromptRun(tuple(prompts), self.ends, self.finish,
+                         self.rows.columns(len(self.ends) - 1, self.crossings))
 
     def _arrivals(self, start: float) -> int:
         """Requests waiting at a step that starts at `start`: those waiting when the run began and not
@@ -354,23 +341,9 @@ class _SteadySteps:
             if j - 1 in leaving:
                 reason = _LEAVE
                 break
-        self._decode_rows(first, j, n, total, self.kv.num_blocks - self.free)
+        self.rows.decodes(first, j, n, total, self.kv.num_blocks - self.free)
         self.free = free
         return j, reason
-
-    def _decode_rows(self, first: int, stop: int, n: int, total: int, used: int) -> None:
-        """The step-table rows of decode-only steps first..stop-1 of n rows (step-0 context sum `total`),
-        `used` blocks in use before the first (then its crossings, step by step): C work, no Python loop."""
-        if stop == first:
-            return
-        k = stop - first
-        prefill_tokens, decode_tokens, num_seqs, kv_blocks_used, decode_context_tokens = self.columns
-        prefill_tokens.extend(repeat(0, k))
-        decode_tokens.extend(repeat(n, k))
-        num_seqs.extend(repeat(n, k))
-        grows = map(self.crossings.get, range(first, stop), repeat(0))
-        kv_blocks_used.extend(islice(accumulate(grows, initial=used), 1, None))
-        decode_context_tokens.extend(range(total + n * first, total + n * stop, n))
 
     def _admit(self, j: int) -> bool:
         """Admit the head of the requests waiting at step j, whose running requests all decode, as its next
@@ -461,13 +434,8 @@ class _SteadySteps:
             self._advance(j, first, blocks)
             tokens += first
             pairs += first * (first + 1) // 2
-        prefill_tokens, decode_tokens, num_seqs, kv_blocks_used, decode_context_tokens = self.columns
-        prefill_tokens.append(tokens)
-        decode_tokens.append(decodes)
-        num_seqs.append(decodes + 1 + (beside is not None))
-        kv_blocks_used.append(self.kv.num_blocks - self.free)
-        decode_context_tokens.append(contexts)
-        self.prefills[j] = history, pairs
+        self.rows.chunk(j, tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free,
+                        contexts, history, pairs)
 
     def _advance(self, j: int, chunk: int, target: int) -> None:
         """The prompt runs `chunk` tokens in step j, holding `target` blocks; it may catch up."""

@@ -1,0 +1,64 @@
+"""The step-table rows of a prompt run (sim/prompt_run.py), kept as the run makes them and built into
+columns once, at its end.
+
+A run has two kinds of steps. A chunk step has a row of its own. Decode-only steps come in segments
+between two leaves, and their rows follow from the segment alone: n rows of step-0 context sum `total`
+read total + n j in step j, and hold `used` blocks before the segment's first step, plus the rows'
+block crossings step by step. So a segment is kept as one tuple, and a decode step costs nothing here;
+`columns` expands the segments with numpy, a fixed number of array operations a run.
+
+Invariant: the columns hold exactly what appending every step's row in order would give.
+"""
+from __future__ import annotations
+
+from itertools import repeat
+
+import numpy as np
+
+# the step-table columns a run fills; a chunk row gives them in this order
+COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
+           "prefill_history_tokens", "prefill_attention_pairs")
+
+
+class RunRows:
+    """The rows of steps 1.. of one run: chunk rows and decode-only segments."""
+
+    __slots__ = ("chunks", "segments")
+
+    def __init__(self):
+        self.chunks: list[tuple] = []  # (step, *COLUMNS)
+        self.segments: list[tuple] = []  # (first step, stop step, rows, step-0 context sum, blocks used before)
+
+    def chunk(self, step: int, *row: int) -> None:
+        """Step `step`'s row, a chunk step's (COLUMNS in order)."""
+        self.chunks.append((step, *row))
+
+    def decodes(self, first: int, stop: int, n: int, total: int, used: int) -> None:
+        """Steps first..stop-1 decode n rows of step-0 context sum `total`; `used` blocks before the first."""
+        if stop > first:
+            self.segments.append((first, stop, n, total, used))
+
+    def columns(self, count: int, crossings: dict) -> dict[str, np.ndarray]:
+        """Steps 1..count as step-table columns (int64); `crossings`: step -> the decode rows that grow
+        by a block in it."""
+        columns = {name: np.zeros(count, np.int64) for name in COLUMNS}
+        if self.chunks:
+            table = np.array(self.chunks, dtype=np.int64)
+            rows = table[:, 0] - 1
+            for k, name in enumerate(COLUMNS, start=1):
+                columns[name][rows] = table[:, k]
+        if self.segments:
+            first, stop, n, total, used = np.array(self.segments, dtype=np.int64).T
+            lengths = stop - first
+            starts = np.cumsum(lengths) - lengths  # each segment's first place among the decode steps
+            segment = np.repeat(np.arange(len(lengths)), lengths)
+            steps = np.arange(int(lengths.sum())) - starts[segment] + first[segment]
+            grows = np.fromiter(map(crossings.get, steps.tolist(), repeat(0)), np.int64, len(steps))
+            grown = np.cumsum(grows)
+            grown -= (grown - grows)[starts][segment]  # since the segment's start
+            rows = steps - 1
+            columns["decode_tokens"][rows] = n[segment]
+            columns["num_seqs"][rows] = n[segment]
+            columns["kv_blocks_used"][rows] = used[segment] + grown
+            columns["decode_context_tokens"][rows] = total[segment] + n[segment] * steps
+        return columns
