@@ -434,8 +434,8 @@ class _SteadySteps:
             self._advance(j, first, blocks)
             tokens += first
             pairs += first * (first + 1) // 2
-        self.rows.chunk(j, tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free,
-                        contexts, history, pairs)
+        self.rows.chunk((j, tokens, decodes, decodes + 1 + (beside is not None), self.kv.num_blocks - self.free,
+                         contexts, history, pairs))
 
     def _advance(self, j: int, chunk: int, target: int) -> None:
         """The prompt runs `chunk` tokens in step j, holding `target` blocks; it may catch up."""

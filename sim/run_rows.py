@@ -11,7 +11,7 @@ Invariant: the columns hold exactly what appending every step's row in order wou
 """
 from __future__ import annotations
 
-from itertools import repeat
+from array import array
 
 import numpy as np
 
@@ -26,34 +26,34 @@ class RunRows:
     __slots__ = ("chunks", "segments")
 
     def __init__(self):
-        self.chunks: list[tuple] = []  # (step, *COLUMNS)
-        self.segments: list[tuple] = []  # (first step, stop step, rows, step-0 context sum, blocks used before)
+        self.chunks = array("q")  # (step, *COLUMNS) a chunk step, flat
+        self.segments = array("q")  # (first step, stop step, rows, step-0 context sum, blocks used before), flat
 
-    def chunk(self, step: int, *row: int) -> None:
-        """Step `step`'s row, a chunk step's (COLUMNS in order)."""
-        self.chunks.append((step, *row))
+    def chunk(self, row: tuple) -> None:
+        """A chunk step's row: (its step, *COLUMNS)."""
+        self.chunks.extend(row)
 
     def decodes(self, first: int, stop: int, n: int, total: int, used: int) -> None:
         """Steps first..stop-1 decode n rows of step-0 context sum `total`; `used` blocks before the first."""
         if stop > first:
-            self.segments.append((first, stop, n, total, used))
+            self.segments.extend((first, stop, n, total, used))
 
     def columns(self, count: int, crossings: dict) -> dict[str, np.ndarray]:
         """Steps 1..count as step-table columns (int64); `crossings`: step -> the decode rows that grow
         by a block in it."""
         columns = {name: np.zeros(count, np.int64) for name in COLUMNS}
         if self.chunks:
-            table = np.array(self.chunks, dtype=np.int64)
+            table = np.frombuffer(self.chunks, dtype=np.int64).reshape(-1, len(COLUMNS) + 1)
             rows = table[:, 0] - 1
             for k, name in enumerate(COLUMNS, start=1):
                 columns[name][rows] = table[:, k]
         if self.segments:
-            first, stop, n, total, used = np.array(self.segments, dtype=np.int64).T
+            first, stop, n, total, used = np.frombuffer(self.segments, dtype=np.int64).reshape(-1, 5).T
             lengths = stop - first
             starts = np.cumsum(lengths) - lengths  # each segment's first place among the decode steps
             segment = np.repeat(np.arange(len(lengths)), lengths)
             steps = np.arange(int(lengths.sum())) - starts[segment] + first[segment]
-            grows = np.fromiter(map(crossings.get, steps.tolist(), repeat(0)), np.int64, len(steps))
+            grows = _dense(crossings, count + 1)[steps]
             grown = np.cumsum(grows)
             grown -= (grown - grows)[starts][segment]  # since the segment's start
             rows = steps - 1
@@ -62,3 +62,13 @@ class RunRows:
             columns["kv_blocks_used"][rows] = used[segment] + grown
             columns["decode_context_tokens"][rows] = total[segment] + n[segment] * steps
         return columns
+
+
+def _dense(counts: dict, size: int) -> np.ndarray:
+    """counts[k] for k in 0..size-1 (0 where absent) as one array (keys at or beyond size are left out)."""
+    keys = np.fromiter(counts.keys(), np.int64, len(counts))
+    values = np.fromiter(counts.values(), np.int64, len(counts))
+    out = np.zeros(size, np.int64)
+    inside = keys < size
+    out[keys[inside]] = values[inside]
+    return out

@@ -38,7 +38,7 @@ def test_columns_equal_rows_appended_step_by_step(pieces, crossings, used):
     step = 1
     for piece in pieces:
         if piece[0] == "chunk":
-            run.chunk(step, *piece[1])
+            run.chunk((step, *piece[1]))
             step += 1
         else:
             _, length, n, total = piece
@@ -54,7 +54,7 @@ def test_columns_equal_rows_appended_step_by_step(pieces, crossings, used):
 def test_a_segment_counts_only_its_own_crossings():
     run = RunRows()
     run.decodes(1, 4, 2, 10, used=5)  # steps 1-3
-    run.chunk(4, 7, 2, 3, 9, 30, 100, 800)
+    run.chunk((4, 7, 2, 3, 9, 30, 100, 800))
     run.decodes(5, 7, 3, 20, used=9)  # steps 5-6
     columns = run.columns(6, {2: 1, 3: 2, 4: 9, 6: 1})
     assert columns["kv_blocks_used"].tolist() == [5, 6, 8, 9, 9, 10]
