@@ -268,7 +268,7 @@ class _SteadySteps:
             waiting = self._arrivals(end)  # then only steps that leave no token budget for them run
             chunk = self.next_chunk()
             target = -(-(self.computed + chunk) // block_size)
-            grow = self.crossings[j] + max(0, target - self.prompt_blocks)
+            grow = self.crossings.get(j, 0) + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
@@ -352,7 +352,7 @@ class _SteadySteps:
         if self.admission is None or not waiting:
             return False
         decodes = len(self.contexts)
-        first = self._first_chunk(self.budget - decodes, decodes, self.free - self.crossings[j], waiting)
+        first = self._first_chunk(self.budget - decodes, decodes, self.free - self.crossings.get(j, 0), waiting)
         if first is None:
             return False
         self._join(first[0], j)
@@ -443,7 +443,8 @@ class _SteadySteps:
         self.chunks.append(chunk)
         self.computed += chunk
         self.left -= chunk
-        self._caught_up(j)
+        if self.left <= 1:
+            self._caught_up(j)
 
     def _caught_up(self, j: int) -> None:
         """After step j's chunk: a prompt with nothing left sampled in step j; one with one token left and

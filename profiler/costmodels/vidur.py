@@ -218,7 +218,13 @@ class VidurCostModel(CostModel):
         tokens = n
         for c, _ in prefill:
             tokens += c
-        return self._engine.step_for(self._gpu(tokens, attn, sampled), len(prefill) + n, len(prefill), tokens)
+        if self._pipeline is None:  # _gpu, written out (once a step of a prompt run)
+            terms = self._token_terms.get((tokens, sampled)) or self._terms(tokens, sampled)
+            gpu = self.num_layers * (terms[0] + attn) + terms[1]
+        else:
+            gpu = self._gpu(tokens, attn, sampled)
+        engine = self._engine
+        return gpu if engine.none else engine.step_for(gpu, len(prefill) + n, len(prefill), tokens)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
         return self.decode_pricer(contexts)(context_sum, offset)
