@@ -246,14 +246,14 @@ class _SteadySteps:
     def _next_arrival(self) -> float:
         """When the next request that will be visible here arrives (inf: none). The feed is looked at,
         not advanced: it routes each request at its time, and the replica's `reject_reason` (pure here,
-        see _stated_admission) says which it will turn away."""
+        see _stated_admission; judged once, kept for the arrival) says which it will turn away."""
         arriving, feed = self.arriving, self.replica.arrivals
         while self.seen == len(arriving):
             req = feed.peek(self.peeked)
             if req is None:
                 return math.inf
             self.peeked += 1
-            if not self.replica.reject_reason(req):
+            if not self.replica.judge_ahead(req):
                 arriving.append(req)
         return arriving[self.seen].arrival
 

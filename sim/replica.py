@@ -119,6 +119,7 @@ class Replica:
         # committed at its end and SimPy stops there; stepping commits each step that ended by then
         self.stop_time = math.inf
         self.arrivals = None  # the arrival feed, where this replica alone receives every arrival, open loop
+        self._judged: dict[int, str] = {}  # request id -> reject_reason, judged before it arrived (judge_ahead)
         self.process = env.process(self.run())
 
     def _init_admission_signals(self, settings: ReplicaSettings, cost: CostModel) -> None:
@@ -166,10 +167,17 @@ class Replica:
             reason = queue_full_reason(len(self.incoming) + len(self.waiting), self.settings.max_queued_requests)
         return reason
 
+    def judge_ahead(self, req: Request) -> str:
+        """reject_reason of a request not arrived yet, kept for its arrival. Only where the reason cannot
+        change before then (a prompt run looks ahead where it is pure: sim/prompt_run.py)."""
+        reason = self._judged[req.id] = self.reject_reason(req)
+        return reason
+
     def enqueue(self, req: Request) -> None:
         """Called by the router at the request's arrival."""
         req.replica = self.index
-        reason = self.reject_reason(req)
+        judged = self._judged.pop(req.id, None) if self._judged else None
+        reason = self.reject_reason(req) if judged is None else judged
         if reason:
             req.status = Status.REJECTED
             req.reject_reason = reason
