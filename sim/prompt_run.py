@@ -33,6 +33,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,8 +45,7 @@ from .run_rows import RunRows
 _LEAVE, _BOUND = "leave", "bound"  # why a segment of decode-only steps ended (_SteadySteps._decode_segment)
 
 
-@dataclass(frozen=True, slots=True)
-class PromptSegment:
+class PromptSegment(NamedTuple):  # (a tuple: made once per prompt a run admits, in C)
     """One prompt's part of a run: it runs `chunks[k]` in step first + k (from history `history`) until it
     has caught up, then is a decode row. `first`: 0 for the prompt in progress at the run's start, else
     the step that admits it. It samples its next token in step `sampled` (None: not in this run): its
