@@ -260,31 +260,34 @@ class _SteadySteps:
     def _chunk_steps(self, j: int, stop: int, horizon: float, before: bool, where) -> int | None:
         """Steps j.. while the prompt has tokens left, each priced by its shape; returns the first step
         after them, or None where the run ends among them."""
-        block_size, cost = self.kv.block_size, self.replica.cost
+        block_size, price, left_open = self.kv.block_size, self.replica.cost.mixed_step_time, not before
+        opens = horizon if left_open else math.inf  # a step starts before it
+        limit = min(CLOCK_LIMIT, self.replica.stop_time, math.inf if left_open else horizon)  # ... and ends before this
         end = self.ends[-1]
         while self.left:
-            if j >= stop or not (before or end < horizon):
+            if j >= stop or not end < opens:
                 return None
             waiting = self._arrivals(end)  # then only steps that leave no token budget for them run
-            chunk = self.next_chunk()
+            n = len(self.contexts)
+            room = self.budget - n
+            chunk = min(self.left, room if self.cap is None else min(room, self.cap))
             target = -(-(self.computed + chunk) // block_size)
             grow = self.crossings.get(j, 0) + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
-            if waiting and chunk != self.budget - len(self.contexts):
+            if waiting and chunk != room:
                 if chunk != self.left or self._long(chunk):
                     return None  # the policy could admit a waiting request as this run cannot: step by step
-                beside = self._first_chunk(self.budget - len(self.contexts) - chunk, len(self.contexts) + 1,
-                                           self.free - grow, waiting)
+                beside = self._first_chunk(room - chunk, n + 1, self.free - grow, waiting)
                 if beside is None:
                     return None
             prefill, sampled = self._prefill(chunk, beside)
-            seconds = cost.mixed_step_time(prefill, self.contexts, j, self.total + len(self.contexts) * j, sampled)
+            seconds = price(prefill, self.contexts, j, self.total + n * j, sampled)
             later = end + seconds
-            if not end < later < CLOCK_LIMIT:
-                check_run("cost_model", end, np.array([seconds]), where=where())
-            if (before and not later < horizon) or not later < self.replica.stop_time:
+            if not end < later < limit:
+                if not end < later < CLOCK_LIMIT:
+                    check_run("cost_model", end, np.array([seconds]), where=where())
                 return None
             self._take(j, grow, chunk, target, beside)
             self.ends.append(later)
@@ -398,13 +401,6 @@ class _SteadySteps:
         if self.waiting:
             return queue[len(queue) - self.waiting]
         return self.arriving[self.routed]
-
-    def next_chunk(self) -> int:
-        """The prompt's chunk in the next step: min(tokens left, budget - decodes, cap)."""
-        room = self.budget - len(self.contexts)
-        if self.cap is not None:
-            room = min(room, self.cap)
-        return min(self.left, room)
 
     def _prefill(self, chunk: int, beside) -> tuple[tuple, int]:
         """(a step's prefill rows: the prompt's chunk and, beside it, a new prompt's first; the tokens it

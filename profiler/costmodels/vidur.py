@@ -214,10 +214,12 @@ class VidurCostModel(CostModel):
         decode = self._decode_attention.get(n)
         if decode is None:
             decode = self._decode_row(n)
-        attn = self._prefill_attention(prefill) + decode(context_sum)
-        tokens = n
-        for c, _ in prefill:
-            tokens += c
+        attn, tokens, memo = 0.0, n, self._prefill_terms  # _prefill_attention, written out
+        for chunk in prefill:
+            seconds = memo.get(chunk)
+            attn += seconds if seconds is not None else self._prefill_attention((chunk,))
+            tokens += chunk[0]
+        attn = attn + decode(context_sum)
         if self._pipeline is None:  # _gpu, written out (once a step of a prompt run)
             terms = self._token_terms.get((tokens, sampled)) or self._terms(tokens, sampled)
             gpu = self.num_layers * (terms[0] + attn) + terms[1]
