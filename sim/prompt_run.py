@@ -32,9 +32,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from bisect import bisect_right
-from heapq import heappop, heappush
-from itertools import accumulate, islice, repeat
+from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
@@ -158,7 +156,6 @@ class _SteadySteps:
         self.stop = replica.settings.max_fast_forward  # no step of the run reaches it
         self.crossings = Counter()  # step -> decode rows that cross into a new KV block in it
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
-        self.leave_steps: list[int] = []  # those steps, a heap
         self._add_decodes(decodes, shape.decode)
         self.admitted: list[Request] = []  # joined the batch in this run, in order
         self.waiting = len(replica.state.waiting)  # of the requests waiting at the start, those not admitted
@@ -189,37 +186,21 @@ class _SteadySteps:
 
     def _add_decodes(self, decodes, contexts) -> None:
         """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, one call a row)."""
-        base, held, count = self.base, self.held, self.crossings.update
+        base, held, leaving, count = self.base, self.held, self.leaving, self.crossings.update
         block_size, stop = self.kv.block_size, self.stop
         for req, context in zip(decodes, contexts):
             blocks = req.num_blocks
             last = req.output_len - req.num_output_tokens - 1
             base[req] = context
             held[req] = blocks
-            self._leaves_at(last, req)
+            leaving.setdefault(last, []).append(req)
             count(range(first_crossing(blocks, context, 0, block_size), min(last, stop) + 1, block_size))
-
-    def _leaves_at(self, last: int, req) -> None:
-        """`req`'s last token comes in step `last` (it leaves at that step's end)."""
-        group = self.leaving.get(last)
-        if group is None:
-            self.leaving[last] = [req]
-            heappush(self.leave_steps, last)
-        else:
-            group.append(req)
-
-    def _next_leave(self) -> float:
-        """The next step in which a request's last token comes (inf: none in this run)."""
-        steps, leaving = self.leave_steps, self.leaving
-        while steps and steps[0] not in leaving:  # (gone: its requests left)
-            heappop(steps)
-        return steps[0] if steps else math.inf
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
         """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
         self.base[req] = context
         self.held[req] = held
-        self._leaves_at(last, req)
+        self.leaving.setdefault(last, []).append(req)
         block_size = self.kv.block_size
         self.crossings.update(range(first_crossing(held, context, after, block_size), min(last, self.stop) + 1,
                                     block_size))
@@ -337,16 +318,18 @@ class _SteadySteps:
 
     def _decode_segment(self, j: int, stop: int, bound: float, limit: float, where) -> tuple[int, object]:
         """Decode-only steps j.. of the rows as they are (nobody joins or leaves among them) while a step
-        starts before `bound`, ends before `limit` and its blocks fit, up to the next leave; the
-        step-table rows and the blocks the rows grew by are settled at the end, in one go. Returns (the
-        next step, _LEAVE: a request's last token came in the step before it; _BOUND: the next step would
-        start at or after `bound`; None: the run ends)."""
+        starts before `bound`, ends before `limit` and its blocks fit; the step-table rows are added at
+        the end, in one go. Returns (the next step, _LEAVE: a request's last token came in the step
+        before it; _BOUND: the next step would start at or after `bound`; None: the run ends)."""
         contexts, total, free, first = self.contexts, self.total, self.free, j
         n, price = len(contexts), self.replica.cost.decode_pricer(contexts)
-        leave = self._next_leave()
-        last = self._steps_that_fit(j, min(stop, leave + 1), n, free)  # steps j..last-1 at most
-        append, end, reason = self.ends.append, self.ends[-1], _BOUND
-        while j < last and end < bound:
+        ends, leaving, crossing = self.ends, self.leaving, self.crossings.get
+        end, reason = ends[-1], _BOUND
+        while j < stop and end < bound:
+            grow = crossing(j, 0)
+            if grow > free:
+                reason = None
+                break
             seconds = price(total + n * j, j)
             later = end + seconds
             if not end < later < limit:
@@ -354,27 +337,16 @@ class _SteadySteps:
                     check_run("cost_model", end, np.array([seconds]), where=where())
                 reason = None
                 break
-            append(later)
+            free -= grow
+            ends.append(later)
             end = later
             j += 1
-        else:
-            if j == leave + 1:
+            if j - 1 in leaving:
                 reason = _LEAVE
-            elif j == last and end < bound:
-                reason = None  # its blocks do not fit (or the run's last step)
-        self.rows.decodes(first, j, n, total, self.kv.num_blocks - free)
-        self.free = free - sum(map(self.crossings.get, range(first, j), repeat(0)))
+                break
+        self.rows.decodes(first, j, n, total, self.kv.num_blocks - self.free)
+        self.free = free
         return j, reason
-
-    def _steps_that_fit(self, j: int, until: int, n: int, free: int) -> int:
-        """The first step from j (until at most) whose rows' block crossings since j outgrow `free`. Each of
-        the n rows crosses once every block_size steps, so all fit while free >= n x (the crossings a row
-        can make); else the steps are counted one by one (C work)."""
-        block_size = self.kv.block_size
-        if until <= j or free >= n * ((until - j) // block_size + 1):
-            return until
-        window = range(j, min(until, j + (free // n + 1) * block_size))
-        return j + bisect_right(list(accumulate(map(self.crossings.get, window, repeat(0)))), free)
 
     def _admit(self, j: int) -> bool:
         """Admit the head of the requests waiting at step j, whose running requests all decode, as its next
