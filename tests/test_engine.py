@@ -11,10 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cbsim.api import load_cost_model, run_experiment
-from cbsim.calibrate import calibrate_steps
+from cbsim.calibrate import calibrate_steps, kernel_rows, predict
 from cbsim.cli import app
 from cbsim.errors import ConfigError
 from cbsim.profiler.costmodels.engine import Engine, EngineTerms, load_engine, preset_names
+from cbsim.profiler.splitwise import read_splitwise
 from cbsim.profiler.step_table import MeasuredStep
 from cbsim.sim.shape import StepShape
 
@@ -223,7 +224,6 @@ def test_calibrate_serving_bad_input_is_one_line_naming_the_file(tmp_path):
 
 
 def test_splitwise_conversion_when_data_present():
-    from cbsim.profiler.splitwise import read_splitwise
 
     path = DATA / "measured" / "splitwise_a100_llama2_70b" / "perf_model_a100_tp2_tp8.csv"
     if not path.exists():
@@ -246,7 +246,17 @@ def test_shipped_vllm_2023_preset_is_the_fit_of_the_splitwise_data():
     spec.loader.exec_module(module)
     fresh = module.build(DATA)
     shipped = json.loads(module.OUT.read_text())
-    for name in fresh["fitted"]:
-        assert shipped["terms"][name] == pytest.approx(fresh["terms"][name], rel=1e-6, abs=1e-12), name
+    # The fit is the preset's predictions, not each term: TP2 and TP8 fix launch_per_layer + 14 x
+    # collective_per_rank (TP8's all-reduces) but not the two apart, so a refit on another CPU's BLAS
+    # kernels (AVX-512 against AVX2 OpenBLAS) may land elsewhere on that ridge (launch 1.7e-4 or 2.8e-4 s)
+    # with the same errors to seven digits. The preset must predict every measured step as a refit does
+    # (within scipy trf's own precision: ftol 1e-8 in the cost fixes predictions to about 1e-4).
+    steps, _ = read_splitwise(path)
+    rows = kernel_rows(steps, fresh["base_cost_model"]["model"], fresh["base_cost_model"]["cost_model"])
+    as_shipped = predict(rows, EngineTerms(**shipped["terms"]))
+    refit = predict(rows, EngineTerms(**fresh["terms"]))
+    assert np.allclose(as_shipped, refit, rtol=1e-4, atol=0)
+    for group, table in fresh["errors"]["in_sample"].items():
+        assert shipped["errors"]["in_sample"][group]["median_abs"] == pytest.approx(table["median_abs"], rel=1e-4)
     assert shipped["errors"]["in_sample"]["all"]["median_abs"] < 0.1
     assert shipped["errors"]["kernels_only"]["tp8"]["median_signed"] < -0.5  # kernels alone: far too fast at TP8
