@@ -618,3 +618,27 @@ def test_dec_at_p_counts_short_decodes_before_the_prefill_ends(policy, want):
     long = run.requests[3]
     window = steps.iloc[long.first_scheduled_step:long.first_token_step]
     assert window["decode_tokens"].sum() >= want  # the steps also carry request 2's (long) decodes
+
+
+def test_short_decodes_are_counted_in_one_narrow_array_over_the_steps():
+    """Per slot, the short requests' decode tokens: one int32 array over the steps, filled in place
+    (two int64 bincounts and their cumulative sum were three times eight bytes a step)."""
+    from cbsim.sim.metrics.request_metrics import _short_decodes
+    from cbsim.sim.metrics.step_order import LocalOrder
+    from cbsim.sim.metrics.token_runs import run_arrays, token_runs
+
+    s = random_script(np.random.default_rng(7))
+    steps, _ = s.frames()
+    reqs = list(s.reqs.values())
+    local = LocalOrder.of(steps)
+    runs = token_runs(local, run_arrays(s.rec, reqs))
+    ids = np.array([r.id for r in reqs])
+    prompts = np.array([r.prompt_len for r in reqs])
+    long_mask = prompts > np.median(prompts)
+    got = _short_decodes(ids, long_mask, local, runs)
+    short = ~long_mask[np.searchsorted(ids, runs.request_id)]
+    opens = np.r_[True, runs.request_id[1:] != runs.request_id[:-1]]
+    want = np.zeros(len(local), dtype=np.int64)
+    for f, l in zip(runs.first[short] + opens[short], runs.last[short]):
+        want[f:l + 1] += 1
+    assert got.dtype == np.int32 and np.array_equal(got, want) and want.any()
