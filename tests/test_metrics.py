@@ -370,14 +370,37 @@ def test_stable_sort_by_value_equals_numpy_stable_argsort(chunk):
         np.testing.assert_array_equal(got[1], payload[0][want])
         np.testing.assert_array_equal(got[2], payload[1][want])
         assert got[2].dtype == np.int32
+        keyed = stable_sort_by_value(chunks, (np.int64, np.int32), splits, key=lambda index, _: values[index])
+        assert len(keyed) == 2  # the payload only: each bucket's values read back through the key
+        np.testing.assert_array_equal(keyed[0], payload[0][want])
+        np.testing.assert_array_equal(keyed[1], payload[1][want])
     cuts = split_points(values, 8)
     assert np.all(np.diff(cuts) > 0) and 1.0 in cuts and np.nextafter(1.0, 2) in cuts  # the heavy value alone
 
 
+@pytest.mark.parametrize("make", [breaks_and_replicas, interference,
+                                  lambda: random_script(np.random.default_rng(4)),
+                                  lambda: random_script(np.random.default_rng(5), num_replicas=1),
+                                  lambda: random_script(np.random.default_rng(6), grouped=True)])
+def test_itl_lengths_read_back_are_the_gaps_bit_for_bit(make):
+    """The distribution keeps no lengths: read back from the steps (and the breaks kept apart), they
+    are the brute-force gaps, stably sorted, float for float."""
+    s = make()
+    steps, _ = s.frames()
+    dist = itl_distribution(s.rec, list(s.reqs.values()), steps)
+    gaps = np.sort(all_gaps(s), kind="stable")
+    np.testing.assert_array_equal(np.repeat(dist.values, dist.weights), gaps)  # exact, not within 1e-12
+    index = np.arange(len(dist.step))
+    np.testing.assert_array_equal(dist.values_at(index[::-3]), dist.values[::-3])
+    assert dist.values_at([-1])[0] == dist.values[-1]
+    for value in (-1.0, 0.0, *gaps[::7], np.inf, np.nan):
+        assert dist.count_at_most(value) == np.searchsorted(dist.values, value, side="right"), value
+
+
 def test_itl_construction_scratch_stays_small(monkeypatch):
-    """Building the ITL distribution of a long run needs little memory beyond the result: the
-    steps are scanned in blocks and the gaps sorted bucket by bucket (a whole-run argsort or a
-    second copy of the gaps would be at least half the result again)."""
+    """Building the ITL distribution of a long run needs little memory beyond the result (8 bytes a gap:
+    weight and step; the lengths are read back): the steps are scanned in blocks and the gaps sorted
+    bucket by bucket (a whole-run argsort or the gaps' lengths kept would be the result again)."""
     monkeypatch.setattr(step_order, "BLOCK", 4096)
     monkeypatch.setattr(itl_module, "BUCKET", 4096)
     rec = Recorder()
@@ -397,9 +420,9 @@ def test_itl_construction_scratch_stays_small(monkeypatch):
         kept, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    result = dist.values.nbytes + dist.weights.nbytes + dist.step.nbytes
-    assert result == 16 * len(dist.values) and len(dist.values) > 0.99 * n
-    assert peak - kept < result / 4, (peak - kept, result)
+    result = dist.weights.nbytes + dist.step.nbytes  # the lengths are read back from the steps
+    assert result == 8 * len(dist.step) and len(dist.step) > 0.99 * n and len(dist.break_at) == 0
+    assert peak - kept < result / 2, (peak - kept, result)  # the lengths, or an argsort, would be `result` again
 
 
 # ---------------------------------------------------------------- percentiles
@@ -595,3 +618,27 @@ def test_dec_at_p_counts_short_decodes_before_the_prefill_ends(policy, want):
     long = run.requests[3]
     window = steps.iloc[long.first_scheduled_step:long.first_token_step]
     assert window["decode_tokens"].sum() >= want  # the steps also carry request 2's (long) decodes
+
+
+def test_short_decodes_are_counted_in_one_narrow_array_over_the_steps():
+    """Per slot, the short requests' decode tokens: one int32 array over the steps, filled in place
+    (two int64 bincounts and their cumulative sum were three times eight bytes a step)."""
+    from cbsim.sim.metrics.request_metrics import _short_decodes
+    from cbsim.sim.metrics.step_order import LocalOrder
+    from cbsim.sim.metrics.token_runs import run_arrays, token_runs
+
+    s = random_script(np.random.default_rng(7))
+    steps, _ = s.frames()
+    reqs = list(s.reqs.values())
+    local = LocalOrder.of(steps)
+    runs = token_runs(local, run_arrays(s.rec, reqs))
+    ids = np.array([r.id for r in reqs])
+    prompts = np.array([r.prompt_len for r in reqs])
+    long_mask = prompts > np.median(prompts)
+    got = _short_decodes(ids, long_mask, local, runs)
+    short = ~long_mask[np.searchsorted(ids, runs.request_id)]
+    opens = np.r_[True, runs.request_id[1:] != runs.request_id[:-1]]
+    want = np.zeros(len(local), dtype=np.int64)
+    for f, l in zip(runs.first[short] + opens[short], runs.last[short]):
+        want[f:l + 1] += 1
+    assert got.dtype == np.int32 and np.array_equal(got, want) and want.any()

@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbsim.sim.metrics.recorder import STEP_COLUMNS, Recorder
+from cbsim.sim.metrics.growable import SparseColumn
+from cbsim.sim.metrics.recorder import SPARSE, STEP_COLUMNS, Recorder
 
 OPS = st.lists(st.tuples(st.sampled_from(["step", "run", "run-array", "run-steps", "run-gapped", "pipelined", "preempt"]), st.integers(0, 2),
                          st.sampled_from([0.0, 0.0, 0.25, 1.0]), st.integers(1, 6), st.integers(0, 3)),
@@ -68,6 +69,10 @@ def test_the_compact_recorder_gives_back_every_row(ops):
     for name, dtype in STEP_COLUMNS.items():
         want = np.array([r[name] for r in expected], dtype=dtype)
         assert table[name].dtype == want.dtype and np.array_equal(table[name], want, equal_nan=True), name
+    sparse = recorder.step_table(sparse=True)  # over the recorder's own buffers (a stored zero: a copy)
+    for name in SPARSE:
+        assert sparse[name].dtype.subtype == table[name].dtype and np.all(sparse[name].sp_values != 0), name
+        np.testing.assert_array_equal(sparse[name].to_numpy(), table[name])
 
 
 def test_a_row_is_closed_once():
@@ -80,3 +85,32 @@ def test_a_row_is_closed_once():
         assert "closed twice" in str(err)
     else:
         raise AssertionError("a second end was accepted")
+
+
+def test_a_sparse_frame_column_shares_the_recorders_buffers():
+    recorder = Recorder()
+    for k in range(6):
+        recorder.add_step(**row(0, float(k), float(k + 1), k))
+    column = recorder.step_table(sparse=True)["prefill_history_tokens"]
+    kept = recorder.sparse["prefill_history_tokens"]
+    assert np.shares_memory(column.sp_values, kept.value_array())
+    assert np.shares_memory(column.sp_index.indices, kept.row_array())
+    np.testing.assert_array_equal(column.to_numpy(), [5 * k for k in range(6)])
+
+
+def test_a_stored_zero_is_left_out_of_the_sparse_array():
+    column = SparseColumn(np.int16)
+    column.put(1, 3)
+    column.put(4, 2)
+    column.set(1, 0)  # kept as a stored zero
+    sparse = column.sparse_array(6)
+    assert list(sparse.sp_index.indices) == [4] and list(sparse.to_numpy()) == [0, 0, 0, 0, 2, 0]
+
+
+def test_rows_past_int32_widen_the_row_index():
+    column = SparseColumn(np.float64)
+    column.put(5, 1.0)
+    column.put(2**31, 2.0)  # an int32 row index cannot hold it
+    column.put_many(2**32, np.array([0.0, 3.0]))
+    assert column.rows.typecode == "q" and list(column.row_array()) == [5, 2**31, 2**32 + 1]
+    assert list(column.value_array()) == [1.0, 2.0, 3.0]

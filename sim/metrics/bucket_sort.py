@@ -7,6 +7,10 @@ Buckets follow value order and keep stream order inside, so the result equals
 np.argsort(all_values, kind="stable") applied to every column, while the extra memory beyond the
 outputs is one chunk plus one bucket, never a second copy of the whole stream.
 
+With `key`, the values are not kept: a bucket's values are recomputed from its payload when it is
+sorted (`key(*payload)` must give each record's value back exactly), so the outputs are the payload
+columns only (the ITL distribution keeps its gaps' steps, not their lengths: sim/metrics/itl.py).
+
 `split_points` picks splits from a sample so buckets hold about equal shares, and isolates every
 split value in a bucket of its own: a value repeated in a large share of records (a cost model
 with a constant step time) then fills an already sorted bucket instead of one huge mixed bucket.
@@ -28,8 +32,10 @@ def split_points(sample: np.ndarray, buckets: int) -> np.ndarray:
     return np.unique(np.concatenate([cuts, np.nextafter(cuts, np.inf)]))
 
 
-def stable_sort_by_value(chunks: Callable[[], Iterable[tuple]], payload_dtypes, splits: np.ndarray) -> tuple:
-    """(values, *payload) of every record that `chunks()` yields, stably sorted by value.
+def stable_sort_by_value(chunks: Callable[[], Iterable[tuple]], payload_dtypes, splits: np.ndarray,
+                         key: Callable[..., np.ndarray] | None = None) -> tuple:
+    """(values, *payload) of every record that `chunks()` yields, stably sorted by value; with `key`,
+    (*payload) only, each bucket sorted by key(*its payload) (see the module docstring).
 
     `chunks()` must yield the same records each time it is called; each chunk is a tuple of equal
     length arrays, float64 values first. Payload column j is returned with dtype payload_dtypes[j].
@@ -39,7 +45,7 @@ def stable_sort_by_value(chunks: Callable[[], Iterable[tuple]], payload_dtypes, 
     for values, *_ in chunks():
         counts += np.bincount(np.searchsorted(splits, values, side="right"), minlength=num_buckets)
     total = int(counts.sum())
-    out = [np.empty(total, dtype=np.float64)] + [np.empty(total, dtype=dtype) for dtype in payload_dtypes]
+    out = ([] if key else [np.empty(total, dtype=np.float64)]) + [np.empty(total, dtype=d) for d in payload_dtypes]
     cursor = np.r_[0, np.cumsum(counts)[:-1]]
     for chunk in chunks():
         bucket = np.searchsorted(splits, chunk[0], side="right")
@@ -47,17 +53,18 @@ def stable_sort_by_value(chunks: Callable[[], Iterable[tuple]], payload_dtypes, 
         sizes = np.bincount(bucket, minlength=num_buckets)
         starts = np.r_[0, np.cumsum(sizes)[:-1]]
         dest = np.repeat(cursor - starts, sizes) + np.arange(len(bucket))
-        for column, source in zip(out, chunk):
+        for column, source in zip(out, chunk[1:] if key else chunk):
             column[dest] = source[by_bucket]
         cursor += sizes
     bounds = np.r_[0, np.cumsum(counts)]
+    value_of = key or (lambda values, *payload: values)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        _sort_slice(out, slice(lo, hi))
+        _sort_slice(out, slice(lo, hi), value_of)
     return tuple(out)
 
 
-def _sort_slice(columns: list[np.ndarray], part: slice) -> None:
-    values = columns[0][part]
+def _sort_slice(columns: list[np.ndarray], part: slice, value_of) -> None:
+    values = value_of(*(column[part] for column in columns))
     if len(values) < 2 or np.all(values[1:] >= values[:-1]):
         return
     order = np.argsort(values, kind="stable")

@@ -1,5 +1,8 @@
 """A growable typed column: fast single appends (array.array), bulk appends from numpy, and a
-zero-copy numpy view at the end. Compact: 8 bytes a value at most, never a Python object each."""
+zero-copy numpy view at the end. Compact: 8 bytes a value at most, never a Python object each.
+
+A SparseColumn keeps its rows as int32 (int64 once a row passes 2**31 - 1), the index type pandas
+gives a SparseArray, so `sparse_array` hands the recorder's own buffers to a frame without copying."""
 from __future__ import annotations
 
 from array import array
@@ -7,6 +10,7 @@ from bisect import bisect_left
 
 import numpy as np
 
+INT32_MAX = 2**31 - 1
 TYPECODES = {np.dtype(np.float64): "d", np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.int16): "h"}
 
 
@@ -43,24 +47,30 @@ class Column:
 
 class SparseColumn:
     """A growable column that is mostly zero: the rows where it is not (ascending) and their values.
-    12-16 bytes a non-zero row, nothing for a zero one; `dense(n)` gives the n-row numpy column."""
+    8-12 bytes a non-zero row, nothing for a zero one; `dense(n)` gives the n-row numpy column."""
 
     __slots__ = ("dtype", "rows", "values", "keep_zeros")
 
     def __init__(self, dtype, keep_zeros: bool = False):
         self.dtype = np.dtype(dtype)
-        self.rows = array("q")
+        self.rows = array("i")  # widened to "q" by _widen when a row does not fit
         self.values = array(TYPECODES[self.dtype])
         self.keep_zeros = keep_zeros  # keep every row put, zeros too (a column of exceptions)
 
     def put(self, row: int, value) -> None:
         """Row `row`'s value, for a row after every row put so far."""
         if value or self.keep_zeros:
-            self.rows.append(row)
+            try:
+                self.rows.append(row)
+            except OverflowError:
+                self._widen()
+                self.rows.append(row)
             self.values.append(value)
 
     def put_many(self, first: int, values) -> None:
         """Rows first, first + 1, ...: `values` (a list or numpy array), after every row put so far."""
+        if first + len(values) > INT32_MAX:
+            self._widen()
         if isinstance(values, list):  # a short run's values: plain Python beats numpy's per-call cost
             kept = [(first + k, v) for k, v in enumerate(values) if v or self.keep_zeros]
             if kept:
@@ -71,11 +81,13 @@ class SparseColumn:
         values = np.asarray(values, dtype=self.dtype)
         nonzero = np.arange(len(values)) if self.keep_zeros else np.flatnonzero(values)
         if len(nonzero):
-            self.rows.frombytes((nonzero + first).astype(np.int64).tobytes())
+            self.rows.frombytes((nonzero + first).astype(self._row_dtype()).tobytes())
             self.values.frombytes(values[nonzero].tobytes())
 
     def set(self, row: int, value) -> None:
         """Row `row`'s value, whichever row it is (a later row, or one put before: found by bisection)."""
+        if row > INT32_MAX:
+            self._widen()
         rows = self.rows
         k = bisect_left(rows, row)
         if k < len(rows) and rows[k] == row:
@@ -84,18 +96,48 @@ class SparseColumn:
             rows.insert(k, row)
             self.values.insert(k, value)
 
+    def _widen(self) -> None:
+        """Rows as int64 from now on (a run past 2**31 - 1 steps)."""
+        if self.rows.typecode != "q":
+            self.rows = array("q", self.rows)
+
+    def _row_dtype(self):
+        return np.int32 if self.rows.typecode == "i" else np.int64
+
+    def row_array(self) -> np.ndarray:
+        """The kept rows, ascending (a view of the column's buffer)."""
+        return np.frombuffer(self.rows, dtype=self._row_dtype()) if len(self.rows) else np.zeros(0, np.int32)
+
+    def value_array(self) -> np.ndarray:
+        """The kept rows' values (a view of the column's buffer)."""
+        return np.frombuffer(self.values, dtype=self.dtype) if len(self.values) else np.zeros(0, self.dtype)
+
     def scatter(self, out: np.ndarray) -> np.ndarray:
         """`out` with the kept rows' values written over it."""
         if len(self.rows):
-            out[np.frombuffer(self.rows, dtype=np.int64)] = np.frombuffer(self.values, dtype=self.dtype)
+            out[self.row_array()] = self.value_array()
         return out
 
     def dense(self, n: int) -> np.ndarray:
         return self.scatter(np.zeros(n, dtype=self.dtype))
 
     def sparse_array(self, n: int):
-        """The n-row column as a pandas SparseArray with fill value 0 (it keeps the non-zero rows only;
-        made from the dense column, which lives only for the call)."""
-        from pandas.arrays import SparseArray  # pandas is the metrics' import, not the engine's
+        """The n-row column as a pandas SparseArray with fill value 0 over the column's own buffers
+        (no copy: the array.arrays cannot grow while it lives, as for Column.array). A copy only where
+        a stored zero (set to 0 after a put) or an int64 row would break SparseArray's int32 index."""
+        rows, values = self.row_array(), self.value_array()
+        if rows.dtype != np.int32 or not np.all(values):
+            keep = np.flatnonzero(values)
+            rows, values = rows[keep].astype(np.int32), values[keep]
+        return sparse_from_indices(values, rows, n)
 
-        return SparseArray(self.dense(n), fill_value=0)
+
+def sparse_from_indices(values: np.ndarray, rows: np.ndarray, n: int):
+    """A pandas SparseArray (fill value 0) of n rows over `values` at int32 `rows`, without copying."""
+    from pandas.arrays import SparseArray  # pandas is the metrics' import, not the engine's
+
+    if hasattr(SparseArray, "from_indices"):  # pandas >= 3.1
+        return SparseArray.from_indices(values, rows, n, fill_value=0)
+    from pandas._libs.sparse import IntIndex  # before 3.1: the constructor takes the index
+
+    return SparseArray(values, sparse_index=IntIndex(n, rows), fill_value=0, dtype=values.dtype)

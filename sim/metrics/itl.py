@@ -5,9 +5,13 @@ by every run with first < k <= last: its weight (the slot's *coverage*) is a run
 starts minus run ends. Each break between two runs of a request adds one gap (first token of the
 later run minus last token of the earlier).
 
-Memory: the distribution itself is 16 bytes a gap (value, weight, step); building it scans the
-steps block by block and sorts with stable_sort_by_value, so the scratch memory is a block and a
-bucket plus O(runs), never a second copy of the distribution (sim/metrics/bucket_sort.py).
+Memory: the distribution itself is 8 bytes a gap (weight, step): a gap's length is not kept but read
+back from its step (`LocalOrder.gap_at`: the same subtraction, so the same float), except for the
+gaps between two runs, kept apart (O(breaks)). Building it scans the steps block by block and sorts
+with stable_sort_by_value, each bucket by its lengths read back, so the scratch memory is a block and a
+bucket plus O(runs), never a copy of the distribution (sim/metrics/bucket_sort.py). `values`
+materialises the lengths (8 bytes a gap, for as long as the caller keeps them); the summary's
+percentiles, maximum and stalls read only the few they need (`values_at`).
 
 Percentiles are numpy's default ("linear", Hyndman & Fan type 7), the method of `vllm bench serve`
 and SGLang's bench_serving: with the N gaps sorted, percentile q sits at rank h = (N - 1) q / 100,
@@ -36,16 +40,53 @@ class ITLDistribution:
 
     Sorted by value (stably: equal values keep the order in which the gaps were found). `step[i]`
     is the global step whose end closed the gap (a step within a run, or the first of a later
-    run); `times` and `replica` (when and where each gap ended, to locate stalls) are read from
-    the step table on access.
+    run); `values`, `times` and `replica` (how long, when and where each gap ended, to locate
+    stalls) are read from the step table on access.
     """
 
-    values: np.ndarray  # float64
     weights: np.ndarray  # int32
     step: np.ndarray  # int32 (int64 beyond 2**31 steps)
-    step_end: np.ndarray  # end of each global step (a view of the step table)
-    step_replica: np.ndarray  # replica of each global step (a view of the step table)
+    local: LocalOrder  # the steps' ends and replicas, each replica's steps in its order
     total_tokens: int
+    break_at: np.ndarray  # positions of the gaps between two runs of a request, ascending
+    break_values: np.ndarray  # their lengths (not a difference of consecutive ends of a replica)
+
+    @property
+    def step_end(self) -> np.ndarray:
+        return self.local.step_end
+
+    @property
+    def step_replica(self) -> np.ndarray:
+        return self.local.step_replica
+
+    def values_at(self, index) -> np.ndarray:
+        """The lengths (seconds) of the gaps at positions `index` (negative ones count from the end)."""
+        index = np.asarray(index, dtype=np.int64)
+        index = np.where(index < 0, index + len(self.step), index)
+        out = self.local.gap_at(self.step[index])
+        k = np.minimum(np.searchsorted(self.break_at, index), max(len(self.break_at) - 1, 0))
+        hit = (self.break_at[k] == index) if len(self.break_at) else np.zeros(len(index), dtype=bool)
+        out[hit] = self.break_values[k[hit]]
+        return out
+
+    @property
+    def values(self) -> np.ndarray:
+        """Every gap's length (float64, ascending), made block by block on each access."""
+        out = np.empty(len(self.step), dtype=np.float64)
+        for b0 in range(0, len(out), step_order.BLOCK):
+            out[b0:b0 + step_order.BLOCK] = self.values_at(np.arange(b0, min(b0 + step_order.BLOCK, len(out))))
+        return out
+
+    def count_at_most(self, value: float) -> int:
+        """How many positions hold a gap of at most `value` (np.searchsorted(values, value, "right"))."""
+        lo, hi = 0, len(self.step)
+        while lo < hi:  # bisection: O(log gaps) lengths read back
+            mid = (lo + hi) // 2
+            if not self.values_at([mid])[0] > value:  # (a NaN value sorts last, as numpy's)
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     @property
     def times(self) -> np.ndarray:
@@ -61,7 +102,7 @@ class ITLDistribution:
 
     def percentile(self, q):
         """Percentile(s) of every gap, numpy's linear method, q in [0, 100]; NaN when there is no gap."""
-        return weighted_percentile(self.values, self.weights, q)
+        return sorted_percentile(self.weights, self.values_at, q)
 
 
 def itl_distribution(recorder: Recorder, requests=(), steps: pd.DataFrame | None = None) -> ITLDistribution:
@@ -80,12 +121,23 @@ def itl_distribution(recorder: Recorder, requests=(), steps: pd.DataFrame | None
             cover = _coverage(first, last, c0, c0 + len(gap))
             inside = np.flatnonzero(cover)
             yield gap[inside], local.steps_at(inside + c0), cover[inside]
-        yield break_values, break_steps, np.ones(len(break_values), dtype=np.int64)
+        # a break's payload: its index and weight -1 (its length is not read back from a step)
+        yield break_values, np.arange(len(break_values)), np.full(len(break_values), -1)
+
+    def length(step, weight):  # a gap's length back from its payload, the float gaps() yielded
+        out, within = np.empty(len(step)), weight > 0
+        out[within] = local.gap_at(step[within])
+        out[~within] = break_values[step[~within]]
+        return out
 
     buckets = -(-(len(local) + len(break_values)) // BUCKET)
     splits = split_points(_sample(local, break_values, 64 * buckets), buckets) if buckets > 1 else np.zeros(0)
-    values, step, weights = stable_sort_by_value(gaps, (index_dtype(len(local)), index_dtype(len(first))), splits)
-    return ITLDistribution(values, weights, step, local.step_end, local.step_replica, total_tokens)
+    payload = (index_dtype(max(len(local), len(break_values))), index_dtype(len(first)))
+    step, weights = stable_sort_by_value(gaps, payload, splits, key=length)
+    at = np.flatnonzero(weights < 0)  # the breaks, where the sort put them
+    index = step[at]
+    step[at], weights[at] = break_steps[index], 1
+    return ITLDistribution(weights, step, local, total_tokens, at, break_values[index])
 
 
 def _coverage(first: np.ndarray, last: np.ndarray, c0: int, c1: int) -> np.ndarray:
@@ -116,23 +168,36 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q):
     """
     values = np.asarray(values, dtype=np.float64)
     weights = np.asarray(weights)
-    scalar = np.ndim(q) == 0
+    if len(values) and weights.dtype.kind in "iu" and weights.min() > 0 and is_non_decreasing(values):
+        return sorted_percentile(weights, lambda index: values[index], q)
+    scalar, q = np.ndim(q) == 0, _percentiles(q)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if len(values) == 0:
+        return float("nan") if scalar else np.full(len(q), np.nan)
+    sort = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[sort])
+    at = lambda ranks: values[sort][np.searchsorted(cum, ranks + 1, side="left").clip(0, len(cum) - 1)]
+    out = _interpolate(q, int(cum[-1]), at)
+    return float(out[0]) if scalar else out
+
+
+def sorted_percentile(weights: np.ndarray, value_at, q):
+    """weighted_percentile of sorted values with positive integer `weights`, reading only the values it
+    needs: `value_at(index)` gives the values at an array of positions."""
+    scalar, q = np.ndim(q) == 0, _percentiles(q)
+    if len(weights):
+        out = _interpolate(q, int(weights.sum()), lambda ranks: value_at(_index_at_ranks(weights, ranks)))
+    else:
+        out = np.full(len(q), np.nan)
+    return float(out[0]) if scalar else out
+
+
+def _percentiles(q) -> np.ndarray:
     q = np.atleast_1d(np.asarray(q, dtype=np.float64))
     if np.any((q < 0) | (q > 100)):
         raise ValueError("percentiles must lie in [0, 100]")
-    if len(values) and weights.dtype.kind in "iu" and weights.min() > 0 and is_non_decreasing(values):
-        out = _interpolate(q, int(weights.sum()), lambda ranks: _sorted_at_ranks(values, weights, ranks))
-    else:
-        keep = weights > 0
-        values, weights = values[keep], weights[keep]
-        if len(values) == 0:
-            out = np.full(len(q), np.nan)
-        else:
-            sort = np.argsort(values, kind="stable")
-            cum = np.cumsum(weights[sort])
-            at = lambda ranks: values[sort][np.searchsorted(cum, ranks + 1, side="left").clip(0, len(cum) - 1)]
-            out = _interpolate(q, int(cum[-1]), at)
-    return float(out[0]) if scalar else out
+    return q
 
 
 def _interpolate(q: np.ndarray, count: int, at) -> np.ndarray:
@@ -146,15 +211,15 @@ def _interpolate(q: np.ndarray, count: int, at) -> np.ndarray:
     return np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)  # numpy's _lerp
 
 
-def _sorted_at_ranks(values: np.ndarray, weights: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """The value at each 0-based rank of the expansion of sorted `values` with positive integer
+def _index_at_ranks(weights: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The position of each 0-based rank in the expansion of sorted values with positive integer
     `weights`: the cumulative weight is formed one block at a time (exact integers)."""
     target = ranks + 1
-    index = np.full(len(ranks), len(values) - 1)
+    index = np.full(len(ranks), len(weights) - 1)
     pending = np.ones(len(ranks), dtype=bool)
     running = 0
     block = step_order.BLOCK
-    for b0 in range(0, len(values), block):
+    for b0 in range(0, len(weights), block):
         cum = np.cumsum(weights[b0:b0 + block], dtype=np.int64) + running
         hit = pending & (cum[-1] >= target)
         index[hit] = b0 + np.searchsorted(cum, target[hit], side="left")
@@ -162,7 +227,7 @@ def _sorted_at_ranks(values: np.ndarray, weights: np.ndarray, ranks: np.ndarray)
         if not pending.any():
             break
         running = cum[-1]
-    return values[index]
+    return index
 
 
 def cdf_points(values: np.ndarray, weights: np.ndarray | None = None, max_points: int = 2000):
@@ -185,7 +250,7 @@ def cdf_points(values: np.ndarray, weights: np.ndarray | None = None, max_points
 def stall_events(dist: ITLDistribution, factor: float) -> pd.DataFrame:
     """Gaps longer than factor x the run's median ITL: time (gap end), length, count, replica."""
     threshold = factor * dist.percentile(50) if dist.count else math.inf
-    first = np.searchsorted(dist.values, threshold, side="right")  # values are sorted
+    first = dist.count_at_most(threshold)  # values are sorted
     step = dist.step[first:]
-    return pd.DataFrame({"time": dist.step_end[step], "length": dist.values[first:],
+    return pd.DataFrame({"time": dist.step_end[step], "length": dist.values_at(np.arange(first, len(dist.step))),
                          "count": dist.weights[first:], "replica": dist.step_replica[step]})

@@ -12,7 +12,7 @@ from .metrics_config import MetricsConfig, SLOConfig
 from .recorder import Recorder
 from ..request import Request, Status
 from ..request_table import RequestTable, request_column as _column
-from .step_order import LocalOrder
+from .step_order import LocalOrder, index_dtype
 from .token_runs import TokenRuns, in_run_max, run_arrays, token_runs
 
 
@@ -49,8 +49,10 @@ def _short_decodes(ids: np.ndarray, long_mask: np.ndarray, local: LocalOrder, ru
     opens = np.r_[True, runs.request_id[1:] != runs.request_id[:-1]]  # the run holding a first token
     lo, hi = runs.first[short] + opens[short], runs.last[short] + 1
     keep = lo < hi
-    edges = np.bincount(lo[keep], minlength=n + 1) - np.bincount(hi[keep], minlength=n + 1)
-    return np.cumsum(edges[:n])
+    edges = np.zeros(n + 1, dtype=index_dtype(len(runs.tokens) + 1))  # one array over the steps, in place
+    np.add.at(edges, lo[keep], 1)
+    np.subtract.at(edges, hi[keep], 1)
+    return np.cumsum(edges[:n], out=edges[:n])
 
 
 def _dec_at_p(requests: list[Request], local: LocalOrder, short_decodes: np.ndarray, long_mask: np.ndarray

@@ -112,6 +112,13 @@ class LocalOrder:
             out[mine] = start + np.searchsorted(self.order[start:self.bounds[b + 1]], limit[mine], side=side)
         return out
 
+    def gap_at(self, steps: np.ndarray) -> np.ndarray:
+        """The gap that ends at each of `steps` (its end minus the end of its replica's step before it),
+        the same float that gap_blocks gives for its slot; for steps that are not a replica's first."""
+        steps = np.asarray(steps)
+        before = steps - 1 if self.order is None else self.order[self.slots_of(steps) - 1]
+        return self.step_end[steps] - self.step_end[before]
+
     def take(self, column: np.ndarray) -> np.ndarray:
         """A per-step column in slot order (the column itself when slots are global steps)."""
         return column if self.order is None else column[self.order]

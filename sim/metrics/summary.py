@@ -70,7 +70,7 @@ def _latency_summary(df: pd.DataFrame, itl: ITLDistribution) -> dict:
             out[f"{name}_p{q}"] = v
     for q, v in zip((50, 90, 99), itl.percentile([50, 90, 99])):
         out[f"itl_p{q}"] = json_number(v)
-    out["itl_max"] = json_number(itl.values[-1]) if len(itl.values) else None
+    out["itl_max"] = json_number(itl.values_at([-1])[0]) if len(itl.step) else None  # sorted: the last
     return out
 
 
