@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import cbsim.sim.fast_forward as fast_forward_module
@@ -66,6 +66,9 @@ def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool, max_
 @settings(max_examples=150)
 @given(st.sampled_from(sorted(POLICIES)), st.sampled_from(sorted(COSTS)), WORKLOADS, st.integers(26, 200),
        st.sampled_from([0, 8, 64, 10**9]), st.sampled_from([1e6, 1e6, 0.5, 3.0]))
+# an idle replica woken by an arrival starts on SimPy's clock, which lands on the arrival from the feed's
+# previous wake: a feed that slept through a prompt run landed an ulp late (6.200000000000001)
+@example("sarathi", "linear", [(0.0, 1, 20), (0.2, 9, 90), (1.0, 1, 1), (5.0, 1, 1)], 26, 0, 1e6)
 def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run, max_time):
     """Also where the simulation stops mid-run (sim.max_time): a run's steps that ended by then count."""
     stepped = run(policy, cost, specs, num_blocks, fast_forward=False, max_time=max_time)
