@@ -23,14 +23,13 @@ step, which the policy then plans.
 
 Per step O(1) work: the decode rows' step-0 contexts (a row of step j reads its context + j) and their
 sum change only when a request joins or leaves; a row's block crossings recur every block_size steps
-up to its last step, all known when it becomes a row, so they are counted by step then (Counter.update
-of a range: C work); leaving requests are kept by their last step.
+up to its last step, all known when it becomes a row, so they are counted by step then (a list indexed
+by step, as long as a run may be); leaving requests are kept by their last step.
 Invariant: the result is exactly (bit for bit) what stepping one by one gives; tests/test_fast_path.py.
 """
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
 from typing import NamedTuple
@@ -154,7 +153,7 @@ class _SteadySteps:
         self.base: dict = {}  # decode row -> its step-0 context (step j reads it + j), in the batch's order
         self.held: dict = {}  # decode row -> blocks held when it became one
         self.stop = replica.settings.max_fast_forward  # no step of the run reaches it
-        self.crossings = Counter()  # step -> decode rows that cross into a new KV block in it
+        self.crossings = [0] * (self.stop + 1)  # step -> decode rows that cross into a new KV block in it
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
         self._add_decodes(decodes, shape.decode)
         self.admitted: list[Request] = []  # joined the batch in this run, in order
@@ -186,7 +185,7 @@ class _SteadySteps:
 
     def _add_decodes(self, decodes, contexts) -> None:
         """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, one call a row)."""
-        base, held, leaving, count = self.base, self.held, self.leaving, self.crossings.update
+        base, held, leaving, crossings = self.base, self.held, self.leaving, self.crossings
         block_size, stop = self.kv.block_size, self.stop
         for req, context in zip(decodes, contexts):
             blocks = req.num_blocks
@@ -194,7 +193,8 @@ class _SteadySteps:
             base[req] = context
             held[req] = blocks
             leaving.setdefault(last, []).append(req)
-            count(range(first_crossing(blocks, context, 0, block_size), min(last, stop) + 1, block_size))
+            for step in range(first_crossing(blocks, context, 0, block_size), min(last, stop) + 1, block_size):
+                crossings[step] += 1
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
         """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
@@ -202,8 +202,9 @@ class _SteadySteps:
         self.held[req] = held
         self.leaving.setdefault(last, []).append(req)
         block_size = self.kv.block_size
-        self.crossings.update(range(first_crossing(held, context, after, block_size), min(last, self.stop) + 1,
-                                    block_size))
+        crossings = self.crossings
+        for step in range(first_crossing(held, context, after, block_size), min(last, self.stop) + 1, block_size):
+            crossings[step] += 1
 
     def _rebuild(self) -> None:
         """The rows in the batch's order (the running requests', then those admitted in this run), their
@@ -272,7 +273,7 @@ class _SteadySteps:
             room = self.budget - n
             chunk = min(self.left, room if self.cap is None else min(room, self.cap))
             target = -(-(self.computed + chunk) // block_size)
-            grow = self.crossings.get(j, 0) + max(0, target - self.prompt_blocks)
+            grow = self.crossings[j] + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
@@ -323,10 +324,10 @@ class _SteadySteps:
         before it; _BOUND: the next step would start at or after `bound`; None: the run ends)."""
         contexts, total, free, first = self.contexts, self.total, self.free, j
         n, price = len(contexts), self.replica.cost.decode_pricer(contexts)
-        ends, leaving, crossing = self.ends, self.leaving, self.crossings.get
+        ends, leaving, crossings = self.ends, self.leaving, self.crossings
         end, reason = ends[-1], _BOUND
         while j < stop and end < bound:
-            grow = crossing(j, 0)
+            grow = crossings[j]
             if grow > free:
                 reason = None
                 break
@@ -355,7 +356,7 @@ class _SteadySteps:
         if self.admission is None or not waiting:
             return False
         decodes = len(self.contexts)
-        first = self._first_chunk(self.budget - decodes, decodes, self.free - self.crossings.get(j, 0), waiting)
+        first = self._first_chunk(self.budget - decodes, decodes, self.free - self.crossings[j], waiting)
         if first is None:
             return False
         self._join(first[0], j)

@@ -11,8 +11,6 @@ Invariant: the columns hold exactly what appending every step's row in order wou
 """
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 
 # the step-table columns a run fills; a chunk row gives them in this order
@@ -26,8 +24,8 @@ class RunRows:
     __slots__ = ("chunks", "segments")
 
     def __init__(self):
-        self.chunks = array("q")  # (step, *COLUMNS) a chunk step, flat
-        self.segments = array("q")  # (first step, stop step, rows, step-0 context sum, blocks used before), flat
+        self.chunks: list[int] = []  # (step, *COLUMNS) a chunk step, flat
+        self.segments: list[int] = []  # (first step, stop step, rows, step-0 context sum, blocks used before), flat
 
     def chunk(self, row: tuple) -> None:
         """A chunk step's row: (its step, *COLUMNS)."""
@@ -38,22 +36,22 @@ class RunRows:
         if stop > first:
             self.segments.extend((first, stop, n, total, used))
 
-    def columns(self, count: int, crossings: dict) -> dict[str, np.ndarray]:
-        """Steps 1..count as step-table columns (int64); `crossings`: step -> the decode rows that grow
-        by a block in it."""
+    def columns(self, count: int, crossings: list[int]) -> dict[str, np.ndarray]:
+        """Steps 1..count as step-table columns (int64); `crossings[j]`: the decode rows that grow by a
+        block in step j (j = 0..count at least)."""
         columns = {name: np.zeros(count, np.int64) for name in COLUMNS}
         if self.chunks:
-            table = np.frombuffer(self.chunks, dtype=np.int64).reshape(-1, len(COLUMNS) + 1)
+            table = np.array(self.chunks, dtype=np.int64).reshape(-1, len(COLUMNS) + 1)
             rows = table[:, 0] - 1
             for k, name in enumerate(COLUMNS, start=1):
                 columns[name][rows] = table[:, k]
         if self.segments:
-            first, stop, n, total, used = np.frombuffer(self.segments, dtype=np.int64).reshape(-1, 5).T
+            first, stop, n, total, used = np.array(self.segments, dtype=np.int64).reshape(-1, 5).T
             lengths = stop - first
             starts = np.cumsum(lengths) - lengths  # each segment's first place among the decode steps
             segment = np.repeat(np.arange(len(lengths)), lengths)
             steps = np.arange(int(lengths.sum())) - starts[segment] + first[segment]
-            grows = _dense(crossings, count + 1)[steps]
+            grows = np.array(crossings[:count + 1], dtype=np.int64)[steps]
             grown = np.cumsum(grows)
             grown -= (grown - grows)[starts][segment]  # since the segment's start
             rows = steps - 1
@@ -63,12 +61,3 @@ class RunRows:
             columns["decode_context_tokens"][rows] = total[segment] + n[segment] * steps
         return columns
 
-
-def _dense(counts: dict, size: int) -> np.ndarray:
-    """counts[k] for k in 0..size-1 (0 where absent) as one array (keys at or beyond size are left out)."""
-    keys = np.fromiter(counts.keys(), np.int64, len(counts))
-    values = np.fromiter(counts.values(), np.int64, len(counts))
-    out = np.zeros(size, np.int64)
-    inside = keys < size
-    out[keys[inside]] = values[inside]
-    return out
