@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .metrics.recorder import STEP_COLUMNS
+
 # the step-table columns a run fills; a chunk row gives them in this order
 COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
            "prefill_history_tokens", "prefill_attention_pairs")
@@ -37,9 +39,9 @@ class RunRows:
             self.segments.extend((first, stop, n, total, used))
 
     def columns(self, count: int, crossings: list[int]) -> dict[str, np.ndarray]:
-        """Steps 1..count as step-table columns (int64); `crossings[j]`: the decode rows that grow by a
+        """Steps 1..count as step-table columns (in the step table's types); `crossings[j]`: the decode rows that grow by a
         block in step j (j = 0..count at least)."""
-        columns = {name: np.zeros(count, np.int64) for name in COLUMNS}
+        columns = {name: np.zeros(count, STEP_COLUMNS[name]) for name in COLUMNS}
         if self.chunks:
             table = np.array(self.chunks, dtype=np.int64).reshape(-1, len(COLUMNS) + 1)
             rows = table[:, 0] - 1

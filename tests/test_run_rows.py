@@ -4,11 +4,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cbsim.sim.metrics.recorder import STEP_COLUMNS
 from cbsim.sim.run_rows import COLUMNS, RunRows
 
 # a run's steps in order: a chunk step ("chunk", its row) or a decode segment ("decode", length, rows, total)
 PIECES = st.lists(st.one_of(
-    st.tuples(st.just("chunk"), st.lists(st.integers(0, 10**6), min_size=len(COLUMNS), max_size=len(COLUMNS))),
+    st.tuples(st.just("chunk"), st.lists(st.integers(0, 10**5), min_size=len(COLUMNS), max_size=len(COLUMNS))),
     st.tuples(st.just("decode"), st.integers(0, 25), st.integers(1, 200), st.integers(0, 10**7))), max_size=12)
 
 
@@ -45,7 +46,7 @@ def test_columns_equal_rows_appended_step_by_step(pieces, crossings, used):
     columns = run.columns(step - 1, counted)
     expected = np.array(step_by_step(pieces, counted, used), dtype=np.int64).reshape(-1, len(COLUMNS))
     for k, name in enumerate(COLUMNS):
-        assert columns[name].dtype == np.int64
+        assert columns[name].dtype == STEP_COLUMNS[name]
         assert np.array_equal(columns[name], expected[:, k]), name
 
 
