@@ -184,8 +184,8 @@ class Replica:
             return
         req.status = Status.WAITING
         self.incoming.append(req)
-        if self.on_leave is not None and self._wake is not None and not self._wake.triggered:
-            self._resume_at = req.arrival  # closed loop: start at the exact arrival, not SimPy's rounded clock
+        if self._wake is not None and not self._wake.triggered:
+            self._resume_at = req.arrival  # start at the exact arrival, not SimPy's rounded clock
         self.wake()
         if self._cut is not None and not self._cut.triggered and req.arrival < self.step_end:
             self._cut.succeed(req.arrival)
