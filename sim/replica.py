@@ -119,6 +119,7 @@ class Replica:
         # committed at its end and SimPy stops there; stepping commits each step that ended by then
         self.stop_time = math.inf
         self.arrivals = None  # the arrival feed, where this replica alone receives every arrival, open loop
+        self.takes_arrivals_until = -math.inf  # amid a prompt run: its end (it pulls each arrival by then)
         self._judged: dict[int, str] = {}  # request id -> reject_reason, judged before it arrived (judge_ahead)
         self.process = env.process(self.run())
 
@@ -282,9 +283,10 @@ class Replica:
             prompt = prompt_run(self, plan, shape, start, duration, self._step_context) if run is None and may_leap_prompt(
                 self, plan, shape, swap_bytes) else None
             if prompt is not None:
-                end = self.step_end = prompt.ends[-1]
+                end = self.step_end = self.takes_arrivals_until = prompt.ends[-1]
                 yield env.timeout(delay_to(env.now, end))
                 step_apply.commit_prompt_run(self, prompt)
+                self.takes_arrivals_until = -math.inf
             elif run is None:
                 end = self.step_end = start + duration
                 yield env.timeout(delay_to(env.now, end))

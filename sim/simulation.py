@@ -1,7 +1,8 @@
 """Wiring of one simulated cluster: an arrivals process, a router and the replica processes.
 
 Invariant: requests reach the router in arrival order at their arrival time, before any step
-that starts at that same instant (URGENT events); the run ends when every request has finished
+that starts at that same instant (URGENT events), or, where one replica receives every arrival and
+runs a prompt run, by its next step's start (it pulls them itself at its steps' starts); the run ends when every request has finished
 or been rejected, or at `max_time`. `simulate` wires colocated replicas; `run_cluster` drives any
 wiring (sim/pd.py builds P/D pools and adds its own "not done yet": requests between the pools).
 """
@@ -28,9 +29,10 @@ class ArrivalFeed:
     """Delivers requests to the router in arrival order, at their arrival times.
 
     `deliver_until(t)` routes every request with arrival <= t that has not been routed yet; the
-    feed's own process calls it when SimPy's clock reaches the next arrival, and a replica calls it
-    at each step start (with its exact clock), so a request is visible to every step that starts at
-    or after its arrival whatever SimPy's rounding.
+    feed's own process calls it when SimPy's clock reaches the next arrival (or, while the one
+    replica that receives them all is amid a prompt run, at the run's end: `taken_until`), and a
+    replica calls it at each step start (with its exact clock), so a request is visible to every step
+    that starts at or after its arrival whatever SimPy's rounding.
     """
 
     def __init__(self, env, requests: Sequence[Request]):
@@ -43,6 +45,9 @@ class ArrivalFeed:
         self.next_time = self.take(0).arrival if len(requests) else math.inf  # the next arrival (inf: none left)
         self.router = None
         self.on_done = lambda: None
+        # until when the one replica that receives every arrival takes each itself, at its steps' starts
+        # (amid a prompt run: Replica.takes_arrivals_until); the feed need not wake for them before then
+        self.taken_until = lambda: -math.inf
 
     def deliver_until(self, time: float) -> None:
         requests = self.requests
@@ -66,8 +71,9 @@ class ArrivalFeed:
         env = self.env
         while self.index < len(self.requests):
             arrival = self.next_time
-            if arrival > env.now:
-                yield UrgentTimeout(env, delay_to(env.now, arrival))
+            wake = max(arrival, self.taken_until())
+            if wake > env.now:
+                yield UrgentTimeout(env, delay_to(env.now, wake))
             self.deliver_until(max(env.now, arrival))
         self.on_done()
 
@@ -97,6 +103,7 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
         feed.attach(pool)
     if clients is None and replicas == 1:  # every arrival goes to it, open loop: a prompt run may look ahead
         pool[0].arrivals = feed
+        feed.taken_until = lambda: pool[0].takes_arrivals_until
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 
