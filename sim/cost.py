@@ -43,11 +43,12 @@ class CostModel:
         return self.step_time(StepShape(decode=tuple(x + offset for x in contexts), tokens_sampled=len(contexts)))
 
     def decode_pricer(self, contexts: list[int]):
-        """(context_sum, offset) -> decode_step_time(contexts, offset, context_sum) for these rows (fixed
-        until one leaves): asked once per set of rows, then called once a step. An override prices
-        from the sum alone, in as few calls as it can, and returns exactly what `step_time` returns."""
-        step_time = self.decode_step_time
-        return lambda context_sum, offset: step_time(contexts, offset, context_sum)
+        """context_sum -> decode_step_time of these rows at the offset that sum implies (the rows are fixed
+        until one leaves; step j's sum is sum(contexts) + len(contexts) j): asked once per set of rows,
+        then called once a step. An override prices from the sum alone, in as few calls as it can, and
+        returns exactly what `step_time` returns."""
+        step_time, base, n = self.decode_step_time, sum(contexts), len(contexts)
+        return lambda context_sum: step_time(contexts, (context_sum - base) // n if n else 0, context_sum)
 
     def mixed_step_time(self, prefill: tuple, contexts: list[int], offset: int, context_sum: int,
                         sampled: int) -> float:

@@ -331,7 +331,7 @@ class _SteadySteps:
             if grow > free:
                 reason = None
                 break
-            seconds = price(total + n * j, j)
+            seconds = price(total + n * j)
             later = end + seconds
             if not end < later < limit:
                 if not end < later < CLOCK_LIMIT:

@@ -218,7 +218,7 @@ def test_decode_step_time_bit_identical_to_step_time(model):
         for offset in (0, 1, 17):
             shape = StepShape(decode=tuple(c + offset for c in contexts), tokens_sampled=n)
             assert model.decode_step_time(contexts, offset, sum(contexts) + n * offset) == model.step_time(shape)
-            assert model.decode_pricer(contexts)(sum(contexts) + n * offset, offset) == model.step_time(shape)
+            assert model.decode_pricer(contexts)(sum(contexts) + n * offset) == model.step_time(shape)
 
 
 # ---------------------------------------------------------------- roofline magnitudes

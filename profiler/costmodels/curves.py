@@ -156,11 +156,12 @@ class Grid:
         """z at one point (plain Python arithmetic; the row at `a` is remembered, as it is pure in a)."""
         return (self._cells.get(a) or self.row(a))(b)
 
-    def row(self, a: float, per: int | None = None):
+    def row(self, a: float, per: int | None = None, outer: tuple[float, float, float] | None = None):
         """b -> z(a, b) for one a, remembered (a decode run's a is its batch size, which takes few values):
         the row's values at the b knots and the slope of each segment and beyond the last knot. With
-        `per`: x -> z(a, x / per) (a batch's context sum -> the time at its mean), one call a step;
-        not remembered here (its caller keeps it)."""
+        `per`: x -> z(a, x / per) (a batch's context sum -> the time at its mean), and with `outer` = (k, c,
+        d) too: x -> k * (c + (0.0 + z(a, x / per))) + d (a cost model's composition of this term into a
+        step's time, written out: one call a step); not remembered here (the caller keeps it)."""
         known = self._cells.get(a) if per is None else None
         if known is not None:
             return known
@@ -185,6 +186,17 @@ class Grid:
             j = bisect_right(knots, b) - 1
             return cells[j] + (b - knots[j]) * slopes[j]
 
+        if outer is not None:
+            k, c, d = outer
+
+            def composed(x: float) -> float:  # k * (c + (0.0 + at_mean(x))) + d, written out
+                b = x / per
+                if b < b0:
+                    b = b0
+                j = bisect_right(knots, b) - 1
+                return k * (c + (0.0 + (cells[j] + (b - knots[j]) * slopes[j]))) + d
+
+            return composed
         if per is not None:
             return at_mean
         self._cells[a] = at

@@ -229,7 +229,7 @@ class VidurCostModel(CostModel):
         return gpu if engine.none else engine.step_for(gpu, len(prefill) + n, len(prefill), tokens)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
-        return self.decode_pricer(contexts)(context_sum, offset)
+        return self.decode_pricer(contexts)(context_sum)
 
     def decode_pricer(self, contexts):
         price = self._decode_prices.get(len(contexts))
@@ -243,21 +243,23 @@ class VidurCostModel(CostModel):
         return row
 
     def _decode_price(self, n: int):
-        """(context sum, offset) -> decode_step_time of n rows, remembered per n: step_time's arithmetic (its
-        empty prefill sum, then the decode attention; _gpu; the engine) with the batch's attention row,
-        per-size terms and engine looked up once."""
+        """context sum -> decode_step_time of n rows, remembered per n: step_time's arithmetic (its empty
+        prefill sum, then the decode attention; _gpu; the engine) with the batch's attention row, per-size
+        terms and engine looked up once (without a pipeline or an engine: one call, the attention row
+        composed with the layers and the fixed terms)."""
         if len(self._decode_prices) >= TOKEN_TERMS_CACHE:
             self._decode_prices.clear()
-        attention, engine = self._decode_attention.get(n) or self._decode_row(n), self._engine
+        engine = self._engine
         if self._pipeline is not None:
-            price = lambda s, _offset=0: engine.step_for(self._gpu(n, 0.0 + attention(s), n), n, 0, n)
+            attention = self._decode_attention.get(n) or self._decode_row(n)
+            price = lambda s: engine.step_for(self._gpu(n, 0.0 + attention(s), n), n, 0, n)
         else:
             (per_layer, fixed), layers = self._terms(n, n), self.num_layers
             if engine.none:
-                price = lambda s, _offset=0: layers * (per_layer + (0.0 + attention(s))) + fixed
+                price = self.attention.decode_row(n, outer=(layers, per_layer, fixed))
             else:
-                price = lambda s, _offset=0: engine.step_for(layers * (per_layer + (0.0 + attention(s))) + fixed,
-                                                             n, 0, n)
+                attention = self._decode_attention.get(n) or self._decode_row(n)
+                price = lambda s: engine.step_for(layers * (per_layer + (0.0 + attention(s))) + fixed, n, 0, n)
         self._decode_prices[n] = price
         return price
 

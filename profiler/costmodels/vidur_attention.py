@@ -50,11 +50,13 @@ class TableAttention:
             return 0.0
         return self._decode.at(batch, kv_sum / batch)
 
-    def decode_row(self, batch: int):
-        """kv_sum -> decode(batch, kv_sum) for one batch size (the grid's row looked up once)."""
+    def decode_row(self, batch: int, outer: tuple[float, float, float] | None = None):
+        """kv_sum -> decode(batch, kv_sum) for one batch size (the grid's row looked up once); with `outer`
+        = (k, c, d): kv_sum -> k * (c + (0.0 + decode(batch, kv_sum))) + d in one call (Grid.row)."""
         if batch == 0:
-            return lambda kv_sum: 0.0
-        return self._decode.row(batch, per=batch)
+            value = 0.0 if outer is None else outer[0] * (outer[1] + (0.0 + 0.0)) + outer[2]
+            return lambda kv_sum: value
+        return self._decode.row(batch, per=batch, outer=outer)
 
     def decode_many(self, batch: int, kv_sum: np.ndarray) -> np.ndarray:
         if batch == 0:
@@ -82,9 +84,13 @@ class RooflineAttention:
             return 0.0
         return self._d0 + kv_sum * self._dk
 
-    def decode_row(self, batch: int):
-        """kv_sum -> decode(batch, kv_sum) for one batch size."""
-        return lambda kv_sum: self.decode(batch, kv_sum)
+    def decode_row(self, batch: int, outer: tuple[float, float, float] | None = None):
+        """kv_sum -> decode(batch, kv_sum) for one batch size; with `outer` = (k, c, d): kv_sum -> k * (c +
+        (0.0 + decode(batch, kv_sum))) + d."""
+        if outer is None:
+            return lambda kv_sum: self.decode(batch, kv_sum)
+        k, c, d = outer
+        return lambda kv_sum: k * (c + (0.0 + self.decode(batch, kv_sum))) + d
 
     def decode_many(self, batch: int, kv_sum: np.ndarray) -> np.ndarray:
         if batch == 0:
