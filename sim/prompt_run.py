@@ -268,22 +268,25 @@ class _SteadySteps:
         while self.left:
             if j >= stop or not end < opens:
                 return None
-            waiting = self._arrivals(end)  # then only steps that leave no token budget for them run
             n = len(self.contexts)
             room = self.budget - n
             chunk = min(self.left, room if self.cap is None else min(room, self.cap))
+            waiting = self._arrivals(end) if chunk != room else 0  # a chunk short of the budget runs only
+            # if nobody waits, or beside the one it admits (a full chunk leaves them nothing)
             target = -(-(self.computed + chunk) // block_size)
             grow = self.crossings[j] + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
-            if waiting and chunk != room:
+            if waiting:
                 if chunk != self.left or self._long(chunk):
                     return None  # the policy could admit a waiting request as this run cannot: step by step
                 beside = self._first_chunk(room - chunk, n + 1, self.free - grow, waiting)
                 if beside is None:
                     return None
-            prefill, sampled = self._prefill(chunk, beside)
+            prefill, sampled = ((chunk, self.computed),), n + (chunk == self.left)
+            if beside is not None:
+                prefill, sampled = self._beside(prefill, sampled, beside)
             seconds = price(prefill, self.contexts, j, self.total + n * j, sampled)
             later = end + seconds
             if not end < later < limit:
@@ -403,15 +406,11 @@ class _SteadySteps:
             return queue[len(queue) - self.waiting]
         return self.arriving[self.routed]
 
-    def _prefill(self, chunk: int, beside) -> tuple[tuple, int]:
-        """(a step's prefill rows: the prompt's chunk and, beside it, a new prompt's first; the tokens it
-        samples, the decodes' included)."""
-        prefill, sampled = ((chunk, self.computed),), len(self.contexts) + (chunk == self.left)
-        if beside is not None:
-            req, first = beside
-            prefill += ((first, 0),)
-            sampled += first == req.prompt_len
-        return prefill, sampled
+    def _beside(self, prefill: tuple, sampled: int, beside) -> tuple[tuple, int]:
+        """A step's prefill rows and the tokens it samples with a new prompt's first chunk beside the
+        prompt's last (`beside`: the request and its chunk)."""
+        req, first = beside
+        return prefill + ((first, 0),), sampled + (first == req.prompt_len)
 
     def _take(self, j: int, grow: int, chunk: int, target: int, beside) -> None:
         """Apply step j: blocks, the prompt's chunk (`target` blocks; and its joining the decodes), the
