@@ -26,7 +26,9 @@ class Column:
 
     def extend(self, values) -> None:
         """Append numpy values, a list of Python numbers (kept as they are), or an array.array."""
-        if isinstance(values, list) or (isinstance(values, array) and values.typecode == self.data.typecode):
+        if isinstance(values, list):
+            self.data.fromlist(values)  # (presized: extend takes a list item by item, ~2x slower)
+        elif isinstance(values, array) and values.typecode == self.data.typecode:
             self.data.extend(values)
         else:
             self.data.frombytes(np.ascontiguousarray(values, dtype=self.dtype).tobytes())

@@ -132,9 +132,7 @@ class Recorder:
             return first
         for name, column in self.dense.items():  # once per fast-forwarded run: the columns' arrays directly
             value = rows.get(name, 0) if name in AGGREGATES else rows[name]
-            if isinstance(value, list):
-                column.data.extend(value)
-            elif isinstance(value, (np.ndarray, array)):
+            if isinstance(value, (list, np.ndarray, array)):
                 column.extend(value)
             else:
                 column.fill(value, count)  # (array repetition: a list of count values cost ~30 ns a value)
