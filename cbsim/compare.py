@@ -13,6 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from cbsim.workloads.arrivals import GammaArrival, PoissonArrival, sample_arrivals
+
+from .api import run_experiment
 from .config import ExperimentConfig, apply_overrides, load_config, read_yaml
 from .errors import ConfigError
 from .measured import METRICS, MeasuredRun, load_measured, simulated_metrics
@@ -53,8 +56,6 @@ def compare(experiment, measured, out_dir: str | Path | None = None,
     """Run `experiment` (YAML path, mapping or ExperimentConfig) and compare it with `measured` (a file
     or a MeasuredRun). With `out_dir`, writes the run's results there plus compare.json and, when the
     measured file has per-request data, compare_cdf.png."""
-    from .api import run_experiment
-
     run = measured if isinstance(measured, MeasuredRun) else load_measured(measured)
     cfg, notes = experiment_config(experiment, run, overrides)
     results = run_experiment(cfg)
@@ -110,8 +111,6 @@ def measured_workload(run: MeasuredRun, seed: int) -> tuple[dict, str]:
     else all at t=0 when the client sent at an infinite rate; else Poisson (gamma when vLLM's
     burstiness != 1) at the measured request_rate, drawn from a generator seeded with `seed`.
     """
-    from cbsim.workloads.arrivals import GammaArrival, PoissonArrival, sample_arrivals
-
     if not run.has_lengths:
         raise ConfigError("workload", "a workload section, or a measured file with per-request input_lens and "
                           "output_lens (vLLM --save-result --save-detailed, SGLang --output-details)", has_got=False)

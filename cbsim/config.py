@@ -13,14 +13,16 @@ from typing import Any, Literal
 
 import yaml
 
+from cbsim.server import apply_server
+
 from .errors import ConfigError
 from .policies import make_policy
 from .profiler.costmodels import load_cost_model
 from .profiler.specs import DEFAULT_MODEL, model_spec
+from .schema import option, parse, require
 from .sim.metrics import MetricsConfig
 from .workloads import parse_workload
 from .workloads.config import check_lengths
-from .schema import option, parse, require
 
 MAX_REPLICAS = 4096  # replicas per cluster or pool: more is surely a typo (and a slow run)
 MAX_BLOCKS = 1 << 31  # KV blocks per replica
@@ -376,8 +378,6 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 
 def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
     """Parse and validate an experiment from a YAML path, a mapping or an ExperimentConfig."""
-    from cbsim.server import apply_server
-
     if isinstance(source, ExperimentConfig):
         if not overrides:
             return source

@@ -22,6 +22,8 @@ from typing import Literal
 
 import numpy as np
 
+from cbsim.sim.metrics import column_percentiles
+
 from .errors import ConfigError
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -107,8 +109,6 @@ def simulated_metrics(results) -> dict[str, float]:
     (results.itl, weighted). Percentiles are numpy's linear method, like the run summary and the benchmarks. Throughputs are the
     summary's. Metrics without a value (no finished request, no gap) are left out.
     """
-    from cbsim.sim.metrics import column_percentiles
-
     df = results.requests
     done = df[df["status"] == "finished"]
     columns = {"ttft": done["ttft"], "tpot": done.loc[done["output_len"] > 1, "tpot"], "e2e": done["e2e"]}

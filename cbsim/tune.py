@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from .capacity import find_capacity, num_gpus
 from .config import ExperimentConfig, load_config
 from .errors import ConfigError
 from .sweep import load_finished, point_id, run_parallel, write_json_atomic
 from .tune_spec import TuneSpec, base_config, load_tune, set_strings
-from .tune_stages import STAGES, Stage, StageContext
+from .tune_stages import STAGES, Stage, StageContext, policy_settings
 
 KEPT_METRICS = ("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "queue_delay_p50", "throughput_tokens_per_s",
                 "num_preemptions", "short_p_mean", "finished_fraction")
@@ -85,8 +86,6 @@ class TuneResult:
 def candidate_config(base: ExperimentConfig, overrides: dict) -> ExperimentConfig:
     """The base with `overrides` ({dotted key: value}, in order) applied and validated, its policy
     spelled out with every option (so a default given explicitly is the same experiment and point)."""
-    from .tune_stages import policy_settings
-
     config = load_config(base, set_strings(overrides) + ["output.dir=null"])
     config.policy = {"name": config.policy["name"], **policy_settings(config)}
     config.source = base.source
@@ -103,8 +102,6 @@ def capacity_point(config: ExperimentConfig, spec: TuneSpec) -> CapacityPoint:
 
 def run_capacity_point(point: CapacityPoint) -> dict:
     """Run one capacity search; never raises: a failure is a record with status 'failed'."""
-    from .capacity import find_capacity, num_gpus
-
     started = time.perf_counter()
     record = {"point_id": point.id, "status": "ok", "error": None, "config_error": None, "rate": None,
               "fail_rate": None, "num_gpus": num_gpus(point.config), "probes": 0, "binding": None,

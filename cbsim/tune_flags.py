@@ -9,6 +9,9 @@ partial-prefill limits). This file only says which simulated settings a deployme
 """
 from __future__ import annotations
 
+from cbsim.profiler.specs import gpu_spec, model_spec
+from cbsim.server import ENGINES, Context, cost_model_options
+
 from .config import ExperimentConfig, pool_cost_model, pool_policy
 from .server.render import join, render
 from .tune_stages import policy_settings
@@ -104,8 +107,6 @@ def _common(config: ExperimentConfig, tp: int, pp: int) -> dict:
 
 def _differences(config: ExperimentConfig, settings: dict, flags: dict, engine: str, context) -> list[str]:
     """What the engine would run with these flags (resolved back) that the simulation did not."""
-    from cbsim.server import ENGINES
-
     resolved, _ = ENGINES[engine].resolve(dict(flags), context, "flags")
     out = []
     for key, value in resolved.items():
@@ -141,9 +142,6 @@ def _cap(settings: dict):
 
 
 def _context(config: ExperimentConfig, cost_model: dict):
-    from cbsim.profiler.specs import gpu_spec, model_spec
-    from cbsim.server import Context, cost_model_options
-
     gpu = cost_model.get("gpu")
     max_len = config.cluster.max_model_len or model_spec(config.model, "model").max_model_len
     return Context(gpu_spec(gpu, "cost_model.gpu") if gpu else None, max_len, None, cost_model.get("type"),

@@ -17,6 +17,7 @@ from .capacity import num_gpus
 from .config import ExperimentConfig, pool_policy
 from .tune import Candidate, TuneResult, rank_key
 from .tune_flags import flags_text
+from .tune_stages import policy_settings, slo_family
 
 
 def ranked_table(result: TuneResult) -> pd.DataFrame:
@@ -69,8 +70,6 @@ def _row(c: Candidate, stage: str, result: TuneResult) -> dict:
 
 def knobs(config: ExperimentConfig) -> dict:
     """The searched knobs of an experiment, as table columns (P/D: the decode pool's policy)."""
-    from .tune_stages import policy_settings
-
     pd_mode = config.cluster.mode == "pd"
     settings = policy_settings(config)
     if pd_mode:
@@ -202,8 +201,6 @@ def _stage_section(o, slo: dict) -> list[str]:
 def knee_text(candidates: list[Candidate]) -> str:
     """Where the first SLO to break flips from the TTFT side to the TPOT/ITL side as a numeric knob
     grows (seed step 2's knee), or '' when it does not flip."""
-    from .tune_stages import slo_family
-
     numeric = sorted((c.value, c) for c in candidates
                      if isinstance(c.value, int) and not isinstance(c.value, bool) and c.record)
     sides = [(value, slo_family(c.record.get("binding") or "")) for value, c in numeric]

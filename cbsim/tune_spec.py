@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .capacity import num_gpus
 from .config import ExperimentConfig, check_name, load_config
 from .errors import ConfigError
 from .schema import option, parse, require
@@ -127,8 +128,6 @@ def base_config(spec: TuneSpec) -> ExperimentConfig:
         raise ConfigError(where, err.expected, err.got, spec.source, err.has_got) from None
     if config.cluster.mode != "colocated":
         raise ConfigError("base", "a colocated experiment (the pd stage decides P/D)", config.cluster.mode, spec.source)
-    from .capacity import num_gpus
-
     if spec.stages.get("parallelism") in ([], False) and num_gpus(config) > spec.gpus.count:
         raise ConfigError("gpus.count", f"at least the base's {num_gpus(config)} GPUs (or a parallelism stage)",
                           spec.gpus.count, spec.source)

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import yaml
 
+from cbsim.policies.registry import make_policy
+
 from .config import ExperimentConfig
 from .errors import ConfigError
 
@@ -64,8 +66,6 @@ class Stage:
 
 def policy_settings(config: ExperimentConfig) -> dict:
     """Every option of the incumbent's policy, defaults included (the policy's Config dataclass)."""
-    from cbsim.policies.registry import make_policy
-
     policy = make_policy(config.policy)
     return dataclasses.asdict(policy.config)
 

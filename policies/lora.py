@@ -34,6 +34,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
+from cbsim.errors import ConfigError
+from cbsim.profiler.specs import model_spec
 from cbsim.schema import option, require
 from cbsim.sim.request import Request
 
@@ -80,8 +82,6 @@ class LoraResidencyConfig:
         """Bytes of one adapter."""
         if self.adapter_bytes is not None:
             return float(self.adapter_bytes)
-        from cbsim.errors import ConfigError
-        from cbsim.profiler.specs import model_spec
         try:
             spec = model_spec(self.model, "model")
         except ConfigError as err:

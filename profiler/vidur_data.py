@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from cbsim.data import data_dir as default_data
+
 from .costmodels.allreduce import table_spec
 from .specs import GPU_PRESETS
 
@@ -78,8 +80,6 @@ SHIPPED_NETWORKS = ("a100_pairwise_nvlink", "a100_dgx", "h100_pairwise_nvlink", 
 def data_dir(data: str | os.PathLike | None = None) -> Path:
     """The vidur data folder: `data` or the data folder (cbsim.data: $CBSIM_DATA, else shared/data beside
     the repository), given as the folder itself or its parent."""
-    from cbsim.data import data_dir as default_data
-
     root = data if data is not None else default_data()
     if root is None:
         raise FileNotFoundError("no data folder: pass --data or set $CBSIM_DATA (e.g. /work/shared/data)")

@@ -88,6 +88,7 @@ from .replica import Replica, ReplicaSettings
 from .request import Request, Status
 from .roles import Decode, Prefill
 from .router import outstanding_tokens
+from .simulation import ArrivalFeed, run_cluster
 
 
 @dataclass(frozen=True)
@@ -364,8 +365,6 @@ def simulate_pd(requests: Sequence[Request], prefill: PoolParts, decode: PoolPar
     """Run the requests (sorted by arrival) through a P/D cluster; arrivals are routed over the
     prefill pool. Returns the recorder, every replica (see build_pd) and the cluster. `progress`:
     as simulation.simulate."""
-    from .simulation import ArrivalFeed, run_cluster
-
     env = simpy.Environment()
     recorder = Recorder()
     feed = ArrivalFeed(env, requests)

@@ -46,7 +46,9 @@ import numpy as np
 
 from cbsim.errors import ConfigError
 
-from .collectives import NET_EFFICIENCY, NET_RING_HOP, LinkModel, _intra_bandwidth
+from ..gpus import gpus_per_node
+from ..specs import gpu_spec
+from .collectives import NET_EFFICIENCY, NET_RING_HOP, LinkModel, _intra_bandwidth, link_model
 
 # Intra-node p2p fits (see the module docstring): family -> (base s, bandwidth bytes/s).
 P2P_FIT = MappingProxyType({"a100": (13.2e-6, 285.8e9), "h100": (7.6e-6, 357.5e9)})
@@ -163,10 +165,6 @@ class Pipeline:
 def profile_pipeline(num_layers: int, pp: int, tp: int, hidden, gpu_name: str, path: str) -> Pipeline:
     """The stages of a measured profile's model (vidur, fitted) on its GPU (the catalog's topology and
     node), with 16-bit activations (the profiles are 16-bit); `hidden` must be known (ConfigError at `path`)."""
-    from ..gpus import gpus_per_node
-    from ..specs import gpu_spec
-    from .collectives import link_model
-
     check_pipeline(num_layers, pp)
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
         raise ConfigError(path, "1 for a profile whose model's hidden size is unknown (the hand-off sends "

@@ -20,6 +20,7 @@ import numpy as np
 from cbsim.errors import ConfigError
 
 from ..features import LINEAR_FEATURES, PADDED_PREFIX, padded_segments, segment_name
+from .collectives import link_model
 
 FITTED_FORMATS = (1, 2)  # fitted.py reads these (format 1: one pair rate `pairs`, no tile)
 VIDUR_FORMATS = (1,)  # vidur.py reads these
@@ -238,8 +239,6 @@ def check_allreduce(c: _Check, profile: dict, tp: int) -> None:
         c.number(spec, "latency_s", path)
         c.number(spec, "bus_bandwidth", path, positive=True)
     else:
-        from .collectives import link_model
-
         try:
             link_model(c.text(spec, "gpu", path), c.text(spec, "topology", path))
         except (ValueError, KeyError) as err:

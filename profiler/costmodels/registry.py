@@ -8,9 +8,11 @@ ModelSpec (cbsim.profiler.specs). `load_cost_model(mapping, model)` validates th
 from __future__ import annotations
 
 from cbsim.errors import ConfigError
-
+from cbsim.profiler.specs import DEFAULT_MODEL, model_spec
 from cbsim.registry import Registry
 from cbsim.schema import parse
+
+from .engine import NO_ENGINE, load_engine
 
 COST_MODELS = Registry("cost model", "type")
 register_cost_model = COST_MODELS.register
@@ -24,8 +26,6 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
     given = _roofline_only(cls, mapping, path)
     config = parse(cls.Config, {k: v for k, v in given.items() if k != "type"}, path)
     if model is None:
-        from cbsim.profiler.specs import DEFAULT_MODEL, model_spec
-
         model = model_spec(DEFAULT_MODEL)
     try:
         return cls.from_config(config, model)
@@ -67,8 +67,6 @@ def takes_engine(mapping: dict, path: str = "cost_model") -> bool:
 def engine_of(mapping: dict, path: str = "cost_model"):
     """The serving engine a `cost_model:` mapping names (NO_ENGINE for models without one, such as
     unit and linear), without building the cost model: its front end acts outside the steps."""
-    from .engine import NO_ENGINE, load_engine
-
     if not takes_engine(mapping, path) or mapping.get("cpu_overhead") is not None:
         return NO_ENGINE
     return load_engine(mapping.get("engine"), f"{path}.engine")

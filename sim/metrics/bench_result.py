@@ -24,6 +24,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from cbsim.workloads import parse_workload
+
+from .itl import weighted_percentile
+
 LATENCY_KEYS = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -55,8 +59,6 @@ def bench_result(results, percentiles=(99,), details: bool = False) -> dict:
 
 def latency_stats(key: str, values: np.ndarray, weights: np.ndarray | None, percentiles) -> dict:
     """mean/median/std/p<q> of `values` (seconds, optionally weighted) in ms, under vLLM's key names."""
-    from .itl import weighted_percentile
-
     values = np.asarray(values, dtype=np.float64)
     weights = np.ones(len(values), np.int64) if weights is None else np.asarray(weights)
     if len(values) == 0 or weights.sum() == 0:
@@ -88,8 +90,6 @@ def _model_name(cfg) -> str:
 def _arrival_keys(cfg) -> dict:
     """request_rate (null when the arrivals are not a rate: a trace, a list), burstiness (vLLM's gamma
     shape: 1 for Poisson, 1/cv^2 for gamma gaps) and max_concurrency (workload.max_concurrency; open loop: null)."""
-    from cbsim.workloads import parse_workload
-
     workload = parse_workload(cfg.workload, "workload")
     arrival = workload.arrival
     rate = getattr(arrival, "rate", None)
