@@ -258,12 +258,19 @@ class _SteadySteps:
                 arriving.append(req)
         return arriving[self.seen].arrival
 
+    def _bounds(self, horizon: float, before: bool) -> tuple[float, float]:
+        """(the time a step must start before, the time it must end before): the next outside event
+        bounds a step's start, or, with runs_end_before_horizon (`before`), its end; the simulation's end
+        and the clock's range bound its end."""
+        if before:
+            return math.inf, min(CLOCK_LIMIT, self.replica.stop_time, horizon)
+        return horizon, min(CLOCK_LIMIT, self.replica.stop_time)
+
     def _chunk_steps(self, j: int, stop: int, horizon: float, before: bool, where) -> int | None:
         """Steps j.. while the prompt has tokens left, each priced by its shape; returns the first step
         after them, or None where the run ends among them."""
-        block_size, price, left_open = self.kv.block_size, self.replica.cost.mixed_step_time, not before
-        opens = horizon if left_open else math.inf  # a step starts before it
-        limit = min(CLOCK_LIMIT, self.replica.stop_time, math.inf if left_open else horizon)  # ... and ends before this
+        block_size, price = self.kv.block_size, self.replica.cost.mixed_step_time
+        opens, limit = self._bounds(horizon, before)
         end = self.ends[-1]
         while self.left:
             if j >= stop or not end < opens:
@@ -307,9 +314,8 @@ class _SteadySteps:
         where the run ends."""
         if self._arrivals(self.ends[-1]):
             return j if self.admission is not None else None
-        opens = math.inf if before else horizon  # a step starts before it
-        bound = min(self.upcoming, opens)  # ... and before the next arrival is visible
-        limit = min(CLOCK_LIMIT, self.replica.stop_time, horizon if before else math.inf)  # ... and ends before this
+        opens, limit = self._bounds(horizon, before)
+        bound = min(self.upcoming, opens)  # a step starts before the next arrival is visible, too
         while self.contexts:
             j, reason = self._decode_segment(j, stop, bound, limit, where)
             if reason is _LEAVE:
