@@ -184,26 +184,28 @@ class _SteadySteps:
         return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled)
 
     def _add_decodes(self, decodes, contexts) -> None:
-        """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, one call a row)."""
-        base, held, leaving, crossings = self.base, self.held, self.leaving, self.crossings
-        block_size, stop = self.kv.block_size, self.stop
+        """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, two calls a row)."""
+        base, held, leaving, block_size = self.base, self.held, self.leaving, self.kv.block_size
         for req, context in zip(decodes, contexts):
             blocks = req.num_blocks
             last = req.output_len - req.num_output_tokens - 1
             base[req] = context
             held[req] = blocks
             leaving.setdefault(last, []).append(req)
-            for step in range(first_crossing(blocks, context, 0, block_size), min(last, stop) + 1, block_size):
-                crossings[step] += 1
+            self._count_crossings(first_crossing(blocks, context, 0, block_size), last)
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
         """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
         self.base[req] = context
         self.held[req] = held
         self.leaving.setdefault(last, []).append(req)
-        block_size = self.kv.block_size
+        self._count_crossings(first_crossing(held, context, after, self.kv.block_size), last)
+
+    def _count_crossings(self, first: int, last: int) -> None:
+        """A row crosses into a new block in step `first` and every block_size steps after, up to `last`
+        (a plain loop of adds: Counter.update's Mapping check cost more)."""
         crossings = self.crossings
-        for step in range(first_crossing(held, context, after, block_size), min(last, self.stop) + 1, block_size):
+        for step in range(first, min(last, self.stop) + 1, self.kv.block_size):
             crossings[step] += 1
 
     def _rebuild(self) -> None:

@@ -39,8 +39,8 @@ class RunRows:
             self.segments.extend((first, stop, n, total, used))
 
     def columns(self, count: int, crossings: list[int]) -> dict[str, np.ndarray]:
-        """Steps 1..count as step-table columns (in the step table's types); `crossings[j]`: the decode rows that grow by a
-        block in step j (j = 0..count at least)."""
+        """Steps 1..count as step-table columns (in the step table's types); `crossings[j]`: the decode
+        rows that grow by a block in step j (j = 0..count at least)."""
         columns = {name: np.zeros(count, STEP_COLUMNS[name]) for name in COLUMNS}
         if self.chunks:
             table = np.array(self.chunks, dtype=np.int64).reshape(-1, len(COLUMNS) + 1)
@@ -62,4 +62,3 @@ class RunRows:
             columns["kv_blocks_used"][rows] = used[segment] + grown
             columns["decode_context_tokens"][rows] = total[segment] + n[segment] * steps
         return columns
-

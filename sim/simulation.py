@@ -2,8 +2,8 @@
 
 Invariant: requests reach the router in arrival order at their arrival time, before any step
 that starts at that same instant (URGENT events), or, where one replica receives every arrival and
-runs a prompt run, by its next step's start (it pulls them itself at its steps' starts); the run ends when every request has finished
-or been rejected, or at `max_time`. `simulate` wires colocated replicas; `run_cluster` drives any
+runs a prompt run, by its next step's start (it pulls them itself at its steps' starts); the run
+ends when every request has finished or been rejected, or at `max_time`. `simulate` wires colocated replicas; `run_cluster` drives any
 wiring (sim/pd.py builds P/D pools and adds its own "not done yet": requests between the pools).
 """
 from __future__ import annotations

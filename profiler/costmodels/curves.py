@@ -159,9 +159,9 @@ class Grid:
     def row(self, a: float, per: int | None = None, outer: tuple[float, float, float] | None = None):
         """b -> z(a, b) for one a, remembered (a decode run's a is its batch size, which takes few values):
         the row's values at the b knots and the slope of each segment and beyond the last knot. With
-        `per`: x -> z(a, x / per) (a batch's context sum -> the time at its mean), and with `outer` = (k, c,
-        d) too: x -> k * (c + (0.0 + z(a, x / per))) + d (a cost model's composition of this term into a
-        step's time, written out: one call a step); not remembered here (the caller keeps it)."""
+        `per`: x -> k * (c + (0.0 + z(a, x / per))) + d, `outer` = (k, c, d) (default: z itself) -- a batch's
+        context sum -> the time at its mean, composed as a cost model composes the term into a step's
+        time, written out: one call a step; not remembered here (the caller keeps it)."""
         known = self._cells.get(a) if per is None else None
         if known is not None:
             return known
@@ -179,28 +179,19 @@ class Grid:
             j = bisect_right(knots, b) - 1
             return cells[j] + (b - knots[j]) * slopes[j]
 
-        def at_mean(x: float) -> float:  # at(x / per), written out: one call a decode step
+        if per is None:
+            self._cells[a] = at
+            return at
+        k, c, d = outer if outer is not None else (1.0, 0.0, 0.0)  # (1, 0, 0): z exactly (z is never -0.0)
+
+        def composed(x: float) -> float:  # k * (c + (0.0 + at(x / per))) + d, written out
             b = x / per
             if b < b0:
                 b = b0
             j = bisect_right(knots, b) - 1
-            return cells[j] + (b - knots[j]) * slopes[j]
+            return k * (c + (0.0 + (cells[j] + (b - knots[j]) * slopes[j]))) + d
 
-        if outer is not None:
-            k, c, d = outer
-
-            def composed(x: float) -> float:  # k * (c + (0.0 + at_mean(x))) + d, written out
-                b = x / per
-                if b < b0:
-                    b = b0
-                j = bisect_right(knots, b) - 1
-                return k * (c + (0.0 + (cells[j] + (b - knots[j]) * slopes[j]))) + d
-
-            return composed
-        if per is not None:
-            return at_mean
-        self._cells[a] = at
-        return at
+        return composed
 
     def many(self, a: float, b: np.ndarray) -> np.ndarray:
         """z(a, b[k]) for fixed a; element k equals `at(a, b[k])` exactly."""

@@ -237,9 +237,11 @@ class VidurCostModel(CostModel):
 
     def _decode_row(self, n: int):
         """context sum -> the decode attention of n rows (the attention grid's row looked up once), remembered."""
-        if len(self._decode_attention) >= TOKEN_TERMS_CACHE:
-            self._decode_attention.clear()
-        row = self._decode_attention[n] = self.attention.decode_row(n)
+        row = self._decode_attention.get(n)
+        if row is None:
+            if len(self._decode_attention) >= TOKEN_TERMS_CACHE:
+                self._decode_attention.clear()
+            row = self._decode_attention[n] = self.attention.decode_row(n)
         return row
 
     def _decode_price(self, n: int):
@@ -251,14 +253,14 @@ class VidurCostModel(CostModel):
             self._decode_prices.clear()
         engine = self._engine
         if self._pipeline is not None:
-            attention = self._decode_attention.get(n) or self._decode_row(n)
+            attention = self._decode_row(n)
             price = lambda s: engine.step_for(self._gpu(n, 0.0 + attention(s), n), n, 0, n)
         else:
             (per_layer, fixed), layers = self._terms(n, n), self.num_layers
             if engine.none:
                 price = self.attention.decode_row(n, outer=(layers, per_layer, fixed))
             else:
-                attention = self._decode_attention.get(n) or self._decode_row(n)
+                attention = self._decode_row(n)
                 price = lambda s: engine.step_for(layers * (per_layer + (0.0 + attention(s))) + fixed, n, 0, n)
         self._decode_prices[n] = price
         return price
