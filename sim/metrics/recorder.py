@@ -44,19 +44,20 @@ STEP_COLUMNS = {  # the step table's columns and types, in order
 AGGREGATES = ("decode_context_tokens", "prefill_history_tokens", "prefill_attention_pairs")  # 0 unless given
 # kept as the rows where they are not zero (prefill, padding, preemptions and swaps are in few steps)
 SPARSE = ("padding_tokens", "preemptions", "swap_bytes", "prefill_history_tokens", "prefill_attention_pairs")
-DENSE = tuple(name for name in STEP_COLUMNS if name not in SPARSE and name != "start")  # 34 bytes a step
+DENSE = tuple(name for name in STEP_COLUMNS if name not in SPARSE and name != "start")  # 34 bytes a step, declared
 
 
 class Recorder:
-    """Steps are kept compactly (~36 bytes a step): the dense columns, the mostly-zero ones as their
+    """Steps are kept compactly (~21 bytes a step): the dense columns, the integer ones narrow while they
+    grow (growable.Column: a batch's counts fit in a byte or two), the mostly-zero ones as their
     non-zero rows (SparseColumn), and a step's start only where it is not the end of its replica's
     previous step (a busy replica starts each step when the last one ends); `step_table` gives every
-    column whole."""
+    column whole, in its declared type, and `step_column` one of them."""
 
     def __init__(self):
-        self.dense = {name: Column(STEP_COLUMNS[name]) for name in DENSE}
+        self.dense = {name: Column(STEP_COLUMNS[name], narrow=True, on_widen=self._bind) for name in DENSE}
         self.sparse = {name: SparseColumn(STEP_COLUMNS[name]) for name in SPARSE}
-        self._appends = [column.data.append for column in self.dense.values()]  # in DENSE order
+        self._bind()
         self._puts = [column.put for column in self.sparse.values()]  # in SPARSE order
         self._end = self.dense["end"].data
         self._starts = SparseColumn(np.float64, keep_zeros=True)  # row -> start, where not the previous end
@@ -78,13 +79,28 @@ class Recorder:
         index = len(self._end)
         self._start_at(index, replica, start)
         a = self._appends  # in DENSE order; spelled out, this runs once per step
-        a[0](replica), a[1](end), a[2](prefill_tokens), a[3](decode_tokens), a[4](num_seqs), a[5](kv_blocks_used)
-        a[6](decode_context_tokens)
+        try:
+            a[0](replica), a[1](end), a[2](prefill_tokens), a[3](decode_tokens), a[4](num_seqs), a[5](kv_blocks_used)
+            a[6](decode_context_tokens)
+        except OverflowError:  # a value too wide for a narrow column so far: widen it (rare, see growable.py)
+            self._append_widening(index, (replica, end, prefill_tokens, decode_tokens, num_seqs, kv_blocks_used,
+                                          decode_context_tokens))
         if padding_tokens or preemptions or swap_bytes or prefill_history_tokens or prefill_attention_pairs:
             p = self._puts  # in SPARSE order
             p[0](index, padding_tokens), p[1](index, preemptions), p[2](index, swap_bytes)
             p[3](index, prefill_history_tokens), p[4](index, prefill_attention_pairs)
         return index
+
+    def _bind(self) -> None:
+        """The dense columns' appends, in DENSE order (bound again whenever a narrow column widens)."""
+        self._appends = [column.data.append for column in self.dense.values()]
+
+    def _append_widening(self, index: int, values: tuple) -> None:
+        """Row `index`'s dense values (in DENSE order) in the columns that do not hold it yet, widening
+        the one that overflowed."""
+        for column, value in zip(self.dense.values(), values):
+            if len(column) == index:
+                column.append(value)
 
     def _start_at(self, index: int, replica: int, start: float) -> None:
         """Row `index` of `replica` starts at `start`: kept only where that is not its previous row's end.
@@ -190,11 +206,17 @@ class Recorder:
     def step_table(self, sparse: bool = False) -> dict[str, np.ndarray]:
         """Every column whole, in STEP_COLUMNS order (dense ones are views of the recorder's buffers);
         with `sparse`, the SPARSE columns as pandas SparseArrays (their non-zero rows only)."""
-        n = self.num_steps
-        table = {name: column.array() for name, column in self.dense.items()}
-        table.update((name, column.sparse_array(n) if sparse else column.dense(n)) for name, column in self.sparse.items())
-        table["start"] = self._start_column(table["end"], table["replica"])
-        return {name: table[name] for name in STEP_COLUMNS}
+        return {name: self.step_column(name, sparse) for name in STEP_COLUMNS}
+
+    def step_column(self, name: str, sparse: bool = False) -> np.ndarray:
+        """One column whole, in its declared type: a dense one is a view of the recorder's buffer (widened
+        to that type in place), `start` is computed, a SPARSE one is made dense (a SparseArray with `sparse`)."""
+        if name == "start":
+            return self._start_column(self.dense["end"].array(), self.dense["replica"].array())
+        if name in self.sparse:
+            column = self.sparse[name]
+            return column.sparse_array(self.num_steps) if sparse else column.dense(self.num_steps)
+        return self.dense[name].array()
 
     def _start_column(self, end: np.ndarray, replica: np.ndarray) -> np.ndarray:
         """Each row's start: the one kept, or the end of its replica's previous row."""
