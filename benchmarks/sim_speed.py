@@ -1,8 +1,10 @@
 """Simulator speed: simulated requests per wall-second, microseconds per step, peak memory.
 
 Memory is reported per phase: the event loop's peak RSS, and (on Linux, where the kernel's
-high-water mark can be reset) the peak RSS of the metrics phase (step frame, request frame, ITL
-distribution, summary: the same calls as cbsim.api.run_experiment, in the same order).
+high-water mark can be reset) the peak RSS of the metrics phase (request frame, ITL distribution,
+summary: the calls of cbsim.api.run_experiment, in its order, over the step columns they read
+(StepColumns: a step's replica and end), not over a step frame; run_experiment also builds the frame,
+with the efficiency columns, for its steps table).
 
 Reference workload (comparable with Vidur's own benchmark of the same setup): N requests whose
 (prompt, output) pairs are drawn with replacement from the Azure 2023 conversation trace (Vidur's
@@ -39,7 +41,7 @@ from cbsim.api import load_cost_model
 from cbsim.policies import make_policy
 from cbsim.profiler.specs import model_spec
 from cbsim.sim.kv_cache import KVCache
-from cbsim.sim.metrics import MetricsConfig, itl_distribution, request_frame, step_frame, summarize
+from cbsim.sim.metrics import MetricsConfig, StepColumns, itl_distribution, request_frame, summarize
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
@@ -168,7 +170,7 @@ def main() -> None:
     rss_after_sim = proc_status_mb("VmRSS")
     phase_peak = reset_peak_rss()
     started = time.perf_counter()
-    steps = step_frame(recorder)
+    steps = StepColumns(recorder)  # the columns the metrics read, made as they read them
     table = request_frame(requests, recorder, steps, MetricsConfig())
     summary = summarize(table, steps, recorder, MetricsConfig(), itl=itl_distribution(recorder, requests, steps))
     metrics_s = time.perf_counter() - started

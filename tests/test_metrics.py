@@ -21,7 +21,7 @@ from cbsim.sim.metrics import itl as itl_module
 from cbsim.sim.metrics import step_order
 from cbsim.sim.metrics.bucket_sort import split_points, stable_sort_by_value
 from cbsim.sim.metrics import (
-    MetricsConfig, SLOConfig, itl_distribution, request_frame, stall_events, step_frame, summarize,
+    MetricsConfig, SLOConfig, StepColumns, itl_distribution, request_frame, stall_events, step_frame, summarize,
     token_times, weighted_percentile)
 from cbsim.sim.outputs.plots import plot_run
 from cbsim.sim.metrics.recorder import Recorder
@@ -339,6 +339,29 @@ def test_block_and_bucket_edges_change_nothing(make, monkeypatch):
     assert whole[2] == pieces[2]
     pd_testing.assert_frame_equal(whole[3], pieces[3], check_exact=True)
     check_against_brute_force(s)
+
+
+@pytest.mark.parametrize("make", [breaks_and_replicas, interference,
+                                  lambda: random_script(np.random.default_rng(4)),
+                                  lambda: random_script(np.random.default_rng(5), num_replicas=1)])
+def test_step_columns_give_the_metrics_the_frame_gives(make):
+    """The request frame, the ITL and the summary read the same from StepColumns (a column made when
+    first read) as from the whole step frame, bit for bit; and the columns are the frame's."""
+    whole = all_outputs(make())
+    s = make()
+    reqs = list(s.reqs.values())
+    columns = StepColumns(s.rec)
+    df = request_frame(reqs, s.rec, columns)
+    dist = itl_distribution(s.rec, reqs, columns)
+    pd_testing.assert_frame_equal(whole[0], df, check_exact=True)
+    for name in ("values", "weights", "step", "times", "replica"):
+        np.testing.assert_array_equal(getattr(whole[1], name), getattr(dist, name))
+    assert summarize(df, columns, s.rec, itl=dist) == whole[2]
+    frame = step_order.densified(step_frame(s.rec))
+    assert set(columns._made) == {"replica", "end"} and len(columns) == len(frame)  # read: those two only
+    for name in frame.columns:
+        assert name in columns and columns[name].dtype == frame[name].dtype, name
+        np.testing.assert_array_equal(columns[name], frame[name].to_numpy(), err_msg=name)
 
 
 def test_itl_gaps_end_where_their_tokens_are():

@@ -7,7 +7,7 @@ This package is the one import point (`from cbsim.sim.metrics import summarize`)
 its own file, loaded when first used:
 
 - metrics_config.py   MetricsConfig, SLOConfig (the experiment's `metrics:` section)
-- step_order.py       step_frame, densified, LocalOrder (each replica's steps in its own order)
+- step_order.py       step_frame, StepColumns (its columns one at a time), densified, LocalOrder (each replica's steps in its own order)
 - token_runs.py       TokenRuns located in that order, run invariants, token_times
 - itl.py              the weighted ITL distribution, weighted percentiles, CDF points, stalls
 - bucket_sort.py      the stable sort by value the ITL distribution is built with
@@ -38,7 +38,7 @@ _HOME = {
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
     "request_frame": "request_metrics",
-    "LocalOrder": "step_order", "step_frame": "step_order", "densified": "step_order",
+    "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",
     "TokenRuns": "token_runs", "run_arrays": "token_runs", "token_runs": "token_runs", "token_times": "token_runs",
 }

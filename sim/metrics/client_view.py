@@ -67,7 +67,7 @@ def client_view(frame: pd.DataFrame, steps: pd.DataFrame, requests, client_arriv
     first_out = last_out = terms.stream_s
     if terms.output_lag_steps > 0 and len(steps):
         local = LocalOrder.of(steps)
-        starts = local.take(steps["start"].to_numpy(dtype=np.float64))
+        starts = local.take(np.asarray(steps["start"], dtype=np.float64))
         first_out = first_out + lag_shift(local, starts, first_step, terms.output_lag_steps)
         last_out = last_out + lag_shift(local, starts, last_step, terms.output_lag_steps)
     frame["frontend_delay"] = frame["arrival"].to_numpy() - client_arrival

@@ -1,7 +1,9 @@
 """The step table and each replica's own order of its steps.
 
 The step table (`step_frame`) has one row per step, row i = global step i; its recorder columns
-are views of the recorder's buffers. A replica's *local order* is its steps sorted by global index;
+are views of the recorder's buffers. `StepColumns` gives its columns one at a time, made when first
+read, for the metrics that read only a few (the request frame, the ITL and the summary read a
+step's replica and end). A replica's *local order* is its steps sorted by global index;
 the local orders of all replicas, one block after another (replicas ascending), number the *slots*.
 Each replica's step ends strictly increase along its block (checked, ValueError otherwise).
 
@@ -23,14 +25,49 @@ from .recorder import STEP_COLUMNS, Recorder
 BLOCK = 1 << 16  # slots per block of a scan over the steps
 
 
+class StepColumns:
+    """The step table's columns, each made when first read and kept: what a metric that reads a few
+    columns takes instead of the whole frame (at a million requests the frame's `step`, `start` and
+    `duration` alone are ~300 MB). Read like the frame: `steps["end"]` (a numpy array: a view of the
+    recorder's buffer where it can be), `len(steps)` (its rows), `"start" in steps`; `frame()` builds
+    step_frame over the same arrays."""
+
+    NAMES = ("step", *STEP_COLUMNS, "duration")
+
+    def __init__(self, recorder: Recorder, sparse: bool = False):
+        self.recorder = recorder
+        self.sparse = sparse  # the mostly-zero columns as SparseArrays (their non-zero rows only)
+        self._made: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str):
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        return self._made[name]
+
+    def _make(self, name: str):
+        if name == "step":
+            return np.arange(len(self), dtype=np.int64)
+        if name == "duration":
+            return self["end"] - self["start"]
+        if name in STEP_COLUMNS:
+            return self.recorder.step_column(name, self.sparse)
+        raise KeyError(name)
+
+    def __len__(self) -> int:
+        return self.recorder.num_steps
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.NAMES
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({name: self[name] for name in self.NAMES}, copy=False)
+
+
 def step_frame(recorder: Recorder) -> pd.DataFrame:
     """One row per step: `step` (global index), every recorder column, and `duration` (end - start).
     The mostly-zero columns (recorder.SPARSE) are pandas SparseArrays: they read as the dense columns
     (`to_numpy`, sums, CSV) and hold only their non-zero rows; `densified` makes them plain for parquet."""
-    table = recorder.step_table(sparse=True)  # views of the recorder's buffers, and the mostly-zero columns sparse
-    columns = {"step": np.arange(recorder.num_steps, dtype=np.int64), **{name: table[name] for name in STEP_COLUMNS}}
-    columns["duration"] = table["end"] - table["start"]
-    return pd.DataFrame(columns, copy=False)
+    return StepColumns(recorder, sparse=True).frame()
 
 
 def densified(frame: pd.DataFrame) -> pd.DataFrame:
@@ -69,10 +106,11 @@ class LocalOrder:
     bounds: np.ndarray  # first slot of each block, then the number of slots
 
     @classmethod
-    def of(cls, steps: pd.DataFrame) -> "LocalOrder":
-        """From a step_frame (row i must be global step i); checks that each replica's ends increase."""
-        replica = steps["replica"].to_numpy()
-        end = steps["end"].to_numpy(dtype=np.float64)
+    def of(cls, steps: "pd.DataFrame | StepColumns") -> "LocalOrder":
+        """From a step_frame or its StepColumns (row i must be global step i); checks that each replica's
+        ends increase."""
+        replica = np.asarray(steps["replica"])
+        end = np.asarray(steps["end"], dtype=np.float64)
         replicas, counts = _count(replica)
         order = None if len(replicas) <= 1 or is_non_decreasing(replica) else _group(replica, replicas, counts)
         local = cls(order, end, replica, replicas, np.r_[0, np.cumsum(counts)].astype(np.int64))
