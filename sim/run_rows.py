@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .metrics.recorder import STEP_COLUMNS
-
 # the step-table columns a run fills; a chunk row gives them in this order
 COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
            "prefill_history_tokens", "prefill_attention_pairs")
+_DECODES, _BLOCKS, _CONTEXTS = (COLUMNS.index(name) for name in ("decode_tokens", "kv_blocks_used",
+                                                                  "decode_context_tokens"))
+assert COLUMNS[_DECODES + 1] == "num_seqs"
 
 
 class RunRows:
@@ -39,14 +40,13 @@ class RunRows:
             self.segments.extend((first, stop, n, total, used))
 
     def columns(self, count: int, crossings: list[int]) -> dict[str, np.ndarray]:
-        """Steps 1..count as step-table columns (in the step table's types); `crossings[j]`: the decode
+        """Steps 1..count as step-table columns (int64: the rows of one array, filled a few operations a
+        run, whatever its length; the recorder stores each in its own type); `crossings[j]`: the decode
         rows that grow by a block in step j (j = 0..count at least)."""
-        columns = {name: np.zeros(count, STEP_COLUMNS[name]) for name in COLUMNS}
+        block = np.zeros((len(COLUMNS), count), np.int64)
         if self.chunks:
             table = np.array(self.chunks, dtype=np.int64).reshape(-1, len(COLUMNS) + 1)
-            rows = table[:, 0] - 1
-            for k, name in enumerate(COLUMNS, start=1):
-                columns[name][rows] = table[:, k]
+            block[:, table[:, 0] - 1] = table[:, 1:].T
         if self.segments:
             first, stop, n, total, used = np.array(self.segments, dtype=np.int64).reshape(-1, 5).T
             lengths = stop - first
@@ -56,9 +56,9 @@ class RunRows:
             grows = np.array(crossings[:count + 1], dtype=np.int64)[steps]
             grown = np.cumsum(grows)
             grown -= (grown - grows)[starts][segment]  # since the segment's start
-            rows = steps - 1
-            columns["decode_tokens"][rows] = n[segment]
-            columns["num_seqs"][rows] = n[segment]
-            columns["kv_blocks_used"][rows] = used[segment] + grown
-            columns["decode_context_tokens"][rows] = total[segment] + n[segment] * steps
-        return columns
+            rows, n = steps - 1, n[segment]
+            block[_DECODES:_DECODES + 2, rows] = n  # decode_tokens and num_seqs: the segment's rows
+            block[_BLOCKS, rows] = used[segment] + grown
+            block[_CONTEXTS, rows] = total[segment] + n * steps
+        return dict(zip(COLUMNS, block))
+

@@ -23,6 +23,7 @@ TYPECODES = {np.dtype(np.float64): "d", np.dtype(np.int64): "q", np.dtype(np.int
              np.dtype(np.int8): "b"}
 DTYPES = {code: dtype for dtype, code in TYPECODES.items()}
 WIDER = ("b", "h", "i", "q")  # integer typecodes, narrowest first
+RANGES = {code: (int(np.iinfo(DTYPES[code]).min), int(np.iinfo(DTYPES[code]).max)) for code in WIDER}
 
 
 class Column:
@@ -60,8 +61,8 @@ class Column:
             self.data.extend(values)
         else:
             values = np.asarray(values)
-            if len(values) and self.stored != self.dtype:  # a narrow column: the values must fit
-                self._widen(values.min(), values.max())
+            if len(values) and self.data.typecode != TYPECODES[self.dtype]:  # a narrow column: they must fit
+                self._fit(values)
             self.data.frombytes(np.ascontiguousarray(values, dtype=self.stored).tobytes())
 
     def fill(self, value, count: int) -> None:
@@ -80,6 +81,15 @@ class Column:
             self._widen(value, value)
             self.data[index] = value
 
+    def _fit(self, values: np.ndarray) -> None:
+        """Widen to hold integer `values`. One reduction where they are not negative: the OR of their
+        bits bounds each of them (a run's counts); their min and max otherwise."""
+        bits = int(np.bitwise_or.reduce(values))
+        if bits < 0:
+            self._widen(int(values.min()), int(values.max()))
+        elif bits > RANGES[self.data.typecode][1]:
+            self._widen(0, bits)
+
     def _widen(self, low, high) -> None:
         """Hold values from `low` to `high`: the narrowest wider type that does, up to the declared one
         (OverflowError beyond it, as an array.array of that type raises)."""
@@ -87,8 +97,8 @@ class Column:
         if code not in WIDER:
             raise OverflowError(f"{low}..{high} does not fit a column of {self.dtype}")
         for wider in WIDER[WIDER.index(code):WIDER.index(TYPECODES[self.dtype]) + 1]:
-            info = np.iinfo(DTYPES[wider])
-            if info.min <= low and high <= info.max:
+            least, most = RANGES[wider]
+            if least <= low and high <= most:
                 self._retype(wider)
                 return
         raise OverflowError(f"{low}..{high} does not fit a column of {self.dtype}")
