@@ -160,3 +160,25 @@ def test_unit_cost_model_without_a_gpu_has_no_efficiency():
     assert s["mfu_mean"] is None and s["hbm_util_mean"] is None and s["collective_share"] is None
     assert 0 < s["kv_usage_mean"] <= s["kv_usage_p99"] <= 1
     json.dumps(s, allow_nan=False)
+
+
+def test_columns_computed_block_by_block_equal_the_whole_run_at_once(monkeypatch):
+    """Every formula is per step, so ROWS (the block) changes no value: three replicas on two kinds of
+    hardware and one unknown, steps interleaved, blocks that split them anywhere."""
+    from cbsim.sim.metrics import step_efficiency
+
+    res = run_experiment("experiments/quickstart.yaml", overrides=SMALL + ["cluster.replicas=4", "cost_model.tp=2"])
+    steps = res.steps.drop(columns=list(COLUMNS))
+    cost = load_cost_model(res.config.cost_model, res.config.model)
+    windowed = model_spec({"config": "tiny", "sliding_window": 4})
+    hardware = {0: StepHardware(model_spec("llama-3-8b"), 1e15, 3e12, 2, cost.collective_time, 2),
+                1: StepHardware(windowed, 2e14, 1e12, 1), 2: None,
+                3: StepHardware(model_spec("llama-3-8b"), 1e15, 3e12, 2, cost.collective_time, 2)}
+    assert len(set(steps["replica"])) == 4 and not steps["replica"].is_monotonic_increasing
+    whole = step_efficiency.efficiency_columns(steps, hardware)
+    monkeypatch.setattr(step_efficiency, "ROWS", 7)
+    blocks = step_efficiency.efficiency_columns(steps, hardware)
+    for name in COLUMNS:
+        np.testing.assert_array_equal(whole[name], blocks[name], err_msg=name)
+    assert np.isnan(whole["mfu"][steps["replica"].to_numpy() == 2]).all()
+    assert np.isfinite(whole["flops"][steps["replica"].to_numpy() == 1]).all()

@@ -44,6 +44,7 @@ from cbsim.profiler.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
 from cbsim.replica_gpus import gpus_per_replica, tensor_parallel
 
 COLUMNS = ("flops", "hbm_bytes", "mfu", "hbm_util", "collective_s")
+ROWS = 1 << 20  # steps computed at a time (~100 MB of scratch)
 
 
 @dataclass(frozen=True)
@@ -59,28 +60,36 @@ class StepHardware:
 
 
 def with_efficiency(steps: pd.DataFrame, hardware: dict) -> pd.DataFrame:
-    """`steps` with the COLUMNS appended in place (no copy of the others); `hardware`: replica
-    index -> StepHardware or None."""
-    for name, values in efficiency_columns(steps, hardware).items():
-        steps[name] = values
-    return steps
+    """`steps` with the COLUMNS after its own: a frame over the same column arrays and the new ones,
+    none copied (setting a column on a frame copies its array); `hardware`: replica index ->
+    StepHardware or None."""
+    columns = {name: steps[name] for name in steps.columns}
+    columns.update(efficiency_columns(steps, hardware))
+    return pd.DataFrame(columns, copy=False)
 
 
 def efficiency_columns(steps: pd.DataFrame, hardware: dict) -> dict[str, np.ndarray]:
-    """The COLUMNS (float64, one value a step) for each replica's steps by its hardware."""
+    """The COLUMNS (float64, one value a step) for each replica's steps by its hardware, computed
+    ROWS steps at a time: every formula is per step, so the values are the same, and the scratch (a
+    dozen arrays a step) is bounded by the block, not by the run."""
     out = {name: np.full(len(steps), np.nan) for name in COLUMNS}
     replica = steps["replica"].to_numpy()
     groups: dict = {}  # replicas on the same hardware (a colocated cluster: all of them) are computed at once
     for index, hw in hardware.items():
         if hw is not None:
             groups.setdefault(hw, []).append(index)
-    for hw, indices in groups.items():
-        mine = np.isin(replica, indices)
-        if mine.all():
-            out.update(_replica_columns(steps, hw))
-        elif mine.any():
-            for name, values in _replica_columns(steps[mine], hw).items():
-                out[name][mine] = values
+    for lo in range(0, len(steps), ROWS):
+        part, hi = steps.iloc[lo:lo + ROWS], min(lo + ROWS, len(steps))
+        for hw, indices in groups.items():
+            mine = np.isin(replica[lo:hi], indices)
+            if mine.all():
+                rows, values = slice(lo, hi), _replica_columns(part, hw)
+            elif mine.any():
+                rows, values = lo + np.flatnonzero(mine), _replica_columns(part[mine], hw)
+            else:
+                continue
+            for name, column in values.items():
+                out[name][rows] = column
     return out
 
 
