@@ -28,6 +28,7 @@ from cbsim.sim.metrics.bench_result import bench_result
 from cbsim.sim.metrics.client_view import client_view, frontend_delays, shift_arrivals
 from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
 from cbsim.sim.metrics.summary import usage_summary
+from cbsim.sim.outputs.parquet import write_parquet
 from cbsim.sim.outputs.side_by_side import run_side_by_side
 from cbsim.sim.outputs.trace_export import write_chrome_trace
 from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
@@ -102,7 +103,7 @@ class Results:
             if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
                 continue
             if "parquet" in cfg.output.formats:
-                metrics.densified(frame).to_parquet(path(f"{name}.parquet"), index=False, compression="zstd")
+                write_parquet(frame, path(f"{name}.parquet"))  # a row group at a time: the same file
             if "csv" in cfg.output.formats:
                 frame.to_csv(path(f"{name}.csv"), index=False)
         path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
@@ -331,6 +332,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     if progress is not None:
         progress.say(f"simulated {len(requests):,} requests in {wall:.1f} s; computing metrics")
     steps = with_efficiency(metrics.step_frame(recorder), hardware_of(cfg, pool, pools))  # MFU, HBM, collectives
+    usage = usage_summary(steps, {r.index: r.kv.num_blocks for r in pool})  # KV usage, MFU (its scratch is
+    # freed before the request frame and the ITL exist: the run's peak memory is lower)
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
     if client_arrival is not None:
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
@@ -345,7 +348,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
     summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
     kvs = [replica.kv for replica in pool]
-    summary.update(usage_summary(steps, {r.index: r.kv.num_blocks for r in pool}))  # KV usage, MFU for sweeps
+    summary.update(usage)  # KV usage, MFU for sweeps
     if any(kv.prefix is not None for kv in kvs):  # prefix caching on: hit columns and summary keys
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)

@@ -63,6 +63,28 @@ def test_default_run_writes_parquet_and_no_csv_or_trace(tmp_path):
     assert isinstance(res.steps["preemptions"].dtype, pd.SparseDtype)  # in memory: its non-zero rows only
 
 
+def test_tables_written_a_row_group_at_a_time_are_the_file_to_parquet_writes(tmp_path, monkeypatch):
+    """write_parquet converts ROW_GROUP rows at a time and cuts the groups pyarrow cuts: the same bytes
+    (groups of 7 here; pyarrow's own default, checked below, for a run's tables)."""
+    from cbsim.sim.outputs import parquet
+
+    res = run_experiment(TINY)
+    assert len(res.steps) > 3 * 7 and isinstance(res.steps["padding_tokens"].dtype, pd.SparseDtype)
+    monkeypatch.setattr(parquet, "ROW_GROUP", 7)
+    for name, frame in (("steps", res.steps), ("requests", res.requests)):
+        parquet.write_parquet(frame, tmp_path / f"{name}.parquet")
+        densified(frame).to_parquet(tmp_path / f"{name}_whole.parquet", index=False, compression="zstd",
+                                    row_group_size=7)
+        assert (tmp_path / f"{name}.parquet").read_bytes() == (tmp_path / f"{name}_whole.parquet").read_bytes()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.undo()
+    pq.write_table(pa.table({"x": pa.array(bytes(parquet.ROW_GROUP + 1), pa.int8())}), tmp_path / "default.parquet")
+    meta = pq.ParquetFile(tmp_path / "default.parquet").metadata
+    assert meta.num_row_groups == 2 and meta.row_group(0).num_rows == parquet.ROW_GROUP  # pyarrow's default
+
+
 def test_csv_on_request_matches_parquet(tmp_path):
     run_experiment({**TINY, "output": {"plots": False, "formats": ["csv"]}}, out_dir=tmp_path)
     assert (tmp_path / "steps.csv").is_file() and not list(tmp_path.glob("*.parquet"))

@@ -112,9 +112,9 @@ def usage_summary(steps_df: pd.DataFrame, kv_blocks: dict) -> dict:
     collective_share: all-reduce seconds over busy seconds. None where undefined (no step, no known
     GPU or cache size, a cost model that does not price all-reduces)."""
     duration = steps_df["duration"].to_numpy(dtype=np.float64)
-    capacity = steps_df["replica"].map(kv_blocks or {}).to_numpy(dtype=np.float64)
-    usage = steps_df["kv_blocks_used"].to_numpy(dtype=np.float64) / np.where(capacity > 0, capacity, np.nan)
+    usage = _kv_usage(steps_df, kv_blocks or {})
     out = {"kv_usage_mean": _weighted_mean(usage, duration), "kv_usage_p99": _weighted_quantile(usage, duration, 0.99)}
+    del usage
     for key, column in (("mfu_mean", "mfu"), ("hbm_util_mean", "hbm_util"), ("collective_share", "collective_s")):
         values = steps_df[column].to_numpy(dtype=np.float64) if column in steps_df else np.full(len(duration), np.nan)
         if column == "collective_s":
@@ -124,16 +124,35 @@ def usage_summary(steps_df: pd.DataFrame, kv_blocks: dict) -> dict:
     return out
 
 
-def _weighted_mean(values: np.ndarray, weights: np.ndarray):
+def _kv_usage(steps_df: pd.DataFrame, kv_blocks: dict) -> np.ndarray:
+    """Each step's blocks used over its replica's cache (NaN where the cache size is unknown), in one
+    array beside the frame's columns."""
+    capacity = steps_df["replica"].map(kv_blocks).to_numpy(dtype=np.float64, copy=True)
+    np.copyto(capacity, np.nan, where=~(capacity > 0))
+    return np.divide(steps_df["kv_blocks_used"].to_numpy(dtype=np.float64), capacity, out=capacity)
+
+
+def _finite(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The values and weights where both are finite and the weight positive (the arrays themselves
+    where that is everywhere); None where it is nowhere."""
     ok = np.isfinite(values) & np.isfinite(weights) & (weights > 0)
-    return json_number(np.average(values[ok], weights=weights[ok])) if ok.any() else None
+    if ok.all():
+        return values, weights
+    return (values[ok], weights[ok]) if ok.any() else None
+
+
+def _weighted_mean(values: np.ndarray, weights: np.ndarray):
+    kept = _finite(values, weights)
+    return json_number(np.average(kept[0], weights=kept[1])) if kept is not None else None
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float):
     """The smallest value whose cumulative weight reaches q of the total (inverted CDF)."""
-    ok = np.isfinite(values) & np.isfinite(weights) & (weights > 0)
-    if not ok.any():
+    kept = _finite(values, weights)
+    if kept is None:
         return None
-    order = np.argsort(values[ok], kind="stable")
-    cumulative = np.cumsum(weights[ok][order])
-    return json_number(values[ok][order][np.searchsorted(cumulative, q * cumulative[-1], side="left")])
+    values, weights = kept
+    order = np.argsort(values, kind="stable")
+    cumulative = weights[order]
+    np.cumsum(cumulative, out=cumulative)  # (in place: the same sums, one array fewer)
+    return json_number(values[order[np.searchsorted(cumulative, q * cumulative[-1], side="left")]])
