@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa  # pandas' parquet engine (and its string columns' storage): loaded with pandas
+import pyarrow.parquet as pq
 
 from ..metrics.step_order import densified
 
@@ -22,9 +24,6 @@ def write_parquet(frame: pd.DataFrame, path: str | Path, **options) -> None:
     if len(frame) <= ROW_GROUP:
         densified(frame).to_parquet(path, index=False, compression="zstd", **options)
         return
-    import pyarrow as pa  # (pandas' own parquet engine; imported where a table is this long)
-    import pyarrow.parquet as pq
-
     writer = None
     try:
         for lo in range(0, len(frame), ROW_GROUP):
