@@ -176,7 +176,9 @@ class _SteadySteps:
 
     def _start_prompt(self, prompt, first: int, history: int, blocks: int) -> None:
         """`prompt` runs its chunks from step `first` (history `history`, `blocks` held)."""
-        self.prompt, self.first, self.history, self.chunks, self.sampled = prompt, first, history, [], None
+        self.prompt, self.first, self.history = prompt, first, history
+        self.chunks: list = []
+        self.sampled: int | None = None
         self.computed, self.prompt_blocks = history, blocks
         self.left = prompt.prompt_len + prompt.num_output_tokens - history
 
@@ -225,11 +227,12 @@ class _SteadySteps:
         stop = self.stop
         j = 1
         while True:
-            j = self._chunk_steps(j, stop, horizon, before, where)
-            if j is not None:
-                j = self._decode_steps(j, stop, horizon, before, where)
-            if j is None or not self._admit(j):
+            k = self._chunk_steps(j, stop, horizon, before, where)
+            if k is not None:
+                k = self._decode_steps(k, stop, horizon, before, where)
+            if k is None or not self._admit(k):
                 break
+            j = k
         if len(self.ends) < 2:
             return None
         prompts = [*self.segments, self._segment()]
@@ -293,7 +296,8 @@ class _SteadySteps:
                 beside = self._first_chunk(room - chunk, n + 1, self.free - grow, waiting)
                 if beside is None:
                     return None
-            prefill, sampled = ((chunk, self.computed),), n + (chunk == self.left)
+            prefill: tuple = ((chunk, self.computed),)
+            sampled = n + (chunk == self.left)
             if beside is not None:
                 prefill, sampled = self._beside(prefill, sampled, beside)
             seconds = price(prefill, self.contexts, j, self.total + n * j, sampled)
@@ -336,7 +340,8 @@ class _SteadySteps:
         contexts, total, free, first = self.contexts, self.total, self.free, j
         n, price = len(contexts), self.replica.cost.decode_pricer(contexts)
         ends, leaving, crossings = self.ends, self.leaving, self.crossings
-        end, reason = ends[-1], _BOUND
+        end = ends[-1]
+        reason: str | None = _BOUND
         while j < stop and end < bound:
             grow = crossings[j]
             if grow > free:

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from . import step_apply
+from . import native_core, step_apply  # native_core: prompt runs, compiled where a user built them
 from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead, queue_full_reason
 from .clock import delay_to
 from .cost import CostModel
@@ -33,7 +33,6 @@ from .kv_link import KVLink
 from .metrics.recorder import Recorder
 from .plan import StepPlan
 from .preemption import make_recovery
-from .prompt_run import may_leap_prompt, prompt_run
 from .request import Request, Status
 from .roles import Colocated
 from .shape import StepShape
@@ -280,8 +279,9 @@ class Replica:
             _, duration = self._priced(plan, shape, swap_bytes, start)
             run = decode_run(self, start, duration, self._step_context) if may_leap(
                 self, plan, shape, swap_bytes) else None
-            prompt = prompt_run(self, plan, shape, start, duration, self._step_context) if run is None and may_leap_prompt(
-                self, plan, shape, swap_bytes) else None
+            core = native_core.core
+            prompt = core.prompt_run(self, plan, shape, start, duration, self._step_context) if run is None and \
+                core.may_leap_prompt(self, plan, shape, swap_bytes) else None
             if prompt is not None:
                 end = self.step_end = self.takes_arrivals_until = prompt.ends[-1]
                 yield env.timeout(delay_to(env.now, end))

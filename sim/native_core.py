@@ -1,0 +1,100 @@
+"""The compiled core: sim/prompt_run.py compiled with mypyc, used where a user built it; the plain
+module everywhere else.
+
+Prompt runs are most of the event loop's time on a chunked-prefill workload (the reference benchmark:
+chunk steps, decode segments, the requests joining and leaving a run). mypyc compiles that module as it
+is (its annotations are what mypyc needs): 10,000 reference requests take ~20 % less CPU
+(benchmarks/sim_speed.py, alternated). `pip install` stays pure Python; building is a step of its own:
+
+    pip install mypy            # mypyc, and a C compiler on the machine
+    python -m cbsim.sim.native_core build
+    python -m cbsim.sim.native_core status
+
+`build` compiles a copy of prompt_run.py named `_prompt_run_native`, stamped with the source's
+sha256, into the package's folder (beside prompt_run.py, wherever the package is installed). `core`
+is that compiled copy when it was built from the source as it is now, else prompt_run itself: an edited
+source is never shadowed by an old build (it warns once and runs the plain module). CBSIM_NATIVE=0 turns
+the compiled core off.
+
+Invariant: both give the same results bit for bit. The C is compiled with -ffp-contract=off (no fused
+multiply-adds: each float operation rounds as Python's does), and mypyc keeps Python's integer
+semantics; tests/test_native_core.py builds it where mypyc is installed and holds its tables to the
+plain module's.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+from . import prompt_run
+
+NATIVE = "_prompt_run_native"  # the compiled copy's module name, in this package
+SOURCE = Path(prompt_run.__file__)
+
+
+def source_digest(path: Path = SOURCE) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load():
+    """The prompt-run module to use: the compiled copy, where it exists, is on and fresh; else the plain one."""
+    if os.environ.get("CBSIM_NATIVE", "1") == "0":
+        return prompt_run
+    try:
+        native = importlib.import_module(f"{__package__}.{NATIVE}")
+    except ImportError:
+        return prompt_run
+    if getattr(native, "SOURCE_SHA256", None) != source_digest():
+        warnings.warn(f"the compiled core ({native.__file__}) was built from another sim/prompt_run.py: running "
+                      f"the plain module (rebuild: python -m {__package__}.native_core build)", stacklevel=2)
+        return prompt_run
+    return native
+
+
+def build(target: Path | None = None) -> list[Path]:
+    """Compile prompt_run.py with mypyc into `target` (default: this package's folder); returns the files
+    written. Raises RuntimeError with mypyc's output where it fails (no mypyc, no C compiler)."""
+    target = Path(target) if target is not None else SOURCE.parent
+    with tempfile.TemporaryDirectory() as work:
+        package = Path(work, *__package__.split("."))
+        package.mkdir(parents=True)
+        for level in range(1, len(__package__.split(".")) + 1):
+            Path(work, *__package__.split(".")[:level], "__init__.py").touch()
+        module = package / f"{NATIVE}.py"
+        module.write_text(SOURCE.read_text() + f'\n\nSOURCE_SHA256 = "{source_digest()}"\n')
+        env = {**os.environ, "CFLAGS": (os.environ.get("CFLAGS", "") + " -ffp-contract=off").strip()}
+        command = [sys.executable, "-m", "mypyc", "--ignore-missing-imports", "--follow-imports=skip",
+                   str(module.relative_to(work))]
+        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"mypyc failed ({' '.join(command)}):\n{done.stdout}{done.stderr}")
+        built = sorted(package.glob(f"{NATIVE}*.so")) + sorted(package.glob(f"{NATIVE}*.pyd"))
+        target.mkdir(parents=True, exist_ok=True)
+        return [Path(shutil.copy2(path, target / path.name)) for path in built]
+
+
+def status() -> str:
+    module = load()
+    if module is prompt_run:
+        return f"plain Python ({SOURCE})"
+    return f"compiled ({module.__file__})"
+
+
+core = load()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["build"]:
+        for path in build():
+            print(f"wrote {path}")
+    elif sys.argv[1:] == ["status"]:
+        print(status())
+    else:
+        sys.exit(f"usage: python -m {__package__}.native_core build | status")
