@@ -92,7 +92,12 @@ core = load()
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["build"]:
-        for path in build():
+        try:
+            written = build()
+        except RuntimeError as err:  # no mypyc, no C compiler: mypyc's own words, no traceback
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        for path in written:
             print(f"wrote {path}")
     elif sys.argv[1:] == ["status"]:
         print(status())

@@ -102,3 +102,11 @@ def test_the_compiled_core_is_the_one_that_runs(native, monkeypatch):
     compiled = run_with(native, "sarathi", "vidur", specs, 120, 1, 1e6)
     assert made and all(kind.__module__ == native.__name__ for kind in made)
     assert_same_run(run_with(prompt_run, "sarathi", "vidur", specs, 120, 1, 1e6), compiled)
+
+
+def test_a_failed_build_says_what_mypyc_said(monkeypatch, tmp_path):
+    failed = SimpleNamespace(returncode=1, stdout="", stderr="No module named mypyc\n")
+    monkeypatch.setattr(native_core.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(RuntimeError, match="No module named mypyc"):
+        native_core.build(tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written
