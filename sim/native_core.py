@@ -102,4 +102,5 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["status"]:
         print(status())
     else:
-        sys.exit(f"usage: python -m {__package__}.native_core build | status")
+        print(f"usage: python -m {__package__}.native_core build | status", file=sys.stderr)
+        sys.exit(2)
