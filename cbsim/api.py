@@ -332,8 +332,9 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     if progress is not None:
         progress.say(f"simulated {len(requests):,} requests in {wall:.1f} s; computing metrics")
     steps = with_efficiency(metrics.step_frame(recorder), hardware_of(cfg, pool, pools))  # MFU, HBM, collectives
-    usage = usage_summary(steps, {r.index: r.kv.num_blocks for r in pool})  # KV usage, MFU (its scratch is
-    # freed before the request frame and the ITL exist: the run's peak memory is lower)
+    # KV usage and MFU for sweeps, computed here so that its scratch is freed before the request frame and the
+    # ITL exist (a lower peak); added to the summary in its place below
+    usage = usage_summary(steps, {r.index: r.kv.num_blocks for r in pool})
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
     if client_arrival is not None:
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)

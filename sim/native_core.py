@@ -63,10 +63,11 @@ def build(target: Path | None = None) -> list[Path]:
     written. Raises RuntimeError with mypyc's output where it fails (no mypyc, no C compiler)."""
     target = Path(target) if target is not None else SOURCE.parent
     with tempfile.TemporaryDirectory() as work:
-        package = Path(work, *__package__.split("."))
+        parts = __package__.split(".")  # the package's folders, so mypyc names the module as it is imported
+        package = Path(work, *parts)
         package.mkdir(parents=True)
-        for level in range(1, len(__package__.split(".")) + 1):
-            Path(work, *__package__.split(".")[:level], "__init__.py").touch()
+        for level in range(1, len(parts) + 1):
+            Path(work, *parts[:level], "__init__.py").touch()
         module = package / f"{NATIVE}.py"
         module.write_text(SOURCE.read_text() + f'\n\nSOURCE_SHA256 = "{source_digest()}"\n')
         env = {**os.environ, "CFLAGS": (os.environ.get("CFLAGS", "") + " -ffp-contract=off").strip()}
@@ -80,14 +81,11 @@ def build(target: Path | None = None) -> list[Path]:
         return [Path(shutil.copy2(path, target / path.name)) for path in built]
 
 
-def status() -> str:
-    module = load()
-    if module is prompt_run:
-        return f"plain Python ({SOURCE})"
-    return f"compiled ({module.__file__})"
-
-
 core = load()
+
+
+def status() -> str:
+    return f"plain Python ({SOURCE})" if core is prompt_run else f"compiled ({core.__file__})"
 
 
 if __name__ == "__main__":

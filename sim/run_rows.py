@@ -16,9 +16,8 @@ import numpy as np
 # the step-table columns a run fills; a chunk row gives them in this order
 COLUMNS = ("prefill_tokens", "decode_tokens", "num_seqs", "kv_blocks_used", "decode_context_tokens",
            "prefill_history_tokens", "prefill_attention_pairs")
-_DECODES, _BLOCKS, _CONTEXTS = (COLUMNS.index(name) for name in ("decode_tokens", "kv_blocks_used",
-                                                                  "decode_context_tokens"))
-assert COLUMNS[_DECODES + 1] == "num_seqs"
+_DECODES, _SEQS, _BLOCKS, _CONTEXTS = (COLUMNS.index(name) for name in ("decode_tokens", "num_seqs",
+                                                                         "kv_blocks_used", "decode_context_tokens"))
 
 
 class RunRows:
@@ -57,7 +56,8 @@ class RunRows:
             grown = np.cumsum(grows)
             grown -= (grown - grows)[starts][segment]  # since the segment's start
             rows, n = steps - 1, n[segment]
-            block[_DECODES:_DECODES + 2, rows] = n  # decode_tokens and num_seqs: the segment's rows
+            block[_DECODES, rows] = n
+            block[_SEQS, rows] = n
             block[_BLOCKS, rows] = used[segment] + grown
             block[_CONTEXTS, rows] = total[segment] + n * steps
         return dict(zip(COLUMNS, block))

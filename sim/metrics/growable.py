@@ -43,20 +43,13 @@ class Column:
         return DTYPES[self.data.typecode]
 
     def append(self, value) -> None:
-        try:
-            self.data.append(value)
-        except OverflowError:
-            self._widen(value, value)
-            self.data.append(value)
+        self._with_room(lambda: self.data.append(value), lambda: (value, value))
 
     def extend(self, values) -> None:
         """Append numpy values, a list of Python numbers (kept as they are), or an array.array."""
-        if isinstance(values, list):
-            try:
-                self.data.fromlist(values)  # (presized: extend takes a list item by item, ~2x slower)
-            except OverflowError:  # (fromlist leaves the array as it was)
-                self._widen(min(values), max(values))
-                self.data.fromlist(values)
+        if isinstance(values, list):  # (fromlist is presized: extend takes a list item by item, ~2x slower;
+            # on an overflow it leaves the array as it was)
+            self._with_room(lambda: self.data.fromlist(values), lambda: (min(values), max(values)))
         elif isinstance(values, array) and values.typecode == self.data.typecode:
             self.data.extend(values)
         else:
@@ -67,19 +60,19 @@ class Column:
 
     def fill(self, value, count: int) -> None:
         """Append `count` copies of one value."""
-        try:
-            one = array(self.data.typecode, [value])
-        except OverflowError:
-            self._widen(value, value)
-            one = array(self.data.typecode, [value])
-        self.data.extend(one * count)
+        self._with_room(lambda: self.data.extend(array(self.data.typecode, [value]) * count), lambda: (value, value))
 
     def set(self, index: int, value) -> None:
+        self._with_room(lambda: self.data.__setitem__(index, value), lambda: (value, value))
+
+    def _with_room(self, write: Callable[[], None], bounds: Callable[[], tuple]) -> None:
+        """`write()` to the buffer; where a value does not fit it (array.array raises OverflowError and
+        writes nothing), widen to the values' `bounds()` (low, high), then write again."""
         try:
-            self.data[index] = value
+            write()
         except OverflowError:
-            self._widen(value, value)
-            self.data[index] = value
+            self._widen(*bounds())
+            write()
 
     def _fit(self, values: np.ndarray) -> None:
         """Widen to hold integer `values`. One reduction where they are not negative: the OR of their
@@ -94,13 +87,12 @@ class Column:
         """Hold values from `low` to `high`: the narrowest wider type that does, up to the declared one
         (OverflowError beyond it, as an array.array of that type raises)."""
         code = self.data.typecode
-        if code not in WIDER:
-            raise OverflowError(f"{low}..{high} does not fit a column of {self.dtype}")
-        for wider in WIDER[WIDER.index(code):WIDER.index(TYPECODES[self.dtype]) + 1]:
-            least, most = RANGES[wider]
-            if least <= low and high <= most:
-                self._retype(wider)
-                return
+        if code in WIDER:
+            for wider in WIDER[WIDER.index(code):WIDER.index(TYPECODES[self.dtype]) + 1]:
+                least, most = RANGES[wider]
+                if least <= low and high <= most:
+                    self._retype(wider)
+                    return
         raise OverflowError(f"{low}..{high} does not fit a column of {self.dtype}")
 
     def _retype(self, code: str) -> None:

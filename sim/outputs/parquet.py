@@ -18,18 +18,18 @@ from ..metrics.step_order import densified
 ROW_GROUP = 1 << 20  # rows a group: pyarrow's default (write_table's row_group_size=None)
 
 
-def write_parquet(frame: pd.DataFrame, path: str | Path, **options) -> None:
+def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
     """`frame` (its sparse columns dense) as zstd parquet without its index, as
-    `densified(frame).to_parquet(path, index=False, compression="zstd", **options)` writes it."""
+    `densified(frame).to_parquet(path, index=False, compression="zstd")` writes it."""
     if len(frame) <= ROW_GROUP:
-        densified(frame).to_parquet(path, index=False, compression="zstd", **options)
+        densified(frame).to_parquet(path, index=False, compression="zstd")
         return
     writer = None
     try:
         for lo in range(0, len(frame), ROW_GROUP):
             group = pa.Table.from_pandas(densified(frame.iloc[lo:lo + ROW_GROUP]), preserve_index=False)
             if writer is None:
-                writer = pq.ParquetWriter(path, group.schema, compression="zstd", **options)
+                writer = pq.ParquetWriter(path, group.schema, compression="zstd")
             writer.write_table(group, row_group_size=ROW_GROUP)
     finally:
         if writer is not None:
