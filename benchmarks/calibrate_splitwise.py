@@ -3,7 +3,7 @@
 Whole-step times of vLLM as of 2023 (eager PyTorch, Ray workers for TP, host work serialized with
 the GPU) for Llama-2-70B on a DGX-A100 at TP2 and TP8, against the roofline's kernels
 (experiments/calibration/llama-2-70b-a100-roofline.yaml). Writes
-profiler/costmodels/engines/vllm-2023-a100.json (a test keeps the shipped file equal to a refit)
+sim/costmodels/engines/vllm-2023-a100.json (a test keeps the shipped file equal to a refit)
 and prints the error table.
 
     python benchmarks/calibrate_splitwise.py [--data DIR] [--out FILE]
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "experiments" / "calibration" / "llama-2-70b-a100-roofline.yaml"
 CSV = Path("measured") / "splitwise_a100_llama2_70b" / "perf_model_a100_tp2_tp8.csv"
-OUT = ROOT / "profiler" / "costmodels" / "engines" / "vllm-2023-a100.json"
+OUT = ROOT / "sim" / "costmodels" / "engines" / "vllm-2023-a100.json"
 DESCRIPTION = ("vLLM as of 2023 on a DGX-A100 (Splitwise's measurements): eager PyTorch, Ray workers for tensor "
                "parallelism, host work serialized with the GPU; the terms are fitted to 51 whole-step medians of "
                "Llama-2-70B at TP2 and TP8 over the roofline's kernels")
@@ -26,9 +26,9 @@ DESCRIPTION = ("vLLM as of 2023 on a DGX-A100 (Splitwise's measurements): eager 
 
 def build(data: Path) -> dict:
     """The preset's content: the calibration report plus what it describes and where it comes from."""
-    from cbsim.calibrate import DEFAULT_FIT, calibrate_steps, file_digest
+    from cbsim.tools.calibrate.steps import DEFAULT_FIT, calibrate_steps, file_digest
     from cbsim.config import read_yaml
-    from cbsim.profiler.splitwise import read_splitwise
+    from cbsim.profiler.converters.splitwise import read_splitwise
 
     steps, notes = read_splitwise(data / CSV)
     base = read_yaml(BASE)

@@ -2,7 +2,7 @@
 
     python benchmarks/fit_gemm_collectives.py [--data /work/shared/data] [--check]
 
-Prints the fitted constants of profiler/costmodels/gemm_efficiency.py (CONSTANTS) and
+Prints the fitted constants of sim/costmodels/gemm_efficiency.py (CONSTANTS) and
 collectives.py (CALIBRATION) and their errors; with --check, only the errors of the constants in
 those modules (what their docstrings report). The row readers are used by
 tests/test_gemm_collectives.py.
@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from cbsim.profiler.costmodels import collectives, gemm_efficiency as ge
-from cbsim.profiler.specs import gpu_spec
-from cbsim.profiler.vidur_data import data_dir
+from cbsim.sim.costmodels import collectives, gemm_efficiency as ge
+from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.profiler.converters.vidur_data import data_dir
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 NODES = {("a100", "nvswitch"): "a100_dgx", ("h100", "nvswitch"): "h100_dgx",

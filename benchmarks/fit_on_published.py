@@ -6,7 +6,7 @@
 
 No GPU is needed. The "measurements" are the `vidur` cost model's `layer_time` (one decoder
 layer, no all-reduce) for A100 / Llama-2-70B TP2, built from Vidur's published per-operator
-medians (profiler/profiles/vidur/a100-llama-2-70b-tp2.json: token operators from mlp.csv,
+medians (sim/costmodels/profiles/vidur/a100-llama-2-70b-tp2.json: token operators from mlp.csv,
 prefill and decode FlashAttention from attention.csv); `monotone: false` (the default here)
 reproduces the published medians exactly. The script then runs the profiler's own fitting half:
 
@@ -257,7 +257,7 @@ BINS = {  # feature -> bin edges (right-closed)
 
 def feature_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """The features residuals are inspected against (from the CSV's derived columns)."""
-    from cbsim.profiler.features import parse_prefill
+    from cbsim.sim.costmodels.features import parse_prefill
 
     tokens = frame["num_tokens"].astype(int)
     ndec = frame["num_decode"].astype(int)
@@ -303,7 +303,7 @@ def misfits(frame: pd.DataFrame, rel: np.ndarray, min_rows: int = 5, top: int = 
 def variant_matrix(cols: dict, frame: pd.DataFrame, knots, tile, variant: str, token_ops=None) -> np.ndarray:
     """A copy of the fit's design matrix (knots and tile as fitted), changed as `variant` says
     (see VARIANTS)."""
-    from cbsim.profiler.features import LINEAR_FEATURES, design_matrix
+    from cbsim.sim.costmodels.features import LINEAR_FEATURES, design_matrix
 
     x, names = design_matrix(cols, knots, None if "notile" in variant else tile)
     tokens, extra = cols["tokens"], []
@@ -390,7 +390,7 @@ def verdict(heldout: dict, found: list[dict]) -> tuple[bool, str]:
 def measure(out: Path, spec: Size, seed: int, noise: float, monotone: bool, budgets=DEFAULT_BUDGETS,
             probes: bool = True):
     """Steps 1-2: the batch shapes and their published times -> (measurements.csv, vidur model, counts)."""
-    from cbsim.profiler.costmodels.vidur import PROFILE_DIR, VidurCostModel
+    from cbsim.sim.costmodels.vidur import PROFILE_DIR, VidurCostModel
     from cbsim.profiler.grid import run_order
 
     rng = np.random.default_rng(seed)

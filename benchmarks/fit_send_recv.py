@@ -3,7 +3,7 @@
 Reads shared/data/vidur/data/profiling/network/<node>/send_recv.csv (microsoft/vidur 7d47513, MIT):
 medians of a send/recv between two GPUs, `devices_per_node` 2 (one node) or 1 (two nodes). Relative
 least squares (minimise sum ((base + S / B) / t - 1)^2), printed with the |error| median and p90;
-profiler/costmodels/pipeline.py P2P_FIT holds the one-node results. Usage:
+sim/costmodels/pipeline.py P2P_FIT holds the one-node results. Usage:
     CBSIM_DATA=/work/shared/data python benchmarks/fit_send_recv.py
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ def one_run(experiment: str, out: str) -> dict:
         marks.append((time.perf_counter(), time.process_time()))
         out_times[name] = (marks[-1][0] - marks[-2][0], marks[-1][1] - marks[-2][1])
 
-    import cbsim.cli  # noqa: F401
+    import cbsim.cli.app  # noqa: F401
     mark("import")
     from pathlib import Path
 

@@ -25,16 +25,16 @@
    replica, roofline on the same GPU and TP, engine trtllm, sarathi 8,192 tokens / 2,048 sequences,
    KV fraction 0.95 (as benchmarks/validate_trtllm_fp8.py).
 Run: python benchmarks/validate_moe.py [quick] [mean]   (cost_model.moe_routing: random by default, the
-expected load of uniform random routing, profiler/costmodels/routing.py; mean: every expert at the mean)
+expected load of uniform random routing, sim/costmodels/routing.py; mean: every expert at the mean)
 """
 from __future__ import annotations
 
 import sys
 import time
 
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.costmodels.collectives import alltoall_seconds
-from cbsim.profiler.specs import GiB, model_spec
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.collectives import alltoall_seconds
+from cbsim.sim.costmodels.catalog.specs import GiB, model_spec
 from validate_trtllm_fp8 import offline_throughput  # the shared trtllm-bench setup (same folder)
 
 # H800 SXM: H100 silicon with NVLink cut to 400 GB/s (200 GB/s one way; DeepEP: "~160 GB/s NVLink maximum

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbsim.api import run_experiment
-from cbsim.profiler.specs import GiB
+from cbsim.sim.costmodels.catalog.specs import GiB
 
 GIST = "gist.github.com/surajssd/"
 SUBSTRATUS = "substratus.ai/blog/benchmarking-llama-3.1-70b-on-l4"

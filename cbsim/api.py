@@ -17,13 +17,13 @@ import pandas as pd
 import yaml
 
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model as load
-from cbsim.profiler.costmodels.registry import engine_of
-from cbsim.profiler.kv_window import cache_window
-from cbsim.profiler.specs import DEFAULT_MODEL, model_spec
+from cbsim.sim.costmodels import load_cost_model as load
+from cbsim.sim.costmodels.registry import engine_of
+from cbsim.sim.kv.window import cache_window
+from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
 from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics.bench_result import bench_result
 from cbsim.sim.metrics.client_view import client_view, frontend_delays, shift_arrivals
 from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
@@ -37,10 +37,10 @@ from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
 from cbsim.workloads import build_run, parse_workload
 
-from .config import ExperimentConfig, load_config
-from .errors import ConfigError
-from .pools import pool_config
-from .replica_gpus import kv_bytes_per_gpu, num_gpus, replica_kv_blocks
+from cbsim.config import ExperimentConfig, load_config
+from cbsim.core.errors import ConfigError
+from cbsim.pools import pool_config
+from cbsim.replica_gpus import kv_bytes_per_gpu, num_gpus, replica_kv_blocks
 
 
 @dataclass

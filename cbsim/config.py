@@ -15,14 +15,14 @@ import yaml
 
 from cbsim.server import apply_server
 
-from .errors import ConfigError
-from .policies import make_policy
-from .profiler.costmodels import load_cost_model
-from .profiler.specs import DEFAULT_MODEL, model_spec
-from .schema import option, parse, require
-from .sim.metrics import MetricsConfig
-from .workloads import parse_workload
-from .workloads.config import check_lengths
+from cbsim.core.errors import ConfigError
+from cbsim.policies import make_policy
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
+from cbsim.core.schema import option, parse, require
+from cbsim.sim.metrics import MetricsConfig
+from cbsim.workloads import parse_workload
+from cbsim.workloads.config import check_lengths
 
 MAX_REPLICAS = 4096  # replicas per cluster or pool: more is surely a typo (and a slow run)
 MAX_BLOCKS = 1 << 31  # KV blocks per replica
@@ -85,7 +85,7 @@ class PoolConfig:
 
 @dataclass
 class LinkConfig:
-    """How KV moves from a prefill replica to a decode replica (see sim/kv_link.py, sim/pd.py)."""
+    """How KV moves from a prefill replica to a decode replica (see sim/kv/link.py, sim/pd.py)."""
 
     mode: Literal["p2p", "pool"] = option("p2p", help="p2p: one hop over the prefill replica's link, once the "
                                           "decode side has reserved room; pool: a hop into a shared KV store "

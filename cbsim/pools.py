@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .config import ExperimentConfig, pool_cost_model, pool_policy
+from cbsim.config import ExperimentConfig, pool_cost_model, pool_policy
 
 
 def pool_config(cfg: ExperimentConfig, pool: str) -> ExperimentConfig:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import build_replica_parts, step_noise
-from .config import ExperimentConfig
-from .errors import ConfigError
-from .pools import pool_config
-from .replica_gpus import kv_bytes_per_gpu
-from .sim.durations import check_step, check_transfer
-from .sim.shape import StepShape
-from .workloads import build_workload, parse_workload
+from cbsim.api import build_replica_parts, step_noise
+from cbsim.config import ExperimentConfig
+from cbsim.core.errors import ConfigError
+from cbsim.pools import pool_config
+from cbsim.replica_gpus import kv_bytes_per_gpu
+from cbsim.sim.durations import check_step, check_transfer
+from cbsim.sim.shape import StepShape
+from cbsim.workloads import build_workload, parse_workload
 
 
 def preflight(cfg: ExperimentConfig) -> dict[str, int] | None:

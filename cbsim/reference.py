@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig, OutputConfig,
+from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig, OutputConfig,
                      PoolConfig, PreemptionConfig, SimConfig)
-from .policies.registry import load_all
-from .profiler.costmodels import COST_MODELS, load_cost_model  # noqa: F401
-from .profiler.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
-from .schema import field_help
-from .sim.metrics import MetricsConfig, SLOConfig
-from .workloads import arrivals, lengths, prefixes, trace_source
-from .workloads.config import WorkloadConfig
+from cbsim.policies.registry import load_all
+from cbsim.sim.costmodels import COST_MODELS, load_cost_model  # noqa: F401
+from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
+from cbsim.core.schema import field_help
+from cbsim.sim.metrics import MetricsConfig, SLOConfig
+from cbsim.workloads import arrivals, lengths, prefixes, trace_source
+from cbsim.workloads.config import WorkloadConfig
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (cbsim schema) -->"
 END = "<!-- END GENERATED REFERENCE -->"

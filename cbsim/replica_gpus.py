@@ -10,11 +10,11 @@ With data-parallel attention (roofline `data_parallel`) a replica is one rank: i
 """
 from __future__ import annotations
 
-from .config import ExperimentConfig
-from .errors import ConfigError
-from .pools import pool_config
-from .profiler.costmodels import load_cost_model
-from .profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.config import ExperimentConfig
+from cbsim.core.errors import ConfigError
+from cbsim.pools import pool_config
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
 
 
 def _cost(cfg: ExperimentConfig, cost=None):

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.plan import StepPlan
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 
-from .batch import BatchBuilder, StepExtras
-from .encoder import EncoderConfig, encoder_reject_reason
-from .lora import LoraResidency, LoraResidencyConfig
-from .quotas import ArrivalGate, OverloadConfig, TenantQuotaConfig, check_quotas
+from cbsim.policies.batch import BatchBuilder, StepExtras
+from cbsim.policies.encoder import EncoderConfig, encoder_reject_reason
+from cbsim.policies.lora import LoraResidency, LoraResidencyConfig
+from cbsim.policies.quotas import ArrivalGate, OverloadConfig, TenantQuotaConfig, check_quotas
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ than state.step_cap while a running request decodes); vLLM V0's swapped queue (s
 no new prompt while a request is swapped out, no swap-in in a step that preempts); P/D backpressure
 (state.admit_paused: no admission on a prefill replica while the transfer queue is over its limit).
 
-Sliding window (state.kv.window, sim/kv_cache.py): a request's target is kv.held_for its step, which
+Sliding window (state.kv.window, sim/kv/cache.py): a request's target is kv.held_for its step, which
 may be below what it holds (blocks that left the window are freed before the step's new ones are
 allocated, as vLLM's allocate_slots does): the difference returns to `free` for the requests after
 it in the plan. Decodes then take schedule_running's path (`_schedule_windowed_decodes`), so the
@@ -52,8 +52,8 @@ from cbsim.sim.request import Request, Status
 from cbsim.sim.shape import StepShape
 from cbsim.sim.state import SchedulerState
 
-from .encoder import EncoderConfig, EncoderStep
-from .lora import LoraResidency, LoraSlots
+from cbsim.policies.encoder import EncoderConfig, EncoderStep
+from cbsim.policies.lora import LoraResidency, LoraSlots
 
 
 @dataclass

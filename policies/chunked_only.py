@@ -37,14 +37,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice, takewhile
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
 
-from .base import Budgets, Policy
-from .batch import BatchBuilder
-from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
-from .helpers import admit_prefills, continue_prefills, fill_decodes, is_decode
-from .registry import register
+from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.batch import BatchBuilder
+from cbsim.policies.fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
+from cbsim.policies.helpers import admit_prefills, continue_prefills, fill_decodes, is_decode
+from cbsim.policies.registry import register
 
 
 @dataclass

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.request import Request, Status
 
 

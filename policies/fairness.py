@@ -62,12 +62,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Literal
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.plan import StepPlan
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 
-from .batch import BatchBuilder
+from cbsim.policies.batch import BatchBuilder
 
 FAIR_ORDERS = ("fcfs", "fair")
 REFILL_TOLERANCE = 1e-9  # a bucket refilled to a prompt's size by float arithmetic passes it (no 1e-16 s waits)

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 
-from .batch import BatchBuilder
+from cbsim.policies.batch import BatchBuilder
 
 
 def is_decode(req: Request) -> bool:

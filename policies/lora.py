@@ -34,9 +34,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-from cbsim.errors import ConfigError
-from cbsim.profiler.specs import model_spec
-from cbsim.schema import option, require
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
 
 TargetModule = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

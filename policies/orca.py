@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cbsim.schema import option
+from cbsim.core.schema import option
 
-from .base import Budgets, Policy
-from .helpers import admit_prefills, fill_decodes
-from .registry import register
+from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.helpers import admit_prefills, fill_decodes
+from cbsim.policies.registry import register
 
 
 @dataclass

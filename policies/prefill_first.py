@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 
-from .base import Budgets, Policy
-from .batch import BatchBuilder
-from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
-from .helpers import (DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, is_decode,
+from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.batch import BatchBuilder
+from cbsim.policies.fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
+from cbsim.policies.helpers import (DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, is_decode,
                       make_dynamic)
-from .registry import register
+from cbsim.policies.registry import register
 
 
 @dataclass

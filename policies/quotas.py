@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.admission import REASON_PREFIX
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState

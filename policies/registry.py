@@ -1,7 +1,7 @@
 """Policies by name: one decorator, `@register("sarathi")`, on a class with a nested `Config`.
 
 Adding a policy touches one file: the class, its Config dataclass (fields made with
-cbsim.schema.option, each with help text) and the decorator. `make_policy(mapping)` builds one
+cbsim.core.schema.option, each with help text) and the decorator. `make_policy(mapping)` builds one
 from the experiment's `policy:` mapping; `policy_help()` lists them all for `cbsim policies`.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from cbsim.errors import ConfigError
-from cbsim.registry import Registry
-from cbsim.schema import field_help, parse
+from cbsim.core.errors import ConfigError
+from cbsim.core.registry import Registry
+from cbsim.core.schema import field_help, parse
 
 POLICIES = Registry("policy", "name")
 register = POLICIES.register

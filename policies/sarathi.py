@@ -40,13 +40,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 
-from .base import Budgets, Policy, SteadyAdmission
-from .fairness import FairConfig, bucket_reject_reason, make_fair
-from .helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
+from cbsim.policies.base import Budgets, Policy, SteadyAdmission
+from cbsim.policies.fairness import FairConfig, bucket_reject_reason, make_fair
+from cbsim.policies.helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
                       fill_decodes, make_dynamic)
-from .registry import register
+from cbsim.policies.registry import register
 
 LONG_PREFILL_FRACTION = 0.04  # vLLM SchedulerConfig: threshold = 4 % of max_model_len when unset
 

@@ -55,16 +55,16 @@ from typing import Literal
 
 import numpy as np
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 from cbsim.workloads.prefixes import block_hash
 
-from .base import Budgets, Policy
-from .batch import BatchBuilder
-from .fairness import FairQueue, check_weights, urgent_first
-from .helpers import DynamicChunkConfig, fill_decodes, is_decode, make_dynamic
-from .registry import register
+from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.batch import BatchBuilder
+from cbsim.policies.fairness import FairQueue, check_weights, urgent_first
+from cbsim.policies.helpers import DynamicChunkConfig, fill_decodes, is_decode, make_dynamic
+from cbsim.policies.registry import register
 
 ORDERS = ("fcfs", "lpm", "dfs_weight", "lof", "random", "priority", "routing_key", "sjf", "edf", "fair")
 CACHE_AWARE = ("lpm", "dfs_weight")

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 
-from .base import Budgets, Policy, SteadyAdmission
-from .fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
-from .helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, make_dynamic
-from .registry import register
+from cbsim.policies.base import Budgets, Policy, SteadyAdmission
+from cbsim.policies.fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
+from cbsim.policies.helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, make_dynamic
+from cbsim.policies.registry import register
 
 
 @dataclass

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbsim.schema import option
+from cbsim.core.schema import option
 
-from .base import Budgets, Policy
-from .helpers import admit_prefills
-from .registry import register
+from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.helpers import admit_prefills
+from cbsim.policies.registry import register
 
 
 @dataclass

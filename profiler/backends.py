@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from .layer import LayerShape, build_layout, random_cache, softmax_scale
+from cbsim.profiler.layer import LayerShape, build_layout, random_cache, softmax_scale
 
 
 class AttentionBackend:

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from .costmodels.fitted import FittedCostModel
-from .costmodels.vidur import VidurCostModel
-from .features import shape_of
-from .measurement_csv import load_measurements, valid_rows
+from cbsim.sim.costmodels.fitted import FittedCostModel
+from cbsim.sim.costmodels.vidur import VidurCostModel
+from cbsim.sim.costmodels.features import shape_of
+from cbsim.profiler.measurement_csv import load_measurements, valid_rows
 
 CLASS_ORDER = ("decode", "prefill", "mixed", "long")
 

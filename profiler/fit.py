@@ -37,13 +37,14 @@ import pandas as pd
 from scipy.optimize import nnls
 
 import cbsim
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from .costcheck import error_table
-from .costmodels.allreduce import analytic_spec, table_spec
-from .features import (LINEAR_FEATURES, choose_knots, design_matrix, padded_segments, padded_token_column,
+from cbsim.profiler.costcheck import error_table
+from cbsim.sim.costmodels.allreduce import analytic_spec, table_spec
+from cbsim.sim.costmodels.vidur import PROFILE_DIR as VIDUR_PROFILES
+from cbsim.sim.costmodels.features import (LINEAR_FEATURES, choose_knots, design_matrix, padded_segments, padded_token_column,
                        table_aggregates)
-from .measurement_csv import REQUIRED_COLUMNS, load_measurements, valid_rows  # noqa: F401 (fit.load_measurements)
+from cbsim.profiler.measurement_csv import REQUIRED_COLUMNS, load_measurements, valid_rows  # noqa: F401 (fit.load_measurements)
 
 DERIVED_CHECKS = {  # CSV column -> recomputed feature
     "num_tokens": "tokens", "attn_pairs": "pairs", "prefill_kv_read": "prefill_kv",
@@ -295,7 +296,7 @@ def _allreduce(tp, metadata, hidden, gpu, network, bandwidth, latency):
             raise ConfigError("allreduce_bandwidth", "a bus bandwidth in bytes/s for the analytic all-reduce", None)
         return analytic_spec(tp, int(hidden), bandwidth, latency)
     node = network or _default_node(gpu, tp)
-    path = Path(__file__).resolve().parent / "profiles" / "vidur" / "network" / f"{node}.json"
+    path = VIDUR_PROFILES / "network" / f"{node}.json"
     if not path.exists():
         raise ConfigError("network", "a shipped network table (a100_dgx, a100_pairwise_nvlink, h100_dgx, "
                           "h100_pairwise_nvlink) or 'analytic' with a bandwidth", node)

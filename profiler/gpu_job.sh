@@ -66,7 +66,7 @@ import torch  # noqa: E402
 from cbsim.profiler.grid import named_grid, random_batches, write_batches  # noqa: E402
 from cbsim.profiler.layer import layer_shape  # noqa: E402
 from cbsim.profiler.run import ProfileConfig, estimate_seconds, plan_batches, run_profile  # noqa: E402
-from cbsim.schema import parse  # noqa: E402
+from cbsim.core.schema import parse  # noqa: E402
 
 device, model, grid, backend, replicas, seconds, heldout, out = sys.argv[1:]
 cpu = device == "cpu"

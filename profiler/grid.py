@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .grid import Batch, make_batch, named_grid, write_batches
-from .measurements import batch_class
+from cbsim.profiler.grid import Batch, make_batch, named_grid, write_batches
+from cbsim.profiler.measurements import batch_class
 
 POLICIES = (
     ("sarathi-512", {"name": "sarathi", "token_budget": 512, "max_num_seqs": 256}),

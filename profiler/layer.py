@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 REQUIRED_COLUMNS = ("batch_id", "cls", "source", "prefill", "decode", "layer_s_median")
 

@@ -24,15 +24,15 @@ from typing import Literal
 import numpy as np
 import torch
 
-from cbsim.errors import ConfigError
-from cbsim.schema import option, require
+from cbsim.core.errors import ConfigError
+from cbsim.core.schema import option, require
 
-from .backends import BackendMismatch, check_backend, make_backend
-from .grid import Batch, named_grid, read_batches, run_order
-from .layer import (batch_lengths, build_layout, decoder_layer, layer_bytes, layer_flops, layer_shape,
+from cbsim.profiler.backends import BackendMismatch, check_backend, make_backend
+from cbsim.profiler.grid import Batch, named_grid, read_batches, run_order
+from cbsim.profiler.layer import (batch_lengths, build_layout, decoder_layer, layer_bytes, layer_flops, layer_shape,
                     lm_head, pages_needed, random_cache, random_lm_head, random_weights, rope_table)
-from .measurements import COLUMNS, CsvAppender, git_revision, measurement_row, write_json
-from .timing import (beyond_ceilings, capture_graph, measure_ceilings, sample_calls, summarize,
+from cbsim.profiler.measurements import COLUMNS, CsvAppender, git_revision, measurement_row, write_json
+from cbsim.profiler.timing import (beyond_ceilings, capture_graph, measure_ceilings, sample_calls, summarize,
                      time_plan)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

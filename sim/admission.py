@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .cost import CostModel
-from .request import Request
-from .shape import StepShape
+from cbsim.sim.cost import CostModel
+from cbsim.sim.request import Request
+from cbsim.sim.shape import StepShape
 
 REASON_PREFIX = "admission:"
 

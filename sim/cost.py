@@ -1,4 +1,4 @@
-"""The cost-model interface the event loop calls; implementations live in cbsim.profiler.costmodels.
+"""The cost-model interface the event loop calls; implementations live in cbsim.sim.costmodels.
 
 The simulator only ever asks "how long does a step of this shape take". `decode_run_times` is
 the fast path for a run of pure-decode steps in which every context grows by one token per step;
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .shape import StepShape
+from cbsim.sim.shape import StepShape
 
 
 class CostModel:

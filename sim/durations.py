@@ -17,7 +17,7 @@ here are called only when it fails, to find the culprit and word the error.
 """
 from __future__ import annotations
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 CLOCK_LIMIT = 2.0 ** 32  # seconds; see the module docstring
 

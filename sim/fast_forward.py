@@ -19,7 +19,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from .durations import CLOCK_LIMIT, check_run
+from cbsim.sim.durations import CLOCK_LIMIT, check_run
 
 SCALAR_RUN = 64  # decode runs bounded by this many steps are fast-forwarded in plain Python, not numpy
 

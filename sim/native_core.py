@@ -33,7 +33,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from . import prompt_run
+from cbsim.sim import prompt_run
 
 NATIVE = "_prompt_run_native"  # the compiled copy's module name, in this package
 SOURCE = Path(prompt_run.__file__)

@@ -17,7 +17,7 @@ Life of a request (DistServe, Mooncake, vLLM's disaggregated prefill):
    pool: a first hop (prefill replica -> shared store) submitted right after the prefill. Its end
    frees the prefill side. The request then waits for decode room in the store, and a second hop
    (store -> decode replica, over that replica's link) is submitted at the reservation.
-   Each link is FIFO with `lanes` lanes (sim/kv_link.py): a hop takes latency + bytes / bandwidth
+   Each link is FIFO with `lanes` lanes (sim/kv/link.py): a hop takes latency + bytes / bandwidth
    plus its wait for a lane.
 5. Landing: at the end of the last hop, the prefill side is freed (p2p). The reserved room becomes
    the request's own blocks on the decode replica. The request joins the head of that replica's
@@ -48,7 +48,7 @@ needs to start before the next arrival), the run must end before it. Prefill rep
 decode steps and step one by one. tests/test_pd.py checks that runs equal stepping, bit for bit.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
-sim/prefix_cache.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated
+sim/kv/prefix.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated
 prefill with a KV connector and Mooncake:
 - Prefill side: an admission hits the replica's cache like a colocated one, so the prefill
   computes only prompt - hit tokens. The request holds its prompt's nodes (hit and published)
@@ -78,17 +78,17 @@ from typing import Callable, Literal, Sequence
 
 import simpy
 
-from .clock import UrgentTimeout, delay_to
-from .cost import CostModel
-from .kv_cache import KVCache
-from .kv_link import KVLink, Transfer
-from .metrics.recorder import Recorder
-from .pipeline import make_replica
-from .replica import Replica, ReplicaSettings
-from .request import Request, Status
-from .roles import Decode, Prefill
-from .router import outstanding_tokens
-from .simulation import ArrivalFeed, run_cluster
+from cbsim.sim.clock import UrgentTimeout, delay_to
+from cbsim.sim.cost import CostModel
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.kv.link import KVLink, Transfer
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.pipeline import make_replica
+from cbsim.sim.replica import Replica, ReplicaSettings
+from cbsim.sim.request import Request, Status
+from cbsim.sim.roles import Decode, Prefill
+from cbsim.sim.router import outstanding_tokens
+from cbsim.sim.simulation import ArrivalFeed, run_cluster
 
 
 @dataclass(frozen=True)

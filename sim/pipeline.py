@@ -56,12 +56,12 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from . import step_apply
-from .clock import delay_to
-from .replica import Replica, SchedulerStuck
-from .request import Status
+from cbsim.sim import step_apply
+from cbsim.sim.clock import delay_to
+from cbsim.sim.replica import Replica, SchedulerStuck
+from cbsim.sim.request import Status
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ complete it), closes its token run and goes back to the waiting queue. How it ge
 the strategy, chosen once when the replica is built (`make_recovery`, from preemption_mode):
 
 - Recompute: free its blocks; it prefills every computed token again when readmitted.
-- Swap: copy its blocks to host memory over the replica's host link (sim/kv_link.py) and back in
+- Swap: copy its blocks to host memory over the replica's host link (sim/kv/link.py) and back in
   when readmitted; a victim that does not fit in the host swap space (swap_space) recomputes, as
   vLLM V0 would abort.
 - Auto: per victim, the faster of the two by this run's cost model.
@@ -19,8 +19,8 @@ mode, recomputed tokens, swapped bytes).
 """
 from __future__ import annotations
 
-from .request import Request, Status
-from .shape import StepShape
+from cbsim.sim.request import Request, Status
+from cbsim.sim.shape import StepShape
 
 
 class Recompute:

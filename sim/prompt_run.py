@@ -36,10 +36,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .durations import CLOCK_LIMIT, check_run
-from .fast_forward import next_deadline
-from .request import Request, Status
-from .run_rows import RunRows
+from cbsim.sim.durations import CLOCK_LIMIT, check_run
+from cbsim.sim.fast_forward import next_deadline
+from cbsim.sim.request import Request, Status
+from cbsim.sim.run_rows import RunRows
 
 _LEAVE, _BOUND = "leave", "bound"  # why a segment of decode-only steps ended (_SteadySteps._decode_segment)
 

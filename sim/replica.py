@@ -22,21 +22,21 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from . import native_core, step_apply  # native_core: prompt runs, compiled where a user built them
-from .admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead, queue_full_reason
-from .clock import delay_to
-from .cost import CostModel
-from .durations import CLOCK_LIMIT, check_step
-from .fast_forward import cut_run, decode_run, may_leap
-from .kv_cache import KVCache
-from .kv_link import KVLink
-from .metrics.recorder import Recorder
-from .plan import StepPlan
-from .preemption import make_recovery
-from .request import Request, Status
-from .roles import Colocated
-from .shape import StepShape
-from .state import SchedulerState, Victim
+from cbsim.sim import native_core, step_apply  # native_core: prompt runs, compiled where a user built them
+from cbsim.sim.admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahead, queue_full_reason
+from cbsim.sim.clock import delay_to
+from cbsim.sim.cost import CostModel
+from cbsim.sim.durations import CLOCK_LIMIT, check_step
+from cbsim.sim.fast_forward import cut_run, decode_run, may_leap
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.kv.link import KVLink
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.plan import StepPlan
+from cbsim.sim.preemption import make_recovery
+from cbsim.sim.request import Request, Status
+from cbsim.sim.roles import Colocated
+from cbsim.sim.shape import StepShape
+from cbsim.sim.state import SchedulerState, Victim
 
 
 class SchedulerStuck(RuntimeError):

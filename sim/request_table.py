@@ -27,7 +27,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .request import Request, Status
+from cbsim.sim.request import Request, Status
 
 INPUTS = {"id": np.int64, "arrival": np.float64, "prompt_len": np.int64, "output_len": np.int64,
           "priority": np.int64}

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .clock import delay_to
-from .request import Request, Status
+from cbsim.sim.clock import delay_to
+from cbsim.sim.request import Request, Status
 
 
 class Colocated:

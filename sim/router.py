@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .request import Request
+from cbsim.sim.request import Request
 
 
 def outstanding_tokens(replica) -> int:

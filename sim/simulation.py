@@ -14,15 +14,15 @@ from typing import Callable, Sequence
 
 import simpy
 
-from .clock import UrgentTimeout, delay_to
-from .cost import CostModel
-from .kv_cache import KVCache
-from .metrics.recorder import Recorder
-from .pipeline import make_replica
-from .replica import Replica, ReplicaSettings
-from .request import Request
-from .request_table import RequestTable
-from .router import ROUTERS
+from cbsim.sim.clock import UrgentTimeout, delay_to
+from cbsim.sim.cost import CostModel
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.pipeline import make_replica
+from cbsim.sim.replica import Replica, ReplicaSettings
+from cbsim.sim.request import Request
+from cbsim.sim.request_table import RequestTable
+from cbsim.sim.router import ROUTERS
 
 
 class ArrivalFeed:

@@ -9,10 +9,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from .admission import DecodeReserve
-from .kv_cache import KVCache
-from .request import Request
-from .shape import StepShape
+from cbsim.sim.admission import DecodeReserve
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.request import Request
+from cbsim.sim.shape import StepShape
 
 
 Victim = Literal["last_admitted", "lowest_priority", "shortest_remaining", "lowest_cache_value"]  # policies/batch.py

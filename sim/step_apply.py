@@ -9,7 +9,7 @@ same result as committing its steps one by one.
 Invariants: a plan entry whose request changed epoch since planning (preempted in between) is
 ignored; a request's KV blocks never shrink while it runs, except with a sliding window
 (kv.window): then `begin` sets every scheduled request's units to the plan's, in plan order, so
-blocks that left the window are freed (sim/kv_cache.py KVCache.resize); every finished request
+blocks that left the window are freed (sim/kv/cache.py KVCache.resize); every finished request
 leaves the running set, its KV freed, at the end of the step that produced its last token (or,
 with hold_finished, when the whole batch is done).
 """
@@ -20,8 +20,8 @@ from itertools import islice
 
 import numpy as np
 
-from .request import Request, Status
-from .shape import StepShape
+from cbsim.sim.request import Request, Status
+from cbsim.sim.shape import StepShape
 
 
 # -- begin: what the step holds while it runs ---------------------------------------------

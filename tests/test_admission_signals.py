@@ -6,11 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cbsim.api import run_experiment
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies.batch import BatchBuilder
-from cbsim.profiler.costmodels import load_cost_model
+from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.admission import DecodeReserve
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
 

@@ -1,6 +1,6 @@
 """BatchBuilder.schedule_decodes: the decode pass hands the prefill pass only what it did not take."""
 from cbsim.policies.batch import BatchBuilder
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cbsim.api import run_experiment
-from cbsim.measured import load_measured, simulated_metrics
+from cbsim.tools.compare.measured import load_measured, simulated_metrics
 from cbsim.sim.metrics.bench_result import bench_result, percentile_word
 
 EXPERIMENT = {

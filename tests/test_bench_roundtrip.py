@@ -11,9 +11,9 @@ import yaml
 from typer.testing import CliRunner
 
 from cbsim.api import run_experiment
-from cbsim.cli import app
-from cbsim.compare import compare
-from cbsim.measured import METRICS, load_measured, simulated_metrics
+from cbsim.cli.app import app
+from cbsim.tools.compare.compare import compare
+from cbsim.tools.compare.measured import METRICS, load_measured, simulated_metrics
 
 EXPERIMENT = {
     "name": "bench_rt", "seed": 5, "model": "llama-3-8b",

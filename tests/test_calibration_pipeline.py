@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cbsim.api import run_experiment
-from cbsim.cli import app
+from cbsim.cli.app import app
 
 pytest.importorskip("torch")
 runner = CliRunner()

@@ -7,7 +7,7 @@ is listed (it would merge repeated decode steps into one plan), and compared wit
 import pytest
 from hypothesis import given, settings
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.sim.request import Status
 
@@ -110,8 +110,8 @@ class Counting:
 
 
 def run_counted(specs, fast_forward, **policy):
-    from cbsim.profiler.costmodels import load_cost_model
-    from cbsim.sim.kv_cache import KVCache
+    from cbsim.sim.costmodels import load_cost_model
+    from cbsim.sim.kv.cache import KVCache
     from cbsim.sim.replica import ReplicaSettings
     from cbsim.sim.simulation import simulate
 
@@ -173,8 +173,8 @@ class Turns:
 @settings(max_examples=120)
 @given(WORKLOADS, ENGINE)
 def test_steps_never_mix_and_prefill_steps_follow_each_other_only_without_decodes(specs, engine):
-    from cbsim.profiler.costmodels import load_cost_model
-    from cbsim.sim.kv_cache import KVCache
+    from cbsim.sim.costmodels import load_cost_model
+    from cbsim.sim.kv.cache import KVCache
     from cbsim.sim.replica import ReplicaSettings
     from cbsim.sim.simulation import simulate
 

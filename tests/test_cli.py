@@ -6,12 +6,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cbsim.cli import app
+from cbsim.cli.app import app
 from cbsim.reference import embed
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-PROFILES = ROOT / "profiler" / "profiles"
+PROFILES = ROOT / "sim" / "costmodels" / "profiles"
 
 TINY = {
     "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
@@ -122,7 +122,7 @@ def test_shipped_experiments_validate(path):
 
 
 def test_printed_summary_shows_units():
-    from cbsim.cli import summary_text
+    from cbsim.cli.app import summary_text
 
     assert summary_text("ttft_p50", 0.06934) == "69.34 ms" and summary_text("makespan", 73.13) == "73.13 s"
     assert summary_text("throughput_tokens_per_s", 1976.0) == "1976 tokens/s"
@@ -133,7 +133,7 @@ def test_printed_summary_shows_units():
 
 
 def test_run_prints_what_it_resolved(tmp_path):
-    from cbsim.cli import resolved_line
+    from cbsim.cli.app import resolved_line
     from cbsim.config import load_config
 
     cfg = load_config("experiments/quickstart.yaml")

@@ -8,10 +8,10 @@ import pytest
 from factories import make_requests
 
 from cbsim.api import run_experiment
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Status
 from cbsim.sim.simulation import simulate

@@ -10,10 +10,10 @@ import yaml
 from typer.testing import CliRunner
 
 from cbsim.api import run_experiment
-from cbsim.cli import app
-from cbsim.compare import compare, measured_workload
-from cbsim.errors import ConfigError
-from cbsim.measured import METRICS, MeasuredRun, load_measured, simulated_metrics
+from cbsim.cli.app import app
+from cbsim.tools.compare.compare import compare, measured_workload
+from cbsim.core.errors import ConfigError
+from cbsim.tools.compare.measured import METRICS, MeasuredRun, load_measured, simulated_metrics
 
 DATA = Path(__file__).resolve().parent / "data" / "measured"
 runner = CliRunner()

@@ -5,16 +5,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.catalog.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
 from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 
 LLAMA3_8B = model_spec("llama-3-8b")
 LLAMA2_70B = model_spec("llama-2-70b")
 TINY = model_spec("tiny")
-PROFILES = Path(__file__).resolve().parents[1] / "profiler" / "profiles"
+PROFILES = Path(__file__).resolve().parents[1] / "sim" / "costmodels" / "profiles"
 
 
 def decode(*contexts):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.workloads import build_run, parse_workload, sample_arrivals
 from cbsim.workloads.arrivals import Stage, StagesArrival
 from cbsim.workloads.tokens import APPROXIMATION, token_counter

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.workloads import build_run, parse_workload
 
 CSV = 'arrival_s,prompt_len,output_len,mm_inputs\n0.0,1000,10,"[[10, 576]]"\n0.5,300,10,\n1.0,2000,10,5:576 700:576\n'

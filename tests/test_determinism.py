@@ -35,7 +35,7 @@ def test_another_seed_differs(tmp_path):
 def test_cost_noise_is_seeded_and_needs_residuals(tmp_path):
     import pytest
 
-    from cbsim.errors import ConfigError
+    from cbsim.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="sim.cost_noise"):
         run_experiment({**CONFIG, "sim": {"cost_noise": True}})

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.policies.encoder import vit_seconds_per_token
 from cbsim.sim.request import Request, Status
@@ -36,8 +36,8 @@ class Snapshots:
 
 
 def run_snapshots(policy: dict, reqs, **kw):
-    from cbsim.profiler.costmodels import load_cost_model
-    from cbsim.sim.kv_cache import KVCache
+    from cbsim.sim.costmodels import load_cost_model
+    from cbsim.sim.kv.cache import KVCache
     from cbsim.sim.replica import ReplicaSettings
     from cbsim.sim.simulation import simulate
     wrapped = []

@@ -11,12 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from cbsim.api import load_cost_model, run_experiment
-from cbsim.calibrate import calibrate_steps, kernel_rows, predict
-from cbsim.cli import app
-from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels.engine import Engine, EngineTerms, load_engine, preset_names
-from cbsim.profiler.splitwise import read_splitwise
-from cbsim.profiler.step_table import MeasuredStep
+from cbsim.tools.calibrate.steps import calibrate_steps, kernel_rows, predict
+from cbsim.cli.app import app
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels.engine import Engine, EngineTerms, load_engine, preset_names
+from cbsim.profiler.converters.splitwise import read_splitwise
+from cbsim.profiler.converters.step_table import MeasuredStep
 from cbsim.sim.shape import StepShape
 
 ROOFLINE = {"type": "roofline", "gpu": "a100", "tp": 2}
@@ -191,9 +191,9 @@ def one_measured_step():
 
 
 def test_calibrate_serving_recovers_host_terms(tmp_path):
-    from cbsim.calibrate_serving import calibrate_serving, case_errors, simulate_metrics
+    from cbsim.tools.calibrate.serving import calibrate_serving, case_errors, simulate_metrics
     from cbsim.config import load_config
-    from cbsim.measured import MeasuredRun
+    from cbsim.tools.compare.measured import MeasuredRun
 
     truth = {"host_per_step_s": 2e-3, "frontend_s": 0.03}
     cfg = load_config({**TINY, "cost_model": {**TINY["cost_model"], "engine": "none"}})

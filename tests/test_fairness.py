@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.policies.batch import BatchBuilder
 from cbsim.policies.fairness import FairQueue
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
 from cbsim.sim.metrics.tenant_metrics import jain_index, tenant_summary

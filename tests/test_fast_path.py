@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import cbsim.sim.fast_forward as fast_forward_module
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request
 from cbsim.sim.simulation import simulate

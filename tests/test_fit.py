@@ -16,15 +16,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbsim.errors import ConfigError
-from cbsim.profiler import features
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels import features
 from cbsim.profiler.costcheck import costcheck, error_table
-from cbsim.profiler.costmodels.fitted import FittedCostModel
-from cbsim.profiler.costmodels.engine import Engine, EngineTerms
-from cbsim.profiler.costmodels.curves import Curve
-from cbsim.profiler.costmodels.registry import load_cost_model
+from cbsim.sim.costmodels.fitted import FittedCostModel
+from cbsim.sim.costmodels.engine import Engine, EngineTerms
+from cbsim.sim.costmodels.curves import Curve
+from cbsim.sim.costmodels.registry import load_cost_model
 from cbsim.profiler.fit import fit_profile, load_measurements, parse_tiles, select_graph, write_profile
-from cbsim.profiler.fit_cli import register
+from cbsim.cli.fit import register
 from cbsim.sim.shape import StepShape
 
 # the true layer(x): g(T) piecewise linear with knots 0/64/512/2048, then the linear terms

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from cbsim.api import load_cost_model, run_experiment
-from cbsim.profiler.costmodels.vidur import PROFILE_DIR
-from cbsim.profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.vidur import PROFILE_DIR
+from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
 from cbsim.sim.shape import StepShape
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fit_on_published.py"
@@ -79,8 +79,8 @@ def test_heldout_and_in_sample_errors_are_small(tiny):
 
 
 def test_csv_is_in_the_profiler_format_and_holds_the_published_times(tiny):
-    from cbsim.profiler.costmodels.vidur import VidurCostModel
-    from cbsim.profiler.features import shape_of
+    from cbsim.sim.costmodels.vidur import VidurCostModel
+    from cbsim.sim.costmodels.features import shape_of
     from cbsim.profiler.measurements import COLUMNS
 
     report, _ = tiny
@@ -161,8 +161,8 @@ SHIPPED = "a100-llama-2-70b-tp2-published.json"
 
 
 def test_shipped_published_profile_is_this_benchmarks_fit(full):
-    """profiler/profiles/fitted/<SHIPPED> is `python benchmarks/fit_on_published.py`'s profile.json."""
-    shipped = json.loads((Path(fop.__file__).parents[1] / "profiler/profiles/fitted" / SHIPPED).read_text())
+    """sim/costmodels/profiles/fitted/<SHIPPED> is `python benchmarks/fit_on_published.py`'s profile.json."""
+    shipped = json.loads((Path(fop.__file__).parents[1] / "sim/costmodels/profiles/fitted" / SHIPPED).read_text())
     fresh = json.loads((full.out / "profile.json").read_text())
     for key in ("format", "tile", "knots", "coefficients", "lm_head", "allreduce", "validation"):
         assert close(shipped[key], fresh[key]), key

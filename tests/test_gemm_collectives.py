@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cbsim.profiler.costmodels import collectives
-from cbsim.profiler.costmodels.gemm_efficiency import FIT_ERROR, gemm_curve
-from cbsim.profiler.costmodels.registry import load_cost_model
-from cbsim.profiler.specs import gpu_spec, model_spec
+from cbsim.sim.costmodels import collectives
+from cbsim.sim.costmodels.gemm_efficiency import FIT_ERROR, gemm_curve
+from cbsim.sim.costmodels.registry import load_cost_model
+from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
 from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 
@@ -162,8 +162,8 @@ def test_roofline_charges_high_tp_its_collectives():
 def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():
     """allreduce.py's `nccl` kind (collectives.py) against the converted a100_dgx table it was fitted on."""
 
-    from cbsim.profiler.costmodels.allreduce import AllReduce, nccl_spec, table_spec
-    from cbsim.profiler.vidur_data import shipped_dir
+    from cbsim.sim.costmodels.allreduce import AllReduce, nccl_spec, table_spec
+    from cbsim.profiler.converters.vidur_data import shipped_dir
 
     network = json.loads((shipped_dir() / "network" / "a100_dgx.json").read_text())
     for tp in (2, 4, 8):
@@ -175,7 +175,7 @@ def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():
 
 
 def test_vidur_convert_defaults_to_the_dgx_tables():
-    from cbsim.profiler import vidur_data
+    from cbsim.profiler.converters import vidur_data
 
     assert [vidur_data.default_node("a100", tp) for tp in (2, 4, 8)] == ["a100_dgx"] * 3
     assert vidur_data.default_node("h100", 4) == "h100_dgx"
@@ -185,7 +185,7 @@ def test_vidur_convert_defaults_to_the_dgx_tables():
 
 @needs_data
 def test_shipped_tp2_profile_is_the_default_conversion():
-    from cbsim.profiler import vidur_data
+    from cbsim.profiler.converters import vidur_data
 
     fresh = json.loads(json.dumps(vidur_data.convert(DATA, "a100", "llama-2-70b", 2)))
     assert fresh == json.loads((vidur_data.shipped_dir() / "a100-llama-2-70b-tp2.json").read_text())

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from factories import assert_user_error
 
-from cbsim.cli import app
+from cbsim.cli.app import app
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
@@ -187,7 +187,7 @@ def test_09_bad_seed_max_time_shapes_and_replicas_are_named(override, key):
 
 @pytest.mark.parametrize("workers", ["0", "-1"])
 def test_09_sweep_workers_below_one_are_refused(tmp_path, workers):
-    from cbsim.sweep import run_sweep
+    from cbsim.tools.sweep.sweep import run_sweep
 
     sweep = write(tmp_path, {"base": TINY, "grid": {"policy.token_budget": [64]}}, "sweep.yaml")
     assert_user_error(cli("sweep", sweep, "--workers", workers, "--out", tmp_path / "o"), "--workers")
@@ -223,7 +223,7 @@ def test_11_unwritable_output_folder_fails_before_simulating(tmp_path, monkeypat
 def test_12_names_with_path_separators_or_dots_are_refused(tmp_path, name):
     assert_user_error(cli("validate", write(tmp_path, {**TINY, "name": name})), "exp.yaml", "name", "folder name")
     with pytest.raises(ConfigError, match="name"):
-        from cbsim.sweep import load_sweep
+        from cbsim.tools.sweep.sweep import load_sweep
 
         load_sweep({"base": TINY, "grid": {"policy.token_budget": [64]}, "name": name})
 
@@ -231,7 +231,7 @@ def test_12_names_with_path_separators_or_dots_are_refused(tmp_path, name):
 # Newcomer: the CLI finds traces in ../shared/data like reproduce.py and the notebooks
 
 def test_cli_finds_traces_beside_the_repository_without_cbsim_data(monkeypatch, tmp_path):
-    from cbsim import data
+    from cbsim.core import data
 
     monkeypatch.delenv("CBSIM_DATA", raising=False)
     found = data.data_dir()

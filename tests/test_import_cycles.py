@@ -58,7 +58,7 @@ def reaches(graph, start: str, goal: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("user,used", [("cbsim.capacity", "cbsim.api"), ("cbsim.profiler.fit", "cbsim.profiler.costcheck")])
+@pytest.mark.parametrize("user,used", [("cbsim.tools.sweep.capacity", "cbsim.api"), ("cbsim.profiler.fit", "cbsim.profiler.costcheck")])
 def test_no_cycle(graph, user, used):
     assert reaches(graph, user, used), f"{user} should use {used} (the test reads the graph wrongly otherwise)"
     assert not reaches(graph, used, user), f"{used} imports {user} back (directly or through others)"

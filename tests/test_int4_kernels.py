@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cbsim.cli import app
-from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
-from cbsim.profiler.hf_config import CATALOG_DIR, read_hf_config
-from cbsim.profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.cli.app import app
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
+from cbsim.sim.costmodels.catalog.hf_config import CATALOG_DIR, read_hf_config
+from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
 from cbsim.sim.shape import StepShape
 
 AWQ = Path(__file__).parent / "data" / "quantized" / "llama-3.1-8b-instruct-awq-int4"

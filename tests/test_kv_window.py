@@ -8,8 +8,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbsim.profiler.kv_window import bytes_held, kv_cache_tokens, max_concurrency, pages_held, pages_per_request
-from cbsim.profiler.specs import ModelSpec, model_spec
+from cbsim.sim.kv.window import bytes_held, kv_cache_tokens, max_concurrency, pages_held, pages_per_request
+from cbsim.sim.costmodels.catalog.specs import ModelSpec, model_spec
 
 MISTRAL, GEMMA, LLAMA = model_spec("mistral-7b"), model_spec("gemma-2-27b"), model_spec("llama-3.1-8b")
 

@@ -1,5 +1,5 @@
 """Sliding-window pages in the simulated cache (issue 11): a windowed model's requests hold what vLLM's
-hybrid KV cache manager holds (profiler/kv_window.py pages_held, in units of g layer-pages), checked
+hybrid KV cache manager holds (sim/kv/window.py pages_held, in units of g layer-pages), checked
 before every plan of random runs of every policy beside the usual budget invariants; a long-context
 workload runs a larger batch than with cluster.kv_cache.hybrid_kv_cache_manager: false; without a
 window nothing changes; prefix caching and P/D refuse a window."""
@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.api import run_experiment
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.kv_window import WindowPages, pages_held
-from cbsim.profiler.specs import ModelSpec, model_spec
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.window import WindowPages, pages_held
+from cbsim.sim.costmodels.catalog.specs import ModelSpec, model_spec
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request, Status
 from cbsim.sim.simulation import simulate

@@ -7,7 +7,7 @@ from factories import run_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.sim.request import Request, Status
 
@@ -74,7 +74,7 @@ from collections import OrderedDict  # noqa: E402
 from test_encoder_budget import POLICIES, run_snapshots  # noqa: E402
 
 from cbsim.policies.lora import adapter_bytes  # noqa: E402
-from cbsim.profiler.specs import model_spec  # noqa: E402
+from cbsim.sim.costmodels.catalog.specs import model_spec  # noqa: E402
 
 
 def one_at_a_time(adapters):

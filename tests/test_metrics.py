@@ -15,8 +15,8 @@ import numpy as np
 import pandas.testing as pd_testing
 import pytest
 
-from cbsim.errors import ConfigError
-from cbsim.schema import parse
+from cbsim.core.errors import ConfigError
+from cbsim.core.schema import parse
 from cbsim.sim.metrics import itl as itl_module
 from cbsim.sim.metrics import step_order
 from cbsim.sim.metrics.bucket_sort import split_points, stable_sort_by_value

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cbsim.cli import app
-from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.costmodels.gemm_efficiency import gemm_curve
-from cbsim.profiler.gpus import GPU_CATALOG, SOURCES
-from cbsim.profiler.hf_config import CATALOG_DIR, catalog_names, catalog_spec, read_hf_config
-from cbsim.profiler.specs import GPU_PRESETS, GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.cli.app import app
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.gemm_efficiency import gemm_curve
+from cbsim.sim.costmodels.catalog.gpus import GPU_CATALOG, SOURCES
+from cbsim.sim.costmodels.catalog.hf_config import CATALOG_DIR, catalog_names, catalog_spec, read_hf_config
+from cbsim.sim.costmodels.catalog.specs import GPU_PRESETS, GiB, gpu_spec, kv_cache_blocks, model_spec
 from cbsim.sim.shape import StepShape
 
 runner = CliRunner()
 KiB = 1024
 
 # name: (total parameters, active per token) as published (model cards, release notes; see
-# profiler/models/SOURCES.md), and the relative tolerance the published rounding allows
+# sim/costmodels/catalog/models/SOURCES.md), and the relative tolerance the published rounding allows
 PUBLISHED = {
     "llama-3.1-8b": (8_030_261_248, None, 0), "llama-3.1-70b": (70.6e9, None, 0.001),
     "llama-3.1-405b": (405.85e9, None, 0.001), "llama-2-7b": (6_738_415_616, None, 0),
@@ -299,7 +299,7 @@ def test_gpu_catalog_has_a_source_for_every_gpu_and_keeps_the_presets():
 
 
 def test_mesh_allreduce_grows_with_the_group():
-    from cbsim.profiler.costmodels.collectives import allreduce_seconds, link_model
+    from cbsim.sim.costmodels.collectives import allreduce_seconds, link_model
 
     link = link_model(gpu_spec("mi300x"), "xgmi_mesh")
     times = [allreduce_seconds(64 << 20, n, link, "xgmi_mesh") for n in (2, 4, 8)]

@@ -1,4 +1,4 @@
-"""Routing statistics of uniform top-k routing (profiler/costmodels/routing.py, issue 11): the exact
+"""Routing statistics of uniform top-k routing (sim/costmodels/routing.py, issue 11): the exact
 terms by enumeration, the approximations against a seeded Monte Carlo, bounds and monotonicity by
 hypothesis, and `moe_routing: random` in the roofline (step times, decode runs, moe_imbalance on top,
 bad config as a one-line error)."""
@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cbsim.cli import app
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.costmodels.routing import EXACT_MEAN, UniformRouting, expected_max_normal
-from cbsim.profiler.specs import model_spec
+from cbsim.cli.app import app
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.routing import EXACT_MEAN, UniformRouting, expected_max_normal
+from cbsim.sim.costmodels.catalog.specs import model_spec
 from cbsim.sim.shape import StepShape
 from factories import assert_user_error
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.workloads import build_requests, parse_workload
 from cbsim.workloads.multimodal import parse_mm_inputs
 from cbsim.workloads.traces import _rows

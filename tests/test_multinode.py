@@ -10,13 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.costmodels.collectives import (
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.collectives import (
     NET_EFFICIENCY, NET_RING_HOP, NET_TREE_HOP, allreduce_seconds, alltoall_seconds, link_model,
     multinode_allreduce_seconds)
-from cbsim.profiler.gpus import gpus_per_node
-from cbsim.profiler.specs import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.gpus import gpus_per_node
+from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
 from cbsim.sim.shape import StepShape
 
 H100 = gpu_spec("h100")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import cbsim.sim as sim_package
 from cbsim.policies import make_policy
 from cbsim.sim import native_core, prompt_run
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request
 from cbsim.sim.simulation import simulate

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import cbsim.cli
-import cbsim.sweep_cli
+import cbsim.cli.app
+import cbsim.cli.sweep
 from cbsim.sim.metrics import densified
 from cbsim.api import run_experiment
-from cbsim.cli import app
+from cbsim.cli.app import app
 from cbsim.sim.outputs.progress import Progress
 
 runner = CliRunner()
@@ -142,7 +142,7 @@ def test_the_watcher_never_keeps_a_run_alive():
 
 
 def test_cli_reports_progress_on_stderr_bytes_on_stdout_and_quiet_silences(tmp_path, monkeypatch):
-    monkeypatch.setattr(cbsim.cli, "Progress", functools.partial(Progress, every=0, after=0))
+    monkeypatch.setattr(cbsim.cli.app, "Progress", functools.partial(Progress, every=0, after=0))
     exp = write(tmp_path, TINY)
     loud = runner.invoke(app, ["run", str(exp), "--out", str(tmp_path / "loud")])
     assert loud.exit_code == 0, loud.output
@@ -155,7 +155,7 @@ def test_cli_reports_progress_on_stderr_bytes_on_stdout_and_quiet_silences(tmp_p
 
 
 def test_capacity_reports_each_probe_run_under_its_rate():
-    from cbsim.capacity import find_capacity
+    from cbsim.tools.sweep.capacity import find_capacity
 
     progress = chatty()
     find_capacity(TINY, {"ttft_p99": 100.0}, hi=40.0, rel_tol=1.0, progress=progress)
@@ -164,7 +164,7 @@ def test_capacity_reports_each_probe_run_under_its_rate():
 
 
 def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
-    monkeypatch.setattr(cbsim.sweep_cli, "Progress", functools.partial(Progress, every=0, after=0))
+    monkeypatch.setattr(cbsim.cli.sweep, "Progress", functools.partial(Progress, every=0, after=0))
     args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100", "--hi", "40", "--tol", "1"]
     loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
     assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
@@ -231,7 +231,7 @@ def test_a_run_without_plots_never_imports_matplotlib(tmp_path):
     import sys
 
     exp = write(tmp_path, TINY)  # output.plots: false
-    code = ("import sys; from cbsim.cli import app; from typer.testing import CliRunner; "
+    code = ("import sys; from cbsim.cli.app import app; from typer.testing import CliRunner; "
             f"r = CliRunner().invoke(app, ['run', {str(exp)!r}, '--quiet', '--out', {str(tmp_path / 'out')!r}]); "
             "assert r.exit_code == 0, r.output; print(sorted(m for m in sys.modules if m.startswith('matplotlib'))[:3])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,13 +17,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cbsim.api import run_experiment
-from cbsim.capacity import num_gpus
+from cbsim.tools.sweep.capacity import num_gpus
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
-from cbsim.sim.kv_link import KVLink
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.kv.link import KVLink
 from cbsim.sim.metrics import MetricsConfig, handoff_frame, request_frame, step_frame
 from cbsim.sim.pd import PDSettings, PoolParts
 from cbsim.sim.replica import ReplicaSettings

@@ -1,4 +1,4 @@
-"""Prefix caching together with P/D disaggregation (sim/pd.py, sim/prefix_cache.py, sim/kv_cache.py).
+"""Prefix caching together with P/D disaggregation (sim/pd.py, sim/kv/prefix.py, sim/kv/cache.py).
 
 Semantics under test: a prefill replica's admission hits its own cache and computes only
 prompt - hit tokens; the request holds its prompt's nodes there until its KV leaves the replica;
@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from cbsim.api import run_experiment
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.pd import PDSettings, PoolParts, build_pd
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.replica import ReplicaSettings

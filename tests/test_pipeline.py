@@ -30,11 +30,11 @@ import test_closed_loop
 import test_invariants_prefix
 import test_pd
 import test_prefix
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
+from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.cost import CostModel
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.pipeline import PipelinedReplica
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request, Status

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cbsim.policies import make_policy
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request, Status
 from cbsim.sim.simulation import simulate

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.costmodels.collectives import NET_EFFICIENCY, NET_RING_HOP, link_model
-from cbsim.profiler.costmodels.pipeline import P2P_FIT, stage_layers
-from cbsim.profiler.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.collectives import NET_EFFICIENCY, NET_RING_HOP, link_model
+from cbsim.sim.costmodels.pipeline import P2P_FIT, stage_layers
+from cbsim.sim.costmodels.catalog.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
 from cbsim.replica_gpus import gpus_per_replica, pipeline_stages, replica_kv_blocks, tensor_parallel
 from cbsim.sim.shape import StepShape
 

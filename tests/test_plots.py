@@ -2,7 +2,7 @@
 
 Per run (sim/outputs/plots.py): stall markers above the token areas, a KV capacity line and % axis, P/D
 replicas named with their pool and KV hand-offs drawn; dashboard (sim/outputs/dashboard.py): latency panels
-in s once they reach a second; sweeps (cbsim/sweep_plots.py): a knee only along a load, overlapping
+in s once they reach a second; sweeps (cbsim/tools/sweep/plots.py): a knee only along a load, overlapping
 lines said so, per-seed ratios to a reference run on the same seed.
 """
 import matplotlib.pyplot as plt
@@ -13,7 +13,7 @@ import pytest
 from cbsim.api import run_experiment
 from cbsim.sim.outputs import dashboard, plots
 from cbsim.sim.metrics import stall_events
-from cbsim.sweep_plots import (is_load, overlaps, paired_ratios, plot_latency_throughput, plot_metrics,
+from cbsim.tools.sweep.plots import (is_load, overlaps, paired_ratios, plot_latency_throughput, plot_metrics,
                                plot_paired_ratios)
 
 from test_pd import PD_EXPERIMENT

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.profiler.specs import model_spec
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.costmodels.catalog.specs import model_spec
 from cbsim.sim.shape import StepShape
 
 INT4 = {"config": "llama-3.1-70b", "weight_dtype": "int4"}

@@ -6,8 +6,8 @@ import simpy
 
 from cbsim.api import run_experiment
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics import preemption_frame
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.replica import Replica, ReplicaSettings

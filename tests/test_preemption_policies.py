@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from cbsim.policies import make_policy
 from cbsim.policies.batch import BatchBuilder
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.replica import Replica, ReplicaSettings
 from cbsim.sim.request import Request, Status

@@ -11,14 +11,14 @@ import pytest
 
 from cbsim.api import build_replica_parts
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache, KVCacheError
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache, KVCacheError
 from cbsim.sim.metrics import (cached_token_column, itl_distribution, prefix_summary, readmit_hit_column,
                                request_frame, step_frame,
                                summarize)
-from cbsim.sim.prefix_cache import PrefixCache
+from cbsim.sim.kv.prefix import PrefixCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request, Status
 from cbsim.sim.router import ROUTERS

@@ -12,18 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cbsim.cli import app
+from cbsim.cli.app import app
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.preflight import probe_step_times
-from cbsim.profiler.costmodels.fitted import FittedCostModel
-from cbsim.profiler.costmodels.profile_check import ProfileError
-from cbsim.profiler.costmodels.vidur import VidurCostModel
+from cbsim.sim.costmodels.fitted import FittedCostModel
+from cbsim.sim.costmodels.profile_check import ProfileError
+from cbsim.sim.costmodels.vidur import VidurCostModel
 from cbsim.sim.cost import CostModel
 from cbsim.sim.durations import CLOCK_LIMIT, DurationError
-from cbsim.sim.kv_cache import KVCache
-from cbsim.sim.kv_link import KVLink
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.kv.link import KVLink
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.shape import StepShape
 from cbsim.sim.simulation import simulate
@@ -31,7 +31,7 @@ from cbsim.sim.simulation import simulate
 from factories import assert_user_error, make_requests
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = ROOT / "profiler" / "profiles"
+PROFILES = ROOT / "sim" / "costmodels" / "profiles"
 FITTED = PROFILES / "fitted" / "a100-llama-2-70b-tp2-published.json"
 VIDUR_TP2 = PROFILES / "vidur" / "a100-llama-2-70b-tp2.json"
 VIDUR_ROOFLINE = PROFILES / "vidur" / "h100-llama-3-8b-tp1.json"
@@ -239,8 +239,8 @@ def test_08_pd_link_bandwidth_1e_300_is_named_by_validate_and_run(tmp_path):
 
 def test_13_a_tp2_profile_counts_two_gpus_per_replica_and_sizes_kv_with_two():
     from cbsim.api import build_replica_parts
-    from cbsim.capacity import num_gpus
-    from cbsim.profiler.specs import gpu_spec, kv_cache_blocks, model_spec
+    from cbsim.tools.sweep.capacity import num_gpus
+    from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
 
     base = {**TINY, "cluster": {"replicas": 2, "gpu": "a100", "kv_cache": {"num_blocks": "auto"}}}
     for cost in ({"type": "fitted", "profile": "a100-llama-2-70b-tp2-published.json"},
@@ -267,7 +267,7 @@ def test_13_goodput_per_gpu_divides_by_the_profiles_tp():
 
 
 def test_13_pd_pools_use_the_same_rule():
-    from cbsim.capacity import num_gpus
+    from cbsim.tools.sweep.capacity import num_gpus
 
     cluster = {**PD["cluster"], "link": {"bandwidth_gb_s": 25},
                "decode": {"replicas": 3, "cost_model": {"type": "vidur", "profile": str(VIDUR_TP2)}}}

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cbsim.errors import ConfigError  # noqa: E402
+from cbsim.core.errors import ConfigError  # noqa: E402
 from cbsim.profiler.backends import (BackendMismatch, SdpaBackend, TorchFlashBackend,  # noqa: E402
                                      check_backend, make_backend)
 from cbsim.profiler.grid import (TILE_MULTIPLES, budget_batches, make_batch, named_grid,  # noqa: E402
@@ -259,7 +259,7 @@ def test_the_tiny_pipeline_end_to_end_through_the_cli(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from cbsim.profiler.profile_cli import register
+    from cbsim.cli.profile import register
 
     app = typer.Typer()
     register(app)
@@ -299,7 +299,7 @@ def test_the_cli_reports_config_errors(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from cbsim.profiler.profile_cli import register
+    from cbsim.cli.profile import register
 
     app = typer.Typer()
     register(app)
@@ -338,5 +338,5 @@ def test_the_gpu_job_runs_its_cpu_equivalent(tmp_path):
 
 def test_importing_the_package_and_torch_free_modules_does_not_import_torch():
     code = ("import sys, cbsim.profiler, cbsim.profiler.grid, cbsim.profiler.measurements, "
-            "cbsim.profiler.profile_cli; assert 'torch' not in sys.modules")
+            "cbsim.cli.profile; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,10 +11,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbsim.errors import ConfigError
-from cbsim.regress import (DIRECTIONS, Outcome, Tolerance, Tolerances, compare, format_report, load_tolerances,
+from cbsim.core.errors import ConfigError
+from cbsim.tools.regress import (DIRECTIONS, Outcome, Tolerance, Tolerances, compare, format_report, load_tolerances,
                            read_baseline, run_suite, verdict, write_baseline)
-from cbsim.regress_cli import register
+from cbsim.cli.regress import register
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "regression"
 

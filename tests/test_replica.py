@@ -2,8 +2,8 @@
 import simpy
 
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.replica import Replica, ReplicaSettings
 from cbsim.sim.request import Status

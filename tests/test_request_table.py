@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.policies import make_policy
-from cbsim.profiler.costmodels import load_cost_model
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics import MetricsConfig, itl_distribution, request_frame, step_frame, summarize
 from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
 from cbsim.sim.replica import ReplicaSettings

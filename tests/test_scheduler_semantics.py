@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cbsim.policies import make_policy
 from cbsim.policies.batch import BatchBuilder
 from cbsim.policies.helpers import PrefillLimit, admit_prefills
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
 
@@ -124,7 +124,7 @@ def test_admit_prefills_never_skips_a_request_kv_stops():
 
 
 def test_sarathi_options_are_validated():
-    from cbsim.errors import ConfigError
+    from cbsim.core.errors import ConfigError
     for bad in ({"chunk_size": 0}, {"long_prefill_token_threshold": 0}):
         with pytest.raises(ConfigError):
             make_policy({"name": "sarathi", **bad})
@@ -160,7 +160,7 @@ def test_strict_fcfs_admits_the_queue_head_and_skipping_keeps_equal_prompts_in_o
 
 def test_long_partial_limit_cannot_exceed_the_partial_limit():
     # vLLM SchedulerConfig.verify_max_model_len: max_long_partial_prefills <= max_num_partial_prefills
-    from cbsim.errors import ConfigError
+    from cbsim.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="max_long_partial_prefills"):
         make_policy({"name": "sarathi", "max_num_partial_prefills": 1, "max_long_partial_prefills": 2})

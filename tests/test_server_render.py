@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
-from cbsim.profiler.specs import gpu_spec
+from cbsim.core.errors import ConfigError
+from cbsim.sim.costmodels.catalog.specs import gpu_spec
 from cbsim.server import ENGINES, Context, apply_server, sglang, vllm
 from cbsim.server.flags import read_flags
 from cbsim.server.render import join, render, unmatched
-from cbsim.tune_flags import flags_text, sglang_settings, vllm_settings
-from cbsim.tune_stages import policy_settings
+from cbsim.tools.tune.flags import flags_text, sglang_settings, vllm_settings
+from cbsim.tools.tune.stages import policy_settings
 
 H100 = Context(gpu_spec("h100"), 8192, None, "roofline", frozenset({"tp", "gpu"}))
 WITH_PP = Context(gpu_spec("h100"), 8192, None, "roofline", frozenset({"tp", "gpu", "pp"}))

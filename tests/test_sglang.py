@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.policies.batch import BatchBuilder
-from cbsim.sim.kv_cache import KVCache
+from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.request import Request, Status
 from cbsim.sim.state import SchedulerState
 from cbsim.workloads.prefixes import content_id, hash_chain

@@ -13,11 +13,11 @@ import yaml
 from typer.testing import CliRunner
 
 from cbsim.api import run_experiment
-from cbsim.capacity import find_capacities, find_capacity, meets_slo, num_gpus, per_gpu_capacity
+from cbsim.tools.sweep.capacity import find_capacities, find_capacity, meets_slo, num_gpus, per_gpu_capacity
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
-from cbsim.sweep import NONDETERMINISTIC, expand_grid, load_sweep, run_sweep, save_table, sweep_points
-from cbsim.sweep_plots import knee_index, knob_series, write_sweep_plots
+from cbsim.core.errors import ConfigError
+from cbsim.tools.sweep.sweep import NONDETERMINISTIC, expand_grid, load_sweep, run_sweep, save_table, sweep_points
+from cbsim.tools.sweep.plots import knee_index, knob_series, write_sweep_plots
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -238,7 +238,7 @@ def test_sweep_plots_are_written(tmp_path):
 
 
 def cli_app() -> typer.Typer:
-    from cbsim import sweep_cli
+    from cbsim.cli import sweep as sweep_cli
 
     app = typer.Typer()
     sweep_cli.register(app)
@@ -350,7 +350,7 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
 
     script = tmp_path / "sweep.py"
     script.write_text(
-        "from cbsim.sweep import run_sweep\n"
+        "from cbsim.tools.sweep.sweep import run_sweep\n"
         "base = {'name': 'k', 'model': 'tiny', 'cost_model': {'type': 'unit'}, 'policy': {'name': 'sarathi'},\n"
         "        'cluster': {'kv_cache': {'num_blocks': 2000}}, 'output': {'plots': False},\n"
         "        'workload': {'num_requests': 20000, 'arrival': {'type': 'poisson', 'rate': 50.0},\n"

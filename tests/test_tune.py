@@ -11,14 +11,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cbsim.capacity import find_capacity
-from cbsim.cli import app
+from cbsim.tools.sweep.capacity import find_capacity
+from cbsim.cli.app import app
 from cbsim.config import load_config
-from cbsim.errors import ConfigError
-from cbsim.tune import load_tune, run_tune
-from cbsim.tune_flags import flags_text
-from cbsim.tune_plots import pareto_front
-from cbsim.tune_report import write_outputs
+from cbsim.core.errors import ConfigError
+from cbsim.tools.tune.tune import load_tune, run_tune
+from cbsim.tools.tune.flags import flags_text
+from cbsim.tools.tune.plots import pareto_front
+from cbsim.tools.tune.report import write_outputs
 
 BASE = {
     "name": "tiny",

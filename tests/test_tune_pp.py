@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.server import apply_server
-from cbsim.tune import run_tune
-from cbsim.tune_flags import flags_text
-from cbsim.tune_report import write_outputs
+from cbsim.tools.tune.tune import run_tune
+from cbsim.tools.tune.flags import flags_text
+from cbsim.tools.tune.report import write_outputs
 
 BASE = {
     "name": "tiny_pp", "model": "llama-3-8b", "cost_model": {"type": "roofline", "gpu": "h100", "tp": 1},

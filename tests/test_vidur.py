@@ -13,13 +13,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbsim.errors import ConfigError
-from cbsim.profiler import vidur_data
-from cbsim.profiler.costmodels.engine import Engine, EngineTerms
-from cbsim.profiler.costmodels.curves import Curve, Grid, isotonic, isotonic_table
-from cbsim.profiler.costmodels.registry import load_cost_model
-from cbsim.profiler.costmodels.vidur import VidurCostModel, normalise_model_name, shipped_profiles
-from cbsim.profiler.fit_cli import register
+from cbsim.core.errors import ConfigError
+from cbsim.profiler.converters import vidur_data
+from cbsim.sim.costmodels.engine import Engine, EngineTerms
+from cbsim.sim.costmodels.curves import Curve, Grid, isotonic, isotonic_table
+from cbsim.sim.costmodels.registry import load_cost_model
+from cbsim.sim.costmodels.vidur import VidurCostModel, normalise_model_name, shipped_profiles
+from cbsim.cli.fit import register
 from cbsim.sim.shape import StepShape
 
 DATA = Path(os.environ.get("CBSIM_DATA", "/work/shared/data")) / "vidur"

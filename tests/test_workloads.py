@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.workloads import (
     TraceConfig,
     build_requests,

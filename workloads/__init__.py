@@ -10,15 +10,15 @@ Clients may be closed-loop (max_concurrency, think time, sessions) and give up (
     requests = build_requests(cfg, np.random.default_rng(seed), base_dir=experiment_dir)
     print(format_description(describe_requests(requests)))
 """
-from .arrivals import ARRIVALS, sample_arrivals
-from .build import Workload, build_requests, build_run, build_workload, make_requests
-from .clients import ClientPlan
-from .config import ExplicitRequest, WorkloadConfig, check_workload, parse_tagged, parse_workload
-from .describe import describe_requests, format_description, plot_workload
-from .lengths import LENGTHS, sample_lengths
-from .prefixes import SharedPrefixConfig, block_hash, content_id, hash_chain
-from .trace_source import TraceConfig, drop_warnings, load_trace, resolve_path
-from .traces import TraceData, read_trace
+from cbsim.workloads.arrivals import ARRIVALS, sample_arrivals
+from cbsim.workloads.build import Workload, build_requests, build_run, build_workload, make_requests
+from cbsim.workloads.clients import ClientPlan
+from cbsim.workloads.config import ExplicitRequest, WorkloadConfig, check_workload, parse_tagged, parse_workload
+from cbsim.workloads.describe import describe_requests, format_description, plot_workload
+from cbsim.workloads.lengths import LENGTHS, sample_lengths
+from cbsim.workloads.prefixes import SharedPrefixConfig, block_hash, content_id, hash_chain
+from cbsim.workloads.trace_source import TraceConfig, drop_warnings, load_trace, resolve_path
+from cbsim.workloads.traces import TraceData, read_trace
 
 __all__ = [
     "ARRIVALS", "LENGTHS", "ClientPlan", "ExplicitRequest", "Workload", "build_run", "SharedPrefixConfig", "TraceConfig", "TraceData", "WorkloadConfig",

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 
 
 @dataclass

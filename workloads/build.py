@@ -18,17 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.sim.request import Request
 from cbsim.sim.request_table import RequestTable
 
-from .arrivals import StagesArrival, sample_arrivals
-from .clients import ClientPlan
-from .config import MAX_REQUESTS, WorkloadConfig
-from .lengths import sample_lengths
-from .multimodal import add_images
-from .prefixes import multi_turn, system_prompts
-from .trace_source import load_trace
+from cbsim.workloads.arrivals import StagesArrival, sample_arrivals
+from cbsim.workloads.clients import ClientPlan
+from cbsim.workloads.config import MAX_REQUESTS, WorkloadConfig
+from cbsim.workloads.lengths import sample_lengths
+from cbsim.workloads.multimodal import add_images
+from cbsim.workloads.prefixes import multi_turn, system_prompts
+from cbsim.workloads.trace_source import load_trace
 
 
 def build_requests(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None,

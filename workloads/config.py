@@ -12,7 +12,7 @@ Any source may add clients: `max_concurrency` (closed loop, with `think_time`) a
 (clients.py). Without `arrival`, a closed-loop synthetic or untimed trace source sends all at once.
 
 Distribution mappings are discriminated by `type` (`{type: poisson, rate: 4.0}`); `parse_tagged`
-picks the dataclass by `type` and parses the remaining keys with cbsim.schema.parse.
+picks the dataclass by `type` and parses the remaining keys with cbsim.core.schema.parse.
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ import math
 import typing
 from dataclasses import dataclass
 
-from cbsim.errors import ConfigError, missing
-from cbsim.schema import coerce, option, parse, require
+from cbsim.core.errors import ConfigError, missing
+from cbsim.core.schema import coerce, option, parse, require
 
-from .arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
-from .lengths import LENGTHS, LengthConfig
-from .multimodal import MultimodalConfig, check_mm_inputs
-from .prefixes import SharedPrefixConfig
-from .trace_source import TraceConfig
-from .traces import LENGTH_ONLY_FORMATS
+from cbsim.workloads.arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
+from cbsim.workloads.lengths import LENGTHS, LengthConfig
+from cbsim.workloads.multimodal import MultimodalConfig, check_mm_inputs
+from cbsim.workloads.prefixes import SharedPrefixConfig
+from cbsim.workloads.trace_source import TraceConfig
+from cbsim.workloads.traces import LENGTH_ONLY_FORMATS
 
 HASHED_FORMATS = ("mooncake", "generic_csv", "generic_jsonl")  # traces whose rows may carry prefix hashes
 
@@ -175,7 +175,7 @@ def parse_tagged(kinds: dict[str, type], mapping, path: str):
 def _precheck(cls, mapping: dict, path: str) -> None:
     """Parse each optional section (`X | None`, X a dataclass or a list) on its own first.
 
-    cbsim.schema.coerce reports a bad optional section only as "X or null"; parsing the section
+    cbsim.core.schema.coerce reports a bad optional section only as "X or null"; parsing the section
     alone raises the inner error, naming the exact key (`workload.trace.time_scale`).
     """
     hints = typing.get_type_hints(cls)

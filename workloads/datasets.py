@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from .multimodal import check_mm_inputs, parse_mm_inputs
-from .tokens import TokenCounter
-from .traces import TraceData, _json_number, _numbers, _read_csv, _rows, read_json_lines
+from cbsim.workloads.multimodal import check_mm_inputs, parse_mm_inputs
+from cbsim.workloads.tokens import TokenCounter
+from cbsim.workloads.traces import TraceData, _json_number, _numbers, _read_csv, _rows, read_json_lines
 
 SHORT_CONVERSATION = "fewer than two turns"
 NO_REPLY = "turn without a reply"

@@ -15,10 +15,10 @@ from typing import Callable
 
 import numpy as np
 
-from cbsim.errors import ConfigError
-from cbsim.schema import option, require
+from cbsim.core.errors import ConfigError
+from cbsim.core.schema import option, require
 
-from .trace_source import TraceConfig, load_trace
+from cbsim.workloads.trace_source import TraceConfig, load_trace
 
 MIN_INSIDE_MASS = 1e-4  # bounds must keep at least this share of the distribution
 

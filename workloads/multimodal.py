@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbsim.errors import ConfigError
-from cbsim.schema import option, require
+from cbsim.core.errors import ConfigError
+from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
 
 MMInputs = tuple[tuple[int, int], ...]

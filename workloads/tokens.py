@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 CHARS_PER_TOKEN = 4
 APPROXIMATION = f"approximation: ceil(characters / {CHARS_PER_TOKEN})"

@@ -23,14 +23,14 @@ from typing import Literal
 
 import numpy as np
 
-from cbsim.data import DATA_ENV, data_dir
-from cbsim.errors import ConfigError
-from cbsim.schema import option, require
+from cbsim.core.data import DATA_ENV, data_dir
+from cbsim.core.errors import ConfigError
+from cbsim.core.schema import option, require
 
-from .datasets import NO_REPLY, SHORT_CONVERSATION
-from .prefixes import session_chains
-from .tokens import token_counter
-from .traces import (LENGTH_ONLY_FORMATS, TEXT_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace,
+from cbsim.workloads.datasets import NO_REPLY, SHORT_CONVERSATION
+from cbsim.workloads.prefixes import session_chains
+from cbsim.workloads.tokens import token_counter
+from cbsim.workloads.traces import (LENGTH_ONLY_FORMATS, TEXT_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace,
                      spread_slots)
 
 # rules the user did not choose: their drops are warned about
@@ -107,7 +107,7 @@ class TraceConfig:
 
 
 def resolve_path(value: str, base_dir: Path | None, key: str) -> Path:
-    """The file `value` names: absolute, else under base_dir, the data folder (cbsim.data) or the
+    """The file `value` names: absolute, else under base_dir, the data folder (cbsim.core.data) or the
     current directory."""
     given = Path(value).expanduser()
     if given.is_absolute():

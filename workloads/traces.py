@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 TIMED_FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "generic_csv", "generic_jsonl")
 LENGTH_ONLY_FORMATS = ("sharegpt", "arxiv", "sharegpt_json", "vllm_bench")
@@ -79,7 +79,7 @@ def read_trace(fmt: str, path: Path, key: str, counter=None, turns: str = "first
     """Read `path` in format `fmt`; `key` is the config path named in errors; `counter` (a
     tokens.TokenCounter) counts the tokens of text datasets; `turns` (sharegpt_json): "first" or
     "all" turns of each conversation."""
-    from .datasets import READERS, read_sharegpt_json  # users' datasets (datasets.py builds on this module)
+    from cbsim.workloads.datasets import READERS, read_sharegpt_json  # users' datasets (datasets.py builds on this module)
 
     if fmt == "sharegpt_json":
         return read_sharegpt_json(path, key, counter, turns)

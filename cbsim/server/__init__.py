@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from . import sglang, vllm
-from .flags import read_flags
+from cbsim.server import sglang, vllm
+from cbsim.server.flags import read_flags
 
 ENGINES = {"vllm": vllm, "sglang": sglang}
 KEYS = ("engine", "version", "args")
@@ -94,7 +94,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def _context(data: dict, model, version: tuple[int, ...] | None = None) -> Context:
-    from cbsim.profiler.specs import gpu_spec, model_spec
+    from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
 
     spec = model_spec(model if model is not None else data.get("model", _experiment_default("model")), "model")
     cluster = data.get("cluster") or {}
@@ -111,8 +111,8 @@ def cost_model_options(cost_model: dict) -> frozenset:
     type: the experiment's own validation reports that)."""
     from dataclasses import fields
 
-    from cbsim.profiler.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
-    from cbsim.profiler.costmodels.registry import COST_MODELS
+    from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
+    from cbsim.sim.costmodels.registry import COST_MODELS
 
     try:
         return frozenset(f.name for f in fields(COST_MODELS.lookup(cost_model, "cost_model").Config))
@@ -150,7 +150,7 @@ def _same(key: str, ours, theirs) -> bool:
         return True
     if key != "model":
         return False
-    from cbsim.profiler.specs import model_spec
+    from cbsim.sim.costmodels.catalog.specs import model_spec
 
     try:
         return model_spec(ours, "model") == model_spec(theirs, "model")

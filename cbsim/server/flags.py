@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
 

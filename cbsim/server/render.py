@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 
-from . import ENGINES
+from cbsim.server import ENGINES
 
 PATH = "rendered flags"
 

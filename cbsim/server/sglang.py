@@ -18,9 +18,9 @@ preset sglang, recompute on KV shortage (SGLang retracts decodes and recomputes 
 """
 from __future__ import annotations
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from .flags import Flag, explicit_keys, pipeline_setting
+from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
 
 GiB = 1 << 30
 ARGS = "python/sglang/srt/server_args.py @469c63e5"

@@ -34,9 +34,9 @@ The FLAGS table is read both ways: here to resolve flags, in render.py to write 
 """
 from __future__ import annotations
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 
-from .flags import Flag, explicit_keys, pipeline_setting
+from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
 
 GiB = 1 << 30
 ARG_UTILS = "vllm/engine/arg_utils.py @99d7eb5d"
@@ -87,7 +87,7 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "gpu-memory-utilization": Flag(float, CACHE, default=0.9, key="cluster.kv_cache.gpu_memory_utilization"),
     "num-gpu-blocks-override": Flag(int, CACHE, default=None, key="cluster.kv_cache.num_blocks"),
     "enable-prefix-caching": Flag(bool, CACHE, boolean=True, default=True, key="cluster.kv_cache.prefix_caching"),
-    # vLLM's hybrid KV cache manager frees a sliding window's pages (default on; cbsim: sim/kv_cache.py)
+    # vLLM's hybrid KV cache manager frees a sliding window's pages (default on; cbsim: sim/kv/cache.py)
     "disable-hybrid-kv-cache-manager": Flag(bool, SCHED, boolean=True, default=False,
                                             key="cluster.kv_cache.hybrid_kv_cache_manager", to_flag=_not_flag),
     "kv-cache-dtype": Flag(str, CACHE, choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"), default="auto"),

@@ -13,7 +13,7 @@ Trace studies read the length traces under $CBSIM_DATA (default: shared/data bes
 repository); when a trace is missing they say so and use its synthetic stand-in
 (`<name>_synthetic.yaml`, lognormal lengths with the trace's medians and P90s).
 
-Capacity (study b) comes from the shared capacity search, cbsim.capacity.find_capacity.
+Capacity (study b) comes from the shared capacity search, cbsim.tools.sweep.capacity.find_capacity.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def workload_base(name: str, prefer_trace: bool = True) -> tuple[Path, str]:
     """The YAML of workload `name` and its kind: the trace version when its file resolves, else the
     synthetic stand-in (a name with no trace version is synthetic)."""
     from cbsim.config import read_yaml
-    from cbsim.errors import ConfigError
+    from cbsim.core.errors import ConfigError
     from cbsim.workloads.trace_source import resolve_path
 
     traced = HERE / f"{name}.yaml"
@@ -140,8 +140,8 @@ SARATHI_BUDGET = {"strict": 512, "relaxed": 2048}
 
 def capacity(base: Path, overrides: list[str], tbt_slo: float, rel_tol: float) -> tuple[float, list[dict]]:
     """Capacity (req/s; 0 if even the lowest rate fails) under the TBT SLO and the scheduling-delay
-    bound, with the probes tried, from the shared capacity search (cbsim.capacity)."""
-    from cbsim.capacity import find_capacity
+    bound, with the probes tried, from the shared capacity search (cbsim.tools.sweep.capacity)."""
+    from cbsim.tools.sweep.capacity import find_capacity
 
     slo = {"itl_p99": tbt_slo, "queue_delay_p50": MAX_MEDIAN_SCHEDULING_DELAY}
     result = find_capacity(base, slo, lo=0.05, hi=16.0, rel_tol=rel_tol, overrides=overrides)
@@ -325,7 +325,7 @@ def main(argv=None) -> int:
     unknown = sorted(set(only) - set(STUDIES))
     if unknown:
         parser.error(f"--only: unknown studies {unknown}; choose from {', '.join(STUDIES)}")
-    if args.data is not None:  # else cbsim.data's rule: $CBSIM_DATA, then shared/data beside the repository
+    if args.data is not None:  # else cbsim.core.data's rule: $CBSIM_DATA, then shared/data beside the repository
         os.environ["CBSIM_DATA"] = str(args.data)
     numbers = reproduce(SIZES[args.size], args.out, only)
     for study, result in numbers.items():

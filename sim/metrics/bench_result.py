@@ -26,7 +26,7 @@ import pandas as pd
 
 from cbsim.workloads import parse_workload
 
-from .itl import weighted_percentile
+from cbsim.sim.metrics.itl import weighted_percentile
 
 LATENCY_KEYS = ("ttft", "tpot", "itl", "e2el")
 DONE_COLUMNS = ("prompt_len", "output_tokens", "output_len", "meets_slo", "ttft", "tpot", "e2e")

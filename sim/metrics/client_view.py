@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .metrics_config import MetricsConfig
-from .request_metrics import meets_slo
-from .step_order import LocalOrder
-from ..request_table import request_column
+from cbsim.sim.metrics.metrics_config import MetricsConfig
+from cbsim.sim.metrics.request_metrics import meets_slo
+from cbsim.sim.metrics.step_order import LocalOrder
+from cbsim.sim.request_table import request_column
 
 
 def frontend_delays(prompt_len: np.ndarray, terms) -> np.ndarray:

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import step_order
-from .bucket_sort import split_points, stable_sort_by_value
-from .recorder import Recorder
-from .step_order import LocalOrder, index_dtype, is_non_decreasing, step_frame
-from .token_runs import run_arrays, token_runs
+from cbsim.sim.metrics import step_order
+from cbsim.sim.metrics.bucket_sort import split_points, stable_sort_by_value
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.metrics.step_order import LocalOrder, index_dtype, is_non_decreasing, step_frame
+from cbsim.sim.metrics.token_runs import run_arrays, token_runs
 
 BUCKET = 1 << 16  # gaps per bucket of the sort (about)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbsim.schema import option, require
+from cbsim.core.schema import option, require
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Preemption recovery, KV transfers and P/D pools, from logs the run keeps on the side.
 
 Each replica's preemption log and host link, the P/D links' transfer logs and hand-off records
-(sim/kv_link.py, sim/pd.py). A *level series* is a step function over time (how many requests
+(sim/kv/link.py, sim/pd.py). A *level series* is a step function over time (how many requests
 wait, how many KV blocks are held): values change only at event times, and at equal times
 decreases come before increases.
 """
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .summary import column_percentiles, json_number
+from cbsim.sim.metrics.summary import column_percentiles, json_number
 
 
 PREEMPTION_COLUMNS = ("time", "replica", "request_id", "mode", "recomputed_tokens", "swapped_bytes")
@@ -28,7 +28,7 @@ def preemption_frame(replicas) -> pd.DataFrame:
 
 
 def transfer_frame(links) -> pd.DataFrame:
-    """One row per transfer booked on `links` (sim/kv_link.py), with `queued` (wait for a lane) and
+    """One row per transfer booked on `links` (sim/kv/link.py), with `queued` (wait for a lane) and
     `duration` (on the lane)."""
     rows = [(t.link, t.request_id, t.kind, t.nbytes, t.submitted, t.start, t.end, t.lane)
             for link in links for t in link.log]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .summary import json_number
+from cbsim.sim.metrics.summary import json_number
 
 
 def cached_token_column(request_ids: np.ndarray, kv_caches) -> np.ndarray:

@@ -23,8 +23,8 @@ from array import array
 
 import numpy as np
 
-from .growable import Column, SparseColumn
-from ..request import Request
+from cbsim.sim.metrics.growable import Column, SparseColumn
+from cbsim.sim.request import Request
 
 STEP_COLUMNS = {  # the step table's columns and types, in order
     "replica": np.int16,

@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .metrics_config import MetricsConfig, SLOConfig
-from .recorder import Recorder
-from ..request import Request, Status
-from ..request_table import RequestTable, request_column as _column
-from .step_order import LocalOrder, index_dtype
-from .token_runs import TokenRuns, in_run_max, run_arrays, token_runs
+from cbsim.sim.metrics.metrics_config import MetricsConfig, SLOConfig
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.request import Request, Status
+from cbsim.sim.request_table import RequestTable, request_column as _column
+from cbsim.sim.metrics.step_order import LocalOrder, index_dtype
+from cbsim.sim.metrics.token_runs import TokenRuns, in_run_max, run_arrays, token_runs
 
 
 def _per_request_runs(ids: np.ndarray, local: LocalOrder, runs: TokenRuns):

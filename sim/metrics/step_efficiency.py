@@ -38,9 +38,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from cbsim.errors import ConfigError
+from cbsim.core.errors import ConfigError
 from cbsim.pools import pool_config
-from cbsim.profiler.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
 from cbsim.replica_gpus import gpus_per_replica, tensor_parallel
 
 COLUMNS = ("flops", "hbm_bytes", "mfu", "hbm_util", "collective_s")
@@ -51,7 +51,7 @@ ROWS = 1 << 20  # steps computed at a time (~100 MB of scratch)
 class StepHardware:
     """What one replica's steps ran on."""
 
-    model: object  # a cbsim.profiler.specs.ModelSpec
+    model: object  # a cbsim.sim.costmodels.catalog.specs.ModelSpec
     peak_flops: float  # FLOP/s of one GPU at the GEMMs' precision
     hbm_bandwidth: float  # bytes/s of one GPU
     gpus: int  # GPUs of the replica: tp x pipeline stages (cbsim/replica_gpus.py)

@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from .recorder import STEP_COLUMNS, Recorder
+from cbsim.sim.metrics.recorder import STEP_COLUMNS, Recorder
 
 BLOCK = 1 << 16  # slots per block of a scan over the steps
 

@@ -10,10 +10,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from .itl import ITLDistribution, itl_distribution, stall_events
-from .metrics_config import MetricsConfig
-from .recorder import Recorder
-from .tenant_metrics import tenant_summary
+from cbsim.sim.metrics.itl import ITLDistribution, itl_distribution, stall_events
+from cbsim.sim.metrics.metrics_config import MetricsConfig
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.metrics.tenant_metrics import tenant_summary
 
 
 def json_number(value):

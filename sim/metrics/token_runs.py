@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .recorder import Recorder
-from ..request_table import RequestTable
-from .step_order import LocalOrder, index_dtype, step_frame
+from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.request_table import RequestTable
+from cbsim.sim.metrics.step_order import LocalOrder, index_dtype, step_frame
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..metrics import level_series, weighted_percentile
-from .figure import grid, new_figure, save_png, styled
+from cbsim.sim.metrics import level_series, weighted_percentile
+from cbsim.sim.outputs.figure import grid, new_figure, save_png, styled
 
 NUM_BINS = 200
 DPI = 100
@@ -103,7 +103,7 @@ def _replicas(count: int) -> str:
 
 
 def _unit_tokens(results) -> float:
-    """Tokens a KV block of the step table holds (a sliding window's units hold fewer: sim/kv_cache.py)."""
+    """Tokens a KV block of the step table holds (a sliding window's units hold fewer: sim/kv/cache.py)."""
     return results.kv_unit_tokens or results.config.cluster.kv_cache.block_size
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa  # pandas' parquet engine (and its string columns' storage): loaded with pandas
 import pyarrow.parquet as pq
 
-from ..metrics.step_order import densified
+from cbsim.sim.metrics.step_order import densified
 
 ROW_GROUP = 1 << 20  # rows a group: pyarrow's default (write_table's row_group_size=None)
 

@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from ..metrics import cdf_points, weighted_percentile
-from .figure import new_figure, save_png, styled, suptitle
-from .pd_plots import draw_transfers, replica_name
+from cbsim.sim.metrics import cdf_points, weighted_percentile
+from cbsim.sim.outputs.figure import new_figure, save_png, styled, suptitle
+from cbsim.sim.outputs.pd_plots import draw_transfers, replica_name
 
 NUM_BINS = 500
 MAX_RAW_REPLICAS = 4

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from ..request import Status
-from ..request_table import RequestTable
+from cbsim.sim.request import Status
+from cbsim.sim.request_table import RequestTable
 
 MIN_STEP, MAX_STEP = 1e-6, 60.0  # simulated seconds between wake-ups (the floor keeps SimPy's clock moving)
 

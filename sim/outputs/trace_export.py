@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .request_lanes import request_events
+from cbsim.sim.outputs.request_lanes import request_events
 
 ARG_COLUMNS = ("prefill_tokens", "decode_tokens", "padding_tokens", "num_seqs", "kv_blocks_used",
                "preemptions", "swap_bytes")

@@ -1,0 +1,60 @@
+"""`cbsim compare EXP.yaml MEASURED.json`: an experiment's simulated metrics beside a measured run's.
+
+Registered by cbsim.cli.app through `register(app)`. Exit codes: 0 compared, 2 a user error (a bad
+experiment or measured file, named with its key). The comparison itself is cbsim/tools/compare/compare.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from cbsim.cli.errors import user_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `compare` command to `app`."""
+    @app.command("compare")
+    @user_errors
+    def compare_command(experiment: Path = typer.Argument(..., help="experiment YAML (without a workload: the "
+                                                          "measured requests' lengths are replayed)"),
+                        measured: Path = typer.Argument(..., help="measured results: cbsim flat JSON (seconds), "
+                                                        "vllm bench serve --save-result JSON, or sglang.bench_serving "
+                                                        "JSONL (last line)"),
+                        out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: "
+                                                           "results/<name>-compare)"),
+                        set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: "
+                                                                 "policy.token_budget=1024")):
+        """Run an experiment and compare its TTFT, TPOT, ITL, E2E and throughput with a measured benchmark."""
+        from cbsim.tools.compare.compare import compare, write
+
+        result = compare(experiment, measured, overrides=set_)
+        target = out or Path("results") / f"{result.results.config.name}-compare"
+        write(result, target)
+        typer.echo(f"measured: {result.measured.source} ({result.measured.format})")
+        for note in result.notes:
+            typer.echo(f"note: {note}")
+        typer.echo(format_table(result.rows))
+        typer.echo(f"results: {target}")
+
+
+def format_table(rows: dict) -> str:
+    """Latencies in ms, then throughputs per second; error = (simulated - measured) / measured."""
+    from cbsim.tools.compare.measured import RATES
+
+    if not rows:
+        return "no metric is present on both sides"
+    latency = {name: row for name, row in rows.items() if name not in RATES}
+    rate = {name: row for name, row in rows.items() if name in RATES}
+    width = max(len(name) for name in rows)
+    lines = []
+    for group, unit, scale in ((latency, "ms", 1e3), (rate, "/s", 1.0)):
+        if not group:
+            continue
+        lines.append(f"{'metric':<{width}}  {f'measured ({unit})':>15}  {f'simulated ({unit})':>15}  {'error %':>8}")
+        for name, row in group.items():
+            lines.append(f"{name:<{width}}  {row.measured * scale:>15.4g}  {row.simulated * scale:>15.4g}  "
+                         f"{row.error * 100:>+8.1f}")
+    lines.append("error % = (simulated - measured) / measured")
+    return "\n".join(lines)

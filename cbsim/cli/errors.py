@@ -1,0 +1,24 @@
+"""How every `cbsim` command reports a user error: one line naming the file, key and expectation
+(ConfigError), exit code 2, no traceback. Its own module, so that the commands registered beside
+their subsystems (sweep_cli, regress_cli, ...) use it without importing cbsim.cli.app, which imports them."""
+from __future__ import annotations
+
+import functools
+
+import typer
+
+from cbsim.core.errors import ConfigError
+
+
+def user_errors(func):
+    """Turn ConfigError (and a missing file) into a clean message and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as err:
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+
+    return wrapper

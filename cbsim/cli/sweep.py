@@ -1,0 +1,133 @@
+"""`cbsim sweep SWEEP.yaml` and `cbsim capacity EXPERIMENT --slo metric=limit`.
+
+Registered by cbsim.cli.app through `register(app)`. Both are thin: they parse options, call
+cbsim.tools.sweep.sweep.run_sweep / cbsim.tools.sweep.capacity.find_capacities, show progress, and print a short table.
+The sweep, the capacity search, pandas and rich are imported inside the commands: every `cbsim`
+invocation registers these commands, and only these two should load them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+import yaml
+
+from cbsim.cli.errors import user_errors
+from cbsim.core.errors import ConfigError
+from cbsim.sim.outputs.progress import Progress
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(user_errors(sweep))
+    app.command("capacity")(user_errors(capacity))
+
+
+def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, seeds, plot)"),
+          out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: results/sweeps/<name>)"),
+          workers: Optional[int] = typer.Option(None, "--workers", help="parallel points (default: CPU count)"),
+          backend: str = typer.Option("local", "--backend", help="local (processes) or ray"),
+          address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address to join (ray backend)"),
+          retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun points recorded as failed"),
+          plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots")):
+    """Run an experiment over a grid of config values and seeds; finished points are kept, so a
+    rerun resumes where a killed sweep stopped."""
+    # lazy (module docstring): the sweep and rich
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
+
+    from cbsim.preflight import check_writable
+    from cbsim.tools.sweep.sweep import load_sweep, run_sweep
+
+    check_parallel_options(backend, workers)
+    spec = load_sweep(file)
+    target = out or Path("results") / "sweeps" / spec.name
+    check_writable(target, "--out" if out else "name")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Bars(*columns, transient=False) as progress:
+        task = progress.add_task(spec.name, total=None)
+        table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
+                          retry_failed=retry_failed,
+                          on_start=lambda done, total: progress.update(task, completed=done, total=total),
+                          on_point=lambda record, done, total: progress.update(task, completed=done))
+    failed = table[table["status"] != "ok"]
+    typer.echo(f"{len(table)} runs, {len(failed)} failed; results: {target / 'results.parquet'}")
+    for _, row in failed.drop_duplicates("error").head(5).iterrows():
+        typer.secho(f"  failed: {row['error']}", fg=typer.colors.RED)
+    if plots and len(failed) < len(table):
+        from cbsim.tools.sweep.plots import write_sweep_plots  # lazy: matplotlib
+
+        x = spec.plot.x or spec.keys[-1]
+        for path in write_sweep_plots(table, target, x, spec.plot.metrics, band=spec.plot.band, title=spec.name):
+            typer.echo(f"plot: {path}")
+
+
+def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
+             slo: List[str] = typer.Option(..., "--slo", help="metric=limit, repeatable: itl_p99=0.1 queue_delay_p50=2"),
+             policy: Optional[List[str]] = typer.Option(None, "--policy", help="a policy name, or a YAML mapping "
+                                                        "'{name: prefill_first, token_budget: null}'; repeatable"),
+             lo: Optional[float] = typer.Option(None, "--lo", help="first rate tried (default: the experiment's)"),
+             hi: Optional[float] = typer.Option(None, "--hi", help="upper rate (default: doubling until an SLO fails)"),
+             tol: float = typer.Option(0.05, "--tol", help="stop when the failing rate is within (1 + tol) x the passing"),
+             seeds: Optional[List[int]] = typer.Option(None, "--seed", help="seeds that must all meet the SLOs"),
+             min_finished: float = typer.Option(0.99, "--min-finished", help="fraction of requests a run must "
+                                                "finish (not reject) to count as meeting the SLOs"),
+             rate_key: str = typer.Option("workload.arrival.rate", "--rate-key", help="the key searched over"),
+             set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: workload.num_requests=500"),
+             out: Optional[Path] = typer.Option(None, "--out", help="write every probe to this CSV"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a probe run "
+                                        "longer than 2 s reports every 5 s)")):
+    """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
+    import pandas as pd  # lazy (module docstring), as the capacity search
+
+    from cbsim.tools.sweep.capacity import find_capacities, find_capacity
+    from cbsim.config import load_config
+    from cbsim.preflight import check_writable
+
+    if out is not None:
+        check_writable(out.parent, "--out")
+    limits = {}
+    for item in slo:
+        name, _, value = item.partition("=")
+        try:
+            limits[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError("--slo", "metric=limit with a number, e.g. itl_p99=0.1", item) from None
+    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
+                   progress=None if quiet else Progress())
+    if policy:
+        results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_, **options)
+    else:
+        name = load_config(file, set_).policy["name"]
+        results = {name: find_capacity(file, limits, overrides=set_, **options)}
+    width = max(len(label) for label in results)
+    typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {v:g}" for k, v in limits.items()))
+    for label, result in results.items():
+        if result.rate is None:
+            text = f"none: even {result.fail_rate:.4g} violates an SLO or finishes < {min_finished:g} of its requests"
+        else:
+            bound = f"< {result.fail_rate:.4g}" if result.fail_rate is not None else "(no failing rate found)"
+            text = f"{result.rate:.4g} {bound}   per GPU {result.rate_per_gpu:.4g} ({result.num_gpus} GPU)"
+        probes = result.points["probe"].nunique()
+        typer.echo(f"  {label:<{width}}  {text}   [{probes} probes]")
+    if out is not None:
+        frames = [r.points.assign(policy=label) for label, r in results.items()]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pd.concat(frames, ignore_index=True).to_csv(out, index=False)
+        typer.echo(f"probes: {out}")
+
+
+def _policy(text: str):
+    """A --policy value: a name, or a YAML mapping of the whole policy section."""
+    value = yaml.safe_load(text)
+    if not isinstance(value, (str, dict)):
+        raise ConfigError("--policy", "a policy name or a YAML mapping {name: ..., options}", text)
+    return value
+
+
+def check_parallel_options(backend: str, workers: int | None) -> None:
+    """--backend and --workers of the commands that run points in parallel (sweep, tune)."""
+    if backend not in ("local", "ray"):
+        raise ConfigError("--backend", "local or ray", backend)
+    if workers is not None and workers < 1:
+        raise ConfigError("--workers", "an integer >= 1 (default: the CPU count)", workers)

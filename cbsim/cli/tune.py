@@ -1,0 +1,62 @@
+"""`cbsim tune TUNE.yaml`: registered by cbsim.cli.app through `register(app)`. Thin: parses options,
+calls cbsim.tools.tune.tune.run_tune, prints each stage and the answer, writes the outputs (tune_report)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cbsim.cli.errors import user_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(user_errors(tune))
+
+
+def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, search, stages)"),
+         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: results/tune/<name>)"),
+         workers: Optional[int] = typer.Option(None, "--workers", help="parallel capacity searches within a stage "
+                                               "(default: CPU count)"),
+         backend: str = typer.Option("local", "--backend", help="local (processes) or ray"),
+         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address to join (ray backend)"),
+         retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun candidates recorded as failed"),
+         plots: bool = typer.Option(True, "--plots/--no-plots", help="write pareto.png")):
+    """Search deployments (TP x replicas, policy, token budget, batch size, chunk size, partial-prefill
+    limits, admission headroom, queue policy, P/D split) for the highest goodput per GPU under SLOs,
+    stage by stage in the seed's tuning order; finished capacity searches are kept, so a rerun resumes."""
+    import time
+
+    from cbsim.preflight import check_writable
+    from cbsim.cli.sweep import check_parallel_options
+    from cbsim.tools.tune.tune import load_tune, run_tune
+    from cbsim.tools.tune.report import write_outputs
+
+    check_parallel_options(backend, workers)
+    spec = load_tune(file)
+    target = out or Path("results") / "tune" / spec.name
+    check_writable(target, "--out" if out else "name")
+    started = time.perf_counter()
+
+    def on_point(record: dict, done: int, total: int) -> None:
+        rate = record.get("rate")
+        text = "failed: " + str(record["error"]) if record["status"] != "ok" else \
+            f"capacity {rate:.4g} req/s" if rate is not None else "no rate met the SLO"
+        typer.echo(f"    [{done}/{total}] {text} ({record['wall_seconds']:.0f} s)")
+
+    def on_stage(outcome) -> None:
+        if outcome.status == "skipped":
+            typer.echo(f"  {outcome.stage.name}: skipped ({outcome.reason})")
+        else:
+            typer.echo(f"  {outcome.stage.name} = {outcome.winner.label} ({outcome.status}, "
+                       f"{len(outcome.candidates)} candidates): {outcome.why}")
+
+    typer.echo(f"tune {spec.name}: stages in the seed's order")
+    result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
+                      retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
+    files = write_outputs(result, target, plots=plots)
+    best = result.best.record
+    rate, gpus = best.get("rate"), best["num_gpus"]
+    capacity = "none" if rate is None else f"{rate:.4g} req/s on {gpus} GPUs ({rate / gpus:.4g} per GPU)"
+    typer.echo(f"chosen: {capacity}; {time.perf_counter() - started:.0f} s, {result.ran} capacity searches run")
+    typer.echo("results: " + ", ".join(str(path) for path in files.values()))

@@ -1,0 +1,144 @@
+"""Measured vs simulated: run an experiment and set its metrics beside a measured benchmark's.
+
+Invariant: a row exists for every metric present on both sides (cbsim's names, seconds), with the
+signed relative error (simulated - measured) / measured. The experiment runs exactly as `cbsim run`
+would run it, except when it has no workload: then the measured file's per-request prompt and
+output lengths become an explicit request list (see `measured_workload`), and a note says so.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from cbsim.workloads.arrivals import GammaArrival, PoissonArrival, sample_arrivals
+
+from cbsim.api import run_experiment
+from cbsim.config import ExperimentConfig, apply_overrides, load_config, read_yaml
+from cbsim.core.errors import ConfigError
+from cbsim.tools.compare.measured import METRICS, MeasuredRun, load_measured, simulated_metrics
+
+
+@dataclass(frozen=True)
+class Row:
+    measured: float
+    simulated: float
+    error: float  # (simulated - measured) / measured
+
+
+@dataclass
+class CompareResult:
+    rows: dict[str, Row]  # metric name -> measured, simulated, error (METRICS order)
+    measured: MeasuredRun
+    results: object  # cbsim.api.Results of the simulated run
+    notes: list[str] = field(default_factory=list)  # what the comparison assumed, for the user to read
+    out_dir: Path | None = None
+
+    def to_dict(self) -> dict:
+        """compare.json: {metric: {measured, simulated, error}} plus a `meta` entry."""
+        out = {name: {"measured": row.measured, "simulated": row.simulated, "error": row.error}
+               for name, row in self.rows.items()}
+        cfg = self.results.config
+        out["meta"] = {"experiment": cfg.source or cfg.name, "measured": self.measured.source,
+                       "measured_format": self.measured.format, "units": "seconds (latencies), per second (rates)",
+                       "error": "(simulated - measured) / measured",
+                       "measured_requests": None if self.measured.input_lens is None else len(self.measured.input_lens),
+                       "measured_failed": self.measured.num_failed,
+                       "simulated_finished": self.results.summary.get("num_finished"),
+                       "skipped": list(self.measured.skipped), "notes": self.notes}
+        return out
+
+
+def compare(experiment, measured, out_dir: str | Path | None = None,
+            overrides: list[str] | None = None) -> CompareResult:
+    """Run `experiment` (YAML path, mapping or ExperimentConfig) and compare it with `measured` (a file
+    or a MeasuredRun). With `out_dir`, writes the run's results there plus compare.json and, when the
+    measured file has per-request data, compare_cdf.png."""
+    run = measured if isinstance(measured, MeasuredRun) else load_measured(measured)
+    cfg, notes = experiment_config(experiment, run, overrides)
+    results = run_experiment(cfg)
+    simulated = simulated_metrics(results)
+    rows = {name: Row(run.metrics[name], simulated[name], (simulated[name] - run.metrics[name]) / run.metrics[name])
+            for name in METRICS if name in run.metrics and name in simulated}
+    notes += _caveats(run, rows)
+    result = CompareResult(rows, run, results, notes)
+    if out_dir is not None:
+        write(result, out_dir)
+    return result
+
+
+def write(result: CompareResult, out_dir: str | Path) -> Path:
+    """The run's results folder plus compare.json and (with per-request data) compare_cdf.png."""
+    from cbsim.tools.compare.plots import plot_compare_cdf
+
+    out = result.results.write(out_dir)
+    (out / "compare.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if result.measured.ttfts is not None or result.measured.itls is not None:
+        plot_compare_cdf(result, out / "compare_cdf.png")
+    result.out_dir = out
+    return out
+
+
+def experiment_config(experiment, run: MeasuredRun, overrides: list[str] | None) -> tuple[ExperimentConfig, list[str]]:
+    """The validated experiment (overrides applied; output.dir cleared, the caller decides where to
+    write), with a workload from `run` when it has none, and the notes saying so."""
+    if isinstance(experiment, ExperimentConfig):
+        data, file = experiment.to_dict(), experiment.source
+    elif isinstance(experiment, (str, Path)):
+        data, file = read_yaml(experiment), str(experiment)
+    else:
+        data, file = dict(experiment), None
+    notes = []
+    try:
+        data = apply_overrides(data, overrides)
+        if not data.get("workload"):
+            data["workload"], note = measured_workload(run, data.get("seed", 0))
+            notes.append(note)
+        cfg = load_config(data)
+    except ConfigError as err:
+        raise err.in_file(file)
+    cfg = replace(cfg, output=replace(cfg.output, dir=None))
+    cfg.source = file
+    return cfg, notes
+
+
+def measured_workload(run: MeasuredRun, seed: int) -> tuple[dict, str]:
+    """An explicit `workload: {requests: [...]}` with the measured prompt and output lengths, in send order.
+
+    Arrivals: the measured send times when the file has them and the client had no concurrency cap;
+    else all at t=0 when the client sent at an infinite rate; else Poisson (gamma when vLLM's
+    burstiness != 1) at the measured request_rate, drawn from a generator seeded with `seed`.
+    """
+    if not run.has_lengths:
+        raise ConfigError("workload", "a workload section, or a measured file with per-request input_lens and "
+                          "output_lens (vLLM --save-result --save-detailed, SGLang --output-details)", has_got=False)
+    n, rate = len(run.input_lens), run.request_rate
+    if run.start_times is not None and run.max_concurrency is None:
+        arrival, how = run.start_times, "at the measured send times"
+    elif rate is None or not np.isfinite(rate):
+        arrival = np.zeros(n)
+        how = "all at t=0 (" + ("request_rate inf" if rate is not None else "the file gives no request_rate") + ")"
+    else:
+        burst = run.burstiness or 1.0
+        process = PoissonArrival(rate) if burst == 1.0 else GammaArrival(rate, cv=burst ** -0.5)
+        arrival = sample_arrivals(process, n, np.random.default_rng(seed))
+        how = f"{'Poisson' if burst == 1.0 else f'gamma (burstiness {burst:g})'} at {rate:g} req/s (seed {seed})"
+    requests = [{"arrival": float(a), "prompt_len": int(p), "output_len": int(o)}
+                for a, p, o in zip(arrival, run.input_lens, run.output_lens)]
+    return {"requests": requests}, f"workload: the {n} measured requests' prompt and output lengths, arriving {how}"
+
+
+def _caveats(run: MeasuredRun, rows: dict[str, Row]) -> list[str]:
+    notes = []
+    if run.max_concurrency is not None:
+        notes.append(f"the measured client capped concurrency at {run.max_concurrency}; cbsim has no client cap, so "
+                     "requests the client held back wait in the server queue here (and count in TTFT)")
+    if run.num_failed:
+        notes.append(f"{run.num_failed} measured request(s) failed and are left out")
+    if run.skipped:
+        notes.append("not measured (0 or null in the file): " + ", ".join(run.skipped))
+    if not rows:
+        notes.append("no metric is present on both sides")
+    return notes
