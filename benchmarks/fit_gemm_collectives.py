@@ -18,7 +18,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from cbsim.sim.costmodels import collectives, gemm_efficiency as ge
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.profiler.converters.vidur_data import data_dir
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")

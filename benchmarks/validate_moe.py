@@ -34,7 +34,8 @@ import time
 
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.collectives import alltoall_seconds
-from cbsim.sim.costmodels.catalog.specs import GiB, model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import GiB
 from validate_trtllm_fp8 import offline_throughput  # the shared trtllm-bench setup (same folder)
 
 # H800 SXM: H100 silicon with NVLink cut to 400 GB/s (200 GB/s one way; DeepEP: "~160 GB/s NVLink maximum

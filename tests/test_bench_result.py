@@ -9,7 +9,7 @@ import pytest
 
 from cbsim.api import run_experiment
 from cbsim.tools.compare.measured import load_measured, simulated_metrics
-from cbsim.sim.metrics.bench_result import bench_result, percentile_word
+from cbsim.bench_result import bench_result, percentile_word
 
 EXPERIMENT = {
     "name": "bench", "seed": 3, "model": "tiny", "cost_model": {"type": "roofline", "gpu": "h100", "tp": 1},

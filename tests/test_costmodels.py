@@ -7,7 +7,9 @@ import pytest
 
 from cbsim.core.errors import ConfigError
 from cbsim.sim.costmodels import load_cost_model
-from cbsim.sim.costmodels.catalog.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.specs import GiB
+from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 

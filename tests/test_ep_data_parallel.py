@@ -9,7 +9,8 @@ import pytest
 from cbsim.core.errors import ConfigError
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.collectives import alltoall_seconds, link_model
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.sim.shape import StepShape
 
 V3 = model_spec("deepseek-v3")  # fp8 weights (its config.json): fp8 GEMMs on H200, FP8 dispatch

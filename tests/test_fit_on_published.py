@@ -22,7 +22,8 @@ import pytest
 
 from cbsim.api import load_cost_model, run_experiment
 from cbsim.sim.costmodels.vidur import PROFILE_DIR
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.sim.shape import StepShape
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fit_on_published.py"

@@ -14,7 +14,7 @@ import pytest
 from cbsim.sim.costmodels import collectives
 from cbsim.sim.costmodels.gemm_efficiency import FIT_ERROR, gemm_curve
 from cbsim.sim.costmodels.registry import load_cost_model
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 

@@ -20,7 +20,8 @@ from cbsim.core.errors import ConfigError
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
 from cbsim.sim.costmodels.catalog.hf_config import CATALOG_DIR, read_hf_config
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.sim.shape import StepShape
 
 AWQ = Path(__file__).parent / "data" / "quantized" / "llama-3.1-8b-instruct-awq-int4"

@@ -17,7 +17,7 @@ from cbsim.sim.costmodels import load_cost_model, moe_gemms
 from cbsim.sim.costmodels.gemm_efficiency import TILE
 from cbsim.sim.costmodels.moe_gemms import MARLIN_BLOCKS_M, marlin_block_m
 from cbsim.sim.costmodels.routing import UniformRouting
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.shape import StepShape
 
 INT4_MIXTRAL = {"config": "mixtral-8x7b", "weight_dtype": "int4"}

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.sim.kv.window import bytes_held, kv_cache_tokens, max_concurrency, pages_held, pages_per_request
-from cbsim.sim.costmodels.catalog.specs import ModelSpec, model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import ModelSpec
 
 MISTRAL, GEMMA, LLAMA = model_spec("mistral-7b"), model_spec("gemma-2-27b"), model_spec("llama-3.1-8b")
 

@@ -17,7 +17,8 @@ from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.kv.window import WindowPages, pages_held
-from cbsim.sim.costmodels.catalog.specs import ModelSpec, model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import ModelSpec
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request import Request, Status

@@ -74,7 +74,7 @@ from collections import OrderedDict  # noqa: E402
 from test_encoder_budget import POLICIES, run_snapshots  # noqa: E402
 
 from cbsim.policies.lora import adapter_bytes  # noqa: E402
-from cbsim.sim.costmodels.catalog.specs import model_spec  # noqa: E402
+from cbsim.sim.costmodels.catalog.lookup import model_spec  # noqa: E402
 
 
 def one_at_a_time(adapters):

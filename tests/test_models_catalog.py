@@ -16,7 +16,9 @@ from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.gemm_efficiency import gemm_curve
 from cbsim.sim.costmodels.catalog.gpus import GPU_CATALOG, SOURCES
 from cbsim.sim.costmodels.catalog.hf_config import CATALOG_DIR, catalog_names, catalog_spec, read_hf_config
-from cbsim.sim.costmodels.catalog.specs import GPU_PRESETS, GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.specs import GPU_PRESETS, GiB
+from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.sim.shape import StepShape
 
 runner = CliRunner()

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from cbsim.cli.app import app
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.routing import EXACT_MEAN, UniformRouting, expected_max_normal
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.shape import StepShape
 from factories import assert_user_error
 

@@ -8,7 +8,7 @@ import pytest
 from cbsim.core.errors import ConfigError
 from cbsim.workloads import build_requests, parse_workload
 from cbsim.workloads.multimodal import parse_mm_inputs
-from cbsim.workloads.traces import _rows
+from cbsim.workloads.readers import trace_rows as _rows
 
 SYNTHETIC = {"num_requests": 200, "arrival": {"type": "poisson", "rate": 5.0},
              "prompt_len": {"type": "uniform", "min": 10, "max": 400}, "output_len": {"type": "fixed", "value": 8}}

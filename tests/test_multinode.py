@@ -16,7 +16,7 @@ from cbsim.sim.costmodels.collectives import (
     NET_EFFICIENCY, NET_RING_HOP, NET_TREE_HOP, allreduce_seconds, alltoall_seconds, link_model,
     multinode_allreduce_seconds)
 from cbsim.sim.costmodels.catalog.gpus import gpus_per_node
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.sim.shape import StepShape
 
 H100 = gpu_spec("h100")

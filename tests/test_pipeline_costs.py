@@ -15,7 +15,9 @@ from cbsim.core.errors import ConfigError
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.collectives import NET_EFFICIENCY, NET_RING_HOP, link_model
 from cbsim.sim.costmodels.pipeline import P2P_FIT, stage_layers
-from cbsim.sim.costmodels.catalog.specs import GiB, gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.specs import GiB
+from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.replica_gpus import gpus_per_replica, pipeline_stages, replica_kv_blocks, tensor_parallel
 from cbsim.sim.shape import StepShape
 

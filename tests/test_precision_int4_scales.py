@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cbsim.sim.costmodels import load_cost_model
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.shape import StepShape
 
 INT4 = {"config": "llama-3.1-70b", "weight_dtype": "int4"}

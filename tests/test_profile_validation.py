@@ -240,7 +240,8 @@ def test_08_pd_link_bandwidth_1e_300_is_named_by_validate_and_run(tmp_path):
 def test_13_a_tp2_profile_counts_two_gpus_per_replica_and_sizes_kv_with_two():
     from cbsim.api import build_replica_parts
     from cbsim.tools.sweep.capacity import num_gpus
-    from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
+    from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+    from cbsim.sim.kv.sizing import kv_cache_blocks
 
     base = {**TINY, "cluster": {"replicas": 2, "gpu": "a100", "kv_cache": {"num_blocks": "auto"}}}
     for cost in ({"type": "fitted", "profile": "a100-llama-2-70b-tp2-published.json"},

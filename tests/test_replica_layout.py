@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from cbsim.api import build_replica_parts, run_experiment
 from cbsim.config import load_config
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.kv.sizing import kv_cache_blocks
 
 BASE = {"model": "llama-3.1-70b", "cluster": {"kv_cache": {"num_blocks": "auto"}},
         "policy": {"name": "sarathi"},

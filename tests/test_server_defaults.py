@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.server import ENGINES, Context, apply_server
 from cbsim.server.flags import NO_STATIC_DEFAULT
 

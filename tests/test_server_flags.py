@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from cbsim.cli.app import app
 from cbsim.config import load_config
 from cbsim.core.errors import ConfigError
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.server import apply_server, sglang
 
 WORKLOAD = {"num_requests": 5, "arrival": {"type": "poisson", "rate": 1.0},

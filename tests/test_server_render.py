@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cbsim.config import load_config
 from cbsim.core.errors import ConfigError
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.server import ENGINES, Context, apply_server, sglang, vllm
 from cbsim.server.flags import read_flags
 from cbsim.server.render import join, render, unmatched

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from cbsim.api import load_cost_model, run_experiment
-from cbsim.sim.costmodels.catalog.specs import MODEL_PRESETS, model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import MODEL_PRESETS
 from cbsim.sim.shape import StepShape
 from cbsim.sim.metrics.step_efficiency import COLUMNS, StepHardware, step_bytes, step_flops, weights_read, with_efficiency
 

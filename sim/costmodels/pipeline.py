@@ -47,7 +47,7 @@ import numpy as np
 from cbsim.core.errors import ConfigError
 
 from cbsim.sim.costmodels.catalog.gpus import gpus_per_node
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.sim.costmodels.collectives import NET_EFFICIENCY, NET_RING_HOP, LinkModel, _intra_bandwidth, link_model
 
 # Intra-node p2p fits (see the module docstring): family -> (base s, bandwidth bytes/s).
