@@ -58,7 +58,7 @@ S (n - G) / n / (R e)).
 Invariant: `allreduce_seconds` is a pure function of Python scalars; it is increasing in the
 message size and never below `base`. A group within one node takes exactly `allreduce_seconds`.
 
-Calibration (`python benchmarks/fit_gemm_collectives.py`, log-ratio least squares over every
+Calibration (`python validation/fit_gemm_collectives.py`, log-ratio least squares over every
 row): Vidur's measured all-reduce medians, shared/data/vidur/data/profiling/network/
 {a100_dgx, h100_dgx, a100_pairwise_nvlink, h100_pairwise_nvlink}/all_reduce.csv (microsoft/vidur
 7d47513, MIT; 2 KiB..64 MiB, to 512 MiB on a100_pairwise_nvlink), single-node rows. pcie takes the

@@ -25,7 +25,7 @@ GPU of a bridged pair), PCIe, or one xGMI link; a boundary between nodes over th
 NIC: p2p_base + NET_RING_HOP + bytes / tp / (R e). Stage s holds GPUs [s tp, (s + 1) tp); a boundary
 crosses nodes when (s + 1) tp is a multiple of gpus_per_node (every boundary once tp >= gpus_per_node).
 
-Calibration of the intra-node p2p (`python benchmarks/fit_send_recv.py`): Vidur's send_recv medians
+Calibration of the intra-node p2p (`python validation/fit_send_recv.py`): Vidur's send_recv medians
 between 2 GPUs of one node (shared/data/vidur/data/profiling/network/{a100_dgx,h100_dgx}/send_recv.csv,
 devices_per_node 2; microsoft/vidur 7d47513, MIT; 2 KiB..64 MiB, 994 rows each), t = base + S / B by
 relative least squares: A100 DGX 13.2 us, 285.8 GB/s (|error| median 9.5 %, p90 16.2 %); H100 DGX
