@@ -151,7 +151,8 @@ def policies():
 
 
 @app.command()
-def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README")):
+def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the generated sections of this Markdown page "
+                                            "(docs/reference/experiment-file.md, server-flags.md)")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
     from cbsim.reference import embed, reference_markdown  # lazy: pandas (module docstring)
 
