@@ -1,4 +1,4 @@
-"""Encoder budget for multimodal requests (seed 000 §2: "encoder embeddings <= encoder compute/cache budget").
+"""Encoder budget for multimodal requests (vLLM V1 `Scheduler._try_schedule_encoder_inputs`).
 
 A request's `mm_inputs` are its image (or other encoder) placeholders in the prompt: (offset, length)
 pairs, `length` tokens of the prompt starting at `offset`, each filled by one encoder input whose

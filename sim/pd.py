@@ -100,7 +100,7 @@ class PDSettings:
     bandwidth: float = 25e9
     lanes: int = 1
     pool_bandwidth: float | None = None  # pool mode: the second hop's bandwidth (None: bandwidth)
-    first_token_on: Literal["decode", "prefill"] = "decode"  # seed 003: all output tokens come from the D node
+    first_token_on: Literal["decode", "prefill"] = "decode"  # all tokens from decode, as vLLM's disagg proxy
     decode_router: Literal["round_robin", "least_loaded", "prefix_affinity"] = "least_loaded"
     bytes_per_token: float = 0.0  # KV bytes one token occupies, whole model
 
@@ -229,8 +229,8 @@ class PDCluster:
 
     def _backpressure(self) -> None:
         """admission.pd_backpressure: pause the prefill replicas' admissions while `max_pending`
-        prefilled requests or more wait for decode room (the transfer queue; seed 000 §6.3: "P/D 架构
-        下游的 slot 状况和 transfer queue"), and wake them when it drains below. Prompts already
+        prefilled requests or more wait for decode room (the transfer queue: the decode side's free
+        slots), and wake them when it drains below. Prompts already
         admitted run on: they hold their whole reservation (reserve_full_prompt)."""
         if self.max_pending is None:
             return
