@@ -14,6 +14,7 @@ from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCa
 from cbsim.policies.registry import load_all
 from cbsim.sim.costmodels import COST_MODELS, load_cost_model  # noqa: F401
 from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
+from cbsim.core.errors import ConfigError
 from cbsim.core.schema import field_help
 from cbsim.server.reference import flags_markdown
 from cbsim.sim.metrics import MetricsConfig, SLOConfig
@@ -66,13 +67,14 @@ def reference_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def embed(text: str) -> str:
+def embed(text: str, file: str | None = None) -> str:
     """`text` with each generated section it holds (experiment reference, server flags) rewritten
-    between its markers; ValueError when it holds none."""
+    between its markers; ConfigError (naming `file`) when it holds none."""
     sections = [(begin, render) for begin, render in ((BEGIN, reference_markdown), (BEGIN_FLAGS, flags_markdown))
                 if begin in text]
-    if not sections:
-        raise ValueError(f"no generated-reference markers ({BEGIN} or {BEGIN_FLAGS})")
+    if not sections or any(text.split(begin, 1)[1].find(END) < 0 for begin, _ in sections):
+        raise ConfigError("<page>", f"a page holding a generated section: {BEGIN} (or {BEGIN_FLAGS}) ... {END}",
+                          file=file, has_got=False)
     for begin, render in sections:
         head, rest = text.split(begin, 1)
         _, tail = rest.split(END, 1)

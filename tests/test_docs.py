@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cbsim.cli.app import app
 from cbsim.reference import embed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,9 +37,13 @@ def test_generated_reference_is_current(page):
     assert embed(text) == text, f"run: cbsim schema --readme {page}"
 
 
-def test_embed_refuses_a_page_without_markers():
-    with pytest.raises(ValueError, match="markers"):
-        embed("# a page\n")
+def test_schema_refuses_a_page_without_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# a page\n")
+    result = CliRunner().invoke(app, ["schema", "--readme", str(page)])
+    assert result.exit_code == 2
+    assert f"{page}: <page>: expected a page holding a generated section" in result.output
+    assert "Traceback" not in result.output and page.read_text() == "# a page\n"
 
 
 def test_no_seed_citations_in_the_manual():

@@ -151,6 +151,7 @@ def policies():
 
 
 @app.command()
+@user_errors
 def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the generated sections of this Markdown page "
                                             "(docs/reference/experiment-file.md, server-flags.md)")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
@@ -159,7 +160,7 @@ def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite
     if readme is None:
         typer.echo(reference_markdown(), nl=False)
     else:
-        readme.write_text(embed(readme.read_text()))
+        readme.write_text(embed(readme.read_text(), str(readme)))
 
 
 # Every command family, imported by name: a reader (and the import graph) sees each command here.
