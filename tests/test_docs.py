@@ -1,8 +1,8 @@
 """The manual: the README's links resolve, the generated reference pages match the code, and the
 mkdocs-material site builds with `--strict` (skipped where mkdocs is not installed, except in CI)."""
+import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +54,7 @@ def test_no_seed_citations_in_the_manual():
 
 
 def test_mkdocs_builds_strict(tmp_path):
-    if shutil.which("mkdocs") is None and not _importable("mkdocs"):
+    if importlib.util.find_spec("mkdocs") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("CI must build the manual: pip install -e '.[docs]'")
         pytest.skip("mkdocs not installed (pip install -e '.[docs]')")
@@ -63,10 +63,3 @@ def test_mkdocs_builds_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "howto" / "your-model" / "index.html").is_file()
 
-
-def _importable(name: str) -> bool:
-    try:
-        __import__(name)
-    except ImportError:
-        return False
-    return True
