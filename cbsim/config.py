@@ -131,8 +131,8 @@ class ClusterConfig:
     link: LinkConfig = option(LinkConfig(), help="mode pd: the KV links between the pools")
     first_token_on: Literal["prefill", "decode"] = option("decode", help="mode pd: the first token is shown "
                                                           "only once its KV has reached the decode replica (TTFT "
-                                                          "includes the transfer; seed 003: every output token "
-                                                          "comes from the D node; vLLM's benchmarks/disagg_"
+                                                          "includes the transfer: every output token comes "
+                                                          "from the decode replica, as vLLM's benchmarks/disagg_"
                                                           "benchmarks/disagg_prefill_proxy_server.py sends the "
                                                           "prefill with max_tokens=1 and streams every token from "
                                                           "the decode instance), or when the prefill "

@@ -13,7 +13,7 @@ for folder in [TESTS, *sorted(d for d in TESTS.rglob("*") if d.is_dir() and d.na
     sys.path.insert(0, str(folder))
 
 # CI runs the default profile: 300 examples drawn the same way on every run, so a result is
-# reproducible. `HYPOTHESIS_PROFILE=thorough pytest tests/test_invariants.py` draws 3000 fresh ones.
+# reproducible. `HYPOTHESIS_PROFILE=thorough pytest tests/sim/test_invariants.py` draws 3000 fresh ones.
 COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("default", max_examples=300, derandomize=True, **COMMON)
 settings.register_profile("thorough", max_examples=3000, **COMMON)

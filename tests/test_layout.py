@@ -1,4 +1,4 @@
-"""The layout the README describes: the run path does not import the GPU profiler's runner."""
+"""The layout docs/development.md describes: the run path does not import the GPU profiler's runner."""
 from __future__ import annotations
 
 import subprocess

@@ -5,7 +5,7 @@
 Prints the fitted constants of sim/costmodels/gemm_efficiency.py (CONSTANTS) and
 collectives.py (CALIBRATION) and their errors; with --check, only the errors of the constants in
 those modules (what their docstrings report). The row readers are used by
-tests/test_gemm_collectives.py.
+tests/sim/costmodels/test_gemm_collectives.py.
 """
 from __future__ import annotations
 

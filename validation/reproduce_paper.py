@@ -6,7 +6,7 @@
 Each study builds its runs from a YAML file in this folder plus `--set`-style overrides (policy,
 arrival rate, number of requests), measures the numbers behind its claim, draws a figure, and
 checks the claim; everything measured goes to `<out>/numbers.json`. README.md describes each
-study, its figure and what was measured. tests/test_paper.py imports this file and checks every
+study, its figure and what was measured. tests/validation/test_paper.py imports this file and checks every
 claim at size "small", so the claims are tested, not only described.
 
 Trace studies read the length traces under $CBSIM_DATA (default: shared/data beside the

@@ -1,7 +1,7 @@
 """cbsim's roofline on int4 weight-only (AWQ, Marlin kernels) decode against published vLLM runs.
 
 Source: github.com/bereketlemma/llm-inference-bench, results/Data/awq_marlin_results.csv (commit
-e3c511995d0d6a0b7b4633f87a7396368cf0a1bc; the README's "INT4-AWQ Marlin" table): vLLM 0.16.0 on one
+e3c511995d0d6a0b7b4633f87a7396368cf0a1bc; the table in docs/validation/int4.md): vLLM 0.16.0 on one
 NVIDIA L4 24GB, TheBloke/Mistral-7B-v0.1-AWQ (AWQ, 4 bits, group 128, run by vLLM's awq_marlin),
 offline `LLM.generate` of `batch` copies of one short prompt, greedy, exactly `output_tokens` tokens
 each (benchmark/runner.py @95ec40cc), 3 warm-up and 10 measured runs; mean_latency_ms is one run.

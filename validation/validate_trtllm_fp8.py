@@ -1,7 +1,7 @@
 """cbsim's roofline against TensorRT-LLM's published offline throughput (Total Output Throughput, tokens/s):
 NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md (commit 00f37686aa854010d68bcbd0f4ab000221541ca6),
 trtllm-bench throughput, ModelOpt FP8 checkpoints, all requests queued at once, fixed ISL/OSL.
-Run: python validation/validate_trtllm_fp8.py [quick]   (the table in README "Models, GPUs and precision")"""
+Run: python validation/validate_trtllm_fp8.py [quick]   (the table in docs/validation/fp8.md)"""
 import sys
 import time
 

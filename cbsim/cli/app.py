@@ -150,14 +150,16 @@ def policies():
 
 
 @app.command()
-def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README")):
+@user_errors
+def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the generated sections of this Markdown page "
+                                            "(docs/reference/experiment-file.md, server-flags.md)")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
     from cbsim.reference import embed, reference_markdown  # lazy: pandas (module docstring)
 
     if readme is None:
         typer.echo(reference_markdown(), nl=False)
     else:
-        readme.write_text(embed(readme.read_text()))
+        readme.write_text(embed(readme.read_text(), str(readme)))
 
 
 # Every command family, imported by name: a reader (and the import graph) sees each command here.

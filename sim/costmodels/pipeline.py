@@ -34,7 +34,7 @@ link (357.5 / 450 = 0.79 of NVLink 4's one-way 450 GB/s); PCIe and xGMI boundari
 bus bandwidth of collectives.py, and one xGMI link at that fraction. Across nodes the same tables
 have rows with one GPU per node (devices_per_node 1): H100 1.9 ms for 64 MiB (35.9 GB/s), A100 7.8
 GB/s; Vidur does not name its network, so the model keeps the catalog NIC (DGX H100: 400 Gb/s, 47
-GB/s at e = 0.94) and is 24 % faster than that one table at 64 MiB (README note).
+GB/s at e = 0.94) and is 24 % faster than that one table at 64 MiB (docs/validation/pp.md).
 """
 from __future__ import annotations
 

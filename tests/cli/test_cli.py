@@ -7,7 +7,6 @@ import yaml
 from typer.testing import CliRunner
 
 from cbsim.cli.app import app
-from cbsim.reference import embed
 from paths import ROOT
 
 runner = CliRunner()
@@ -102,11 +101,6 @@ def test_policies_lists_every_policy_with_help():
     for name in ("static", "orca", "prefill_first", "sarathi", "splitfuse"):
         assert name in result.output
     assert "max_num_partial_prefills" in result.output and "chunk_size" in result.output
-
-
-def test_readme_reference_is_current():
-    text = (ROOT / "README.md").read_text()
-    assert embed(text) == text, "run: cbsim schema --readme README.md"
 
 
 def test_readme_starts_with_the_two_commands():

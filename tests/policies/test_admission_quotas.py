@@ -1,4 +1,4 @@
-"""Arrival admission (policies/quotas.py, seed 000 §6.3): per-tenant quotas and the overload state
+"""Arrival admission (policies/quotas.py): per-tenant quotas and the overload state
 with hysteresis; every rejection carries its reason once and the gate counts it once."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Admission signals (issue 15, seed 000 §6.3): SGLang's reserve for the running requests' future
+"""Admission signals (issue 15): SGLang's reserve for the running requests' future
 decode KV (new_token_ratio) and the TPOT step-time cap; each off by default."""
 import numpy as np
 import pytest

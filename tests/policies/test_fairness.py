@@ -1,4 +1,4 @@
-"""Tenant fairness (seed 000 §5.2, policies/fairness.py): fair order, weights, token buckets, the
+"""Tenant fairness (policies/fairness.py): fair order, weights, token buckets, the
 minimum quantum, deadline slack over lpm; workloads and metrics with tenants; budgets and
 completion over random workloads (hypothesis). Unit cost model: one step = one second."""
 from collections import deque

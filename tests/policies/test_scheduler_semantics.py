@@ -1,7 +1,7 @@
 """Scheduling semantics the seeds define, as exact traces under the unit cost model.
 
-- Seed 003's chunked toy: a per-request chunk of 256 tokens under a 512-token budget.
-- Seed 000 §4.3: with max_long_partial_prefills, a short prompt overtakes a long one that the
+- A chunked toy: a per-request chunk of 256 tokens under a 512-token budget.
+- vLLM V0's max_long_partial_prefills: a short prompt overtakes a long one that the
   partial-prefill limits hold back (vLLM V0 `_schedule_prefills`: leftover_waiting_sequences);
   strict_fcfs keeps it waiting.
 - vLLM V1's per-request cap (long_prefill_token_threshold) on running and waiting prefills, and
@@ -28,7 +28,7 @@ TOY = [(0, 1024, 6), (0, 128, 9)]  # (arrival, prompt_len, output_len): see gold
 
 
 @pytest.mark.parametrize("options", [
-    {"token_budget": 512, "chunk_size": 256},  # the seed's own knob
+    {"token_budget": 512, "chunk_size": 256},  # Sarathi-Serve's chunk size
     {"token_budget": 512, "long_prefill_token_threshold": 256},  # vLLM V1's name for the same cap
 ])
 def test_seed_003_chunked_toy_step_by_step(options):
@@ -45,7 +45,7 @@ OVERTAKE = {"name": "sarathi", "token_budget": 512, "long_prefill_token_threshol
 
 @pytest.mark.parametrize("partial", [1, 2])
 def test_a_short_prompt_overtakes_a_long_one_the_limits_hold_back(partial):
-    """Seed 000 §4.3: L1 prefills 256 tokens a step; L2 is long and the one long slot is taken, so
+    """max_long_partial_prefills: L1 prefills 256 tokens a step; L2 is long and the one long slot is taken, so
     it is skipped and the 100-token prompt starts in the first step. Before this change (no cap,
     no skipping) it waited 15 steps behind L2."""
     reqs = make_requests(LONG_LONG_SHORT)

@@ -101,7 +101,7 @@ def test_prefill_hands_off_after_its_first_token_and_transfer_time_is_latency_pl
 def test_first_token_on_decode_adds_the_transfer_to_ttft():
     on_prefill, *_ = run_pd([(0, 40, 3)], link=PDSettings(latency=0.5, bandwidth=10.0, bytes_per_token=1.0,
                                                           first_token_on="prefill"))
-    on_decode, *_ = run_pd([(0, 40, 3)])  # the default: seed 003, every token comes from the D node
+    on_decode, *_ = run_pd([(0, 40, 3)])  # the default: every token comes from the decode replica
     assert on_decode[0].first_token_time - on_prefill[0].first_token_time == 4.5
     assert on_decode[0].completion_time == on_prefill[0].completion_time
 

@@ -7,7 +7,7 @@ Checked: one stage through the pipelined loop is the plain loop, bit for bit; wi
 every policy (hypothesis): the budgets of every micro-batch, KV within the cache, every request
 finishing once with exactly its tokens, strictly increasing token times, tokens conserved, a
 replica's rows never overlapping, at most P batches in flight, a request in two of them only as a
-pipelined prompt chunk (chunk pipelining, the default; tests/test_pipeline_chunks.py has it off), the
+pipelined prompt chunk (chunk pipelining, the default; tests/sim/test_pipeline_chunks.py has it off), the
 look-ahead bookkeeping exact, and an in-flight request's KV blocks held until its output returns; the
 same under P/D pools, prefix caching, client timeouts and closed-loop clients; determinism.
 Physics: a saturated decode load on P stages of 1/P the time each gives P x the throughput; a load

@@ -1,5 +1,5 @@
 """RunRows (sim/run_rows.py) builds a prompt run's columns from chunk rows and decode segments exactly as
-appending every step's row in order would (the fast path's equality with stepping is tests/test_fast_path.py)."""
+appending every step's row in order would (the fast path's equality with stepping is tests/sim/test_fast_path.py)."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st

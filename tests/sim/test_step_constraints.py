@@ -1,7 +1,7 @@
-"""Every constraint family at once (seed 000 §2 and §6.3), over every policy (hypothesis): token and
-sequence budgets, the encoder budget (exact accounting, compute and cache), LoRA adapters per step,
-tenant quotas and the overload state at arrival; every request finishes once or is rejected with a
-reason."""
+"""Every constraint family at once (vLLM V1's schedule(), arrival admission), over every policy
+(hypothesis): token and sequence budgets, the encoder budget (exact accounting, compute and cache),
+LoRA adapters per step, tenant quotas and the overload state at arrival; every request finishes once
+or is rejected with a reason."""
 from __future__ import annotations
 
 from hypothesis import given, settings

@@ -3,7 +3,7 @@ fused_marlin_moe, which pads each expert's rows to a row block it picks per call
 32, 48, 64 with M x topk / E / block < 0.9, else 64 (vllm-project/vllm
 vllm/model_executor/layers/fused_moe/fused_marlin_moe.py @129ab7c60cbb): M the hidden-state rows on
 this GPU, E the experts it holds. bf16 and fp8 experts keep 128-row tiles, bit for bit (the golden
-rows of tests/test_multinode.py and tests/test_moe_routing.py)."""
+rows of tests/sim/costmodels/test_multinode.py and tests/sim/costmodels/test_moe_routing.py)."""
 from __future__ import annotations
 
 import math

@@ -15,7 +15,7 @@ DECODE = StepShape.from_batch(decode=[1000] * 8)  # weight-streaming: the bytes 
 
 def cost(model, **extra):
     """The roofline with one GEMM fraction (0.72), so that the weight bytes alone move a decode step (the
-    fitted curve pads an int4 GEMM to Marlin's 16 rows: tests/test_int4_kernels.py)."""
+    fitted curve pads an int4 GEMM to Marlin's 16 rows: tests/sim/costmodels/test_int4_kernels.py)."""
     spec = {"type": "roofline", "gpu": "h100", "tp": 4, "gemm_efficiency": 0.72, **extra}
     return load_cost_model(spec, model_spec(model))
 

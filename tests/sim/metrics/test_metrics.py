@@ -167,7 +167,7 @@ def breaks_and_replicas() -> Script:
 
 
 def interference() -> Script:
-    """The seed's case: short requests decoding when long prompts arrive at t=1. Replica 0 mixes
+    """The interference case: short requests decoding when long prompts arrive at t=1. Replica 0 mixes
     the long chunks with decodes (Sarathi-like); replica 1 runs them alone (prefill-first)."""
     s = Script()
     for rid, arrival, prompt, out in ((10, 0.0, 100, 6), (11, 0.0, 100, 7), (12, 1.0, 4096, 2),
@@ -631,7 +631,7 @@ def test_chrome_trace(tmp_path):
     ({"name": "prefill_first", "chunk_size": 17}, 0),  # chunks run alone: the decodes stall
 ])
 def test_dec_at_p_counts_short_decodes_before_the_prefill_ends(policy, want):
-    """Seed 002: decode tokens of the other *short* running requests while the long prompt is unfinished."""
+    """dec@P: decode tokens of the other *short* running requests while the long prompt is unfinished."""
     from factories import make_requests, run_policy
 
     run = run_policy(policy, make_requests([(0, 10, 60), (0, 10, 60), (0, 100, 60), (3.0, 200, 2)]))
