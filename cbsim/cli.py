@@ -43,12 +43,15 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
-                                   "2 s reports every 5 s)")):
+                                   "2 s reports every 5 s)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that holds other files "
+                                       "(cbsim's own earlier results are replaced without it)")):
     """Run one experiment and write its results folder."""
     from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
     from .api import run_experiment
     from .config import load_config
+    from .core.atomic import check_target, locked
     from .preflight import check_writable
 
     cfg = load_config(file, set_)
@@ -57,7 +60,10 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         check_writable(target, "--out" if out else "output.dir" if cfg.output.dir else "name")
     except ConfigError as err:
         raise err.in_file(str(file)) if not out else err
-    results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress())
+    key = "--out" if out else "output.dir" if cfg.output.dir else "name"
+    check_target(target, key, overwrite)  # refused before simulating, and no other writer while it runs
+    with locked(target):
+        results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress(), overwrite=overwrite)
     typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:

@@ -35,6 +35,7 @@ import yaml
 
 from .api import run_experiment
 from .config import ExperimentConfig, check_name, load_config, read_yaml
+from .core.atomic import write_file_atomic
 from .errors import ConfigError
 from .schema import option, parse, require
 
@@ -320,10 +321,7 @@ def load_finished(points: list, points_dir: Path | None, retry_failed: bool) -> 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write JSON to a temporary sibling, then os.replace it: readers see all of it or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_file_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, default=str) + "\n"))
 
 
 def results_table(spec: SweepSpec, points: list[Point], records: dict[str, dict]) -> pd.DataFrame:
@@ -358,13 +356,13 @@ def save_table(table: pd.DataFrame, out_dir: str | Path) -> Path:
     """Write results.csv and results.parquet (grid columns of mixed types are stored as text)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "results.csv", index=False)
+    write_file_atomic(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     stored = table.copy()
     for column in stored.columns[stored.dtypes == object]:
         kinds = {type(v) for v in stored[column] if v is not None and v is not pd.NA and v == v}
         if len(kinds) > 1 or kinds & {dict, list}:
             stored[column] = stored[column].map(lambda v: None if v is None else str(v))
-    stored.to_parquet(out / "results.parquet", index=False)
+    write_file_atomic(out / "results.parquet", lambda tmp: stored.to_parquet(tmp, index=False))
     return out
 
 

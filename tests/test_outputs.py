@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 import cbsim.cli
 import cbsim.sweep_cli
-from cbsim.sim.metrics import densified
 from cbsim.api import run_experiment
 from cbsim.cli import app
+from cbsim.core.atomic import MARKER
+from cbsim.sim.metrics import densified
 from cbsim.sim.outputs.progress import Progress
 
 runner = CliRunner()
@@ -57,7 +58,7 @@ def test_default_run_writes_parquet_and_no_csv_or_trace(tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {"config.yaml", "requests.parquet", "steps.parquet", "summary.json"} <= names
     assert not any(name.endswith(".csv") for name in names) and "trace.json" not in names
-    assert res.files == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert res.files == {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.name != MARKER}
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "requests.parquet"), res.requests)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), densified(res.steps))
     assert isinstance(res.steps["preemptions"].dtype, pd.SparseDtype)  # in memory: its non-zero rows only

@@ -1,0 +1,1 @@
+"""The foundation: imports nothing of cbsim."""
