@@ -349,6 +349,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
     itl = metrics.itl_distribution(recorder, requests, steps)
     summary = metrics.summarize(table, steps, recorder, cfg.metrics, itl=itl)
+    summary.update(metrics.rejection_summary(table))  # why requests were rejected, by reason
+    summary.update(metrics.mark_cut(table, cfg.sim.max_time))  # what max_time cut (not_arrived relabelled)
     preemptions = metrics.preemption_frame(pool)
     links = [replica.host_link for replica in pool] + (cluster.links if cluster is not None else [])
     transfers = metrics.transfer_frame(links)

@@ -47,6 +47,7 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that holds other files "
                                        "(cbsim's own earlier results are replaced without it)")):
     """Run one experiment and write its results folder."""
+    from cbsim.sim.metrics import cut_warning
     from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
     from .api import run_experiment
@@ -70,9 +71,11 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
-    for key in ("num_timed_out", "token_lengths"):  # client timeouts; how a text dataset was counted
+    for key in ("num_timed_out", "token_lengths", "rejected_reasons", "cut_at_max_time"):  # beyond the table
         if key in results.summary:
             typer.echo(f"{key:<{width}}  {results.summary[key]}")
+    if cut_warning(results.summary):
+        typer.secho(cut_warning(results.summary), fg=typer.colors.YELLOW, err=True)
     for line in drop_warnings(results.summary.get("dropped_rows")):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")
