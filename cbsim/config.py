@@ -15,6 +15,7 @@ import yaml
 
 from cbsim.server import apply_server
 
+from .core.bounds import MAX_YAML_BYTES, load_yaml
 from .errors import ConfigError
 from .policies import make_policy
 from .profiler.costmodels import load_cost_model
@@ -331,14 +332,18 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def parse_yaml(text: str):
-    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting."""
-    return yaml.load(text, Loader=_StrictLoader)
+    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting,
+    YamlBoundsError (a yaml.YAMLError) for a document too large or whose aliases expand too far."""
+    return load_yaml(text, _StrictLoader)
 
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("<file>", "an existing YAML file", str(path))
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise ConfigError("<file>", f"a YAML file of at most {MAX_YAML_BYTES // 2**20} MiB", has_got=False,
+                          file=str(path))
     try:
         data = parse_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:

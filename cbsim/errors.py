@@ -2,6 +2,8 @@
 without a traceback and exits with code 2."""
 from __future__ import annotations
 
+from .core.bounds import short_repr
+
 
 class ConfigError(ValueError):
     def __init__(self, path: str, expected: str, got=None, file: str | None = None, has_got: bool = True):
@@ -14,7 +16,7 @@ class ConfigError(ValueError):
 
     def _message(self) -> str:
         where = f"{self.file}: " if self.file else ""
-        got = f", got {self.got!r}" if self.has_got else ""
+        got = f", got {short_repr(self.got)}" if self.has_got else ""  # one line of it, however large
         return f"{where}{self.path}: expected {self.expected}{got}"
 
     def in_file(self, file: str | None) -> "ConfigError":

@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
+from cbsim.core import bounds
 from cbsim.errors import ConfigError
 
 from .specs import PER_CHANNEL, ModelSpec
@@ -98,7 +99,7 @@ def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     try:
-        data = json.loads(file.read_text())
+        data = bounds.loads(file.read_text())
     except FileNotFoundError:
         raise ConfigError("model", "a config.json file or a folder holding one", str(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbsim.core import bounds
 from cbsim.errors import ConfigError
 from cbsim.sim.shape import StepShape
 
@@ -62,7 +63,7 @@ def _row(line: str, where: str, file: str) -> MeasuredStep:
         raise ConfigError(f"{where}: {key}", expected, got, file=file, has_got=has_got)
 
     try:
-        obj = json.loads(line)
+        obj = bounds.loads(line)
     except json.JSONDecodeError as err:
         fail("row", f"a JSON object ({err.msg})", has_got=False)
     if not isinstance(obj, dict):

@@ -16,7 +16,6 @@ Formats (columns as documented in shared/data/traces/SOURCE.md):
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cbsim.core import bounds
 from cbsim.errors import ConfigError
 
 TIMED_FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "generic_csv", "generic_jsonl")
@@ -127,7 +127,7 @@ def read_json_lines(path: Path, key: str, expected: str, parse) -> list:
             try:
                 line = raw.decode("utf-8")
                 if line.strip():
-                    out.append(parse(json.loads(line)))
+                    out.append(parse(bounds.loads(line)))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 raise ConfigError(f"{key} (line {number})", expected, str(err), file=str(path)) from None
     return out
