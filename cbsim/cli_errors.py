@@ -8,18 +8,18 @@ import functools
 import typer
 
 from .core.atomic import OutputError
-from .errors import ConfigError
+from .errors import ConfigError, RunAborted
 
 
 def user_errors(func):
-    """Turn ConfigError (and a missing file) and OutputError (a results folder that cannot be written
-    as asked: cbsim/core/atomic.py) into a clean message and exit code 2."""
+    """Turn ConfigError (and a missing file), OutputError (a results folder that cannot be written as
+    asked: cbsim/core/atomic.py) and RunAborted (a worker died) into a clean message and exit code 2."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except (ConfigError, OutputError) as err:
+        except (ConfigError, OutputError, RunAborted) as err:
             typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
 

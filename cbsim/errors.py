@@ -33,5 +33,10 @@ class ConfigError(ValueError):
         return ConfigError(path, self.expected, self.got, self.file, self.has_got)
 
 
+class RunAborted(Exception):
+    """A run that cannot go on for a reason outside its input (a worker process died); the message is one
+    line saying what happened and how to resume. The CLI prints it like a ConfigError (exit code 2)."""
+
+
 def missing(path: str, expected: str) -> ConfigError:
     return ConfigError(path, f"a value ({expected})", has_got=False)

@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -35,8 +36,9 @@ import yaml
 
 from .api import run_experiment
 from .config import ExperimentConfig, check_name, load_config, read_yaml
+from .core import bounds
 from .core.atomic import write_file_atomic
-from .errors import ConfigError
+from .errors import ConfigError, RunAborted
 from .schema import option, parse, require
 
 DEFAULT_METRICS = ["ttft_p50", "itl_p99", "throughput_tokens_per_s", "dec_at_p_mean", "short_p_mean"]
@@ -250,9 +252,13 @@ def _run_local(items: list, func, workers: int | None, collect, address=None) ->
         for item in items:
             collect(func(item))
         return
-    with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        for future in as_completed([pool.submit(func, item) for item in items]):
-            collect(future.result())
+    try:
+        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+            for future in as_completed([pool.submit(func, item) for item in items]):
+                collect(future.result())
+    except BrokenProcessPool:  # func never raises: only a worker's death (a kill, the OOM killer) gets here
+        raise RunAborted("a worker process died (killed, or out of memory) before its point finished; the points "
+                         "finished so far are kept: rerun the same command to resume") from None
 
 
 def die_with_parent(parent: int, interval: float = 0.5) -> None:
@@ -306,17 +312,27 @@ def _run_ray(items: list, func, workers: int | None, collect, address: str | Non
 
 def load_finished(points: list, points_dir: Path | None, retry_failed: bool) -> dict[str, dict]:
     """Records of points (anything with an `id`) already finished under points_dir/<id>.json (ok
-    ones, and failed ones unless retried); sweeps and tunes share it."""
+    ones, and failed ones unless retried); sweeps and tunes share it. A file that is not such a record
+    (damaged or edited by hand: the sweep writes each one whole) counts as not finished: the rerun runs
+    that point again and replaces it."""
     if points_dir is None or not points_dir.is_dir():
         return {}
     records = {}
     for point in points:
-        file = points_dir / f"{point.id}.json"
-        if file.is_file():
-            record = json.loads(file.read_text())
-            if record["status"] == "ok" or not retry_failed:
-                records[point.id] = record
+        record = _read_record(points_dir / f"{point.id}.json", point.id)
+        if record is not None and (record["status"] == "ok" or not retry_failed):
+            records[point.id] = record
     return records
+
+
+def _read_record(file: Path, point: str) -> dict | None:
+    """Point `point`'s record, or None where the file is missing or not its record."""
+    try:
+        record = bounds.loads(file.read_bytes())
+    except (OSError, ValueError):
+        return None
+    good = isinstance(record, dict) and record.get("point_id") == point and record.get("status") in ("ok", "failed")
+    return record if good else None
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
