@@ -112,7 +112,8 @@ def test_sglang_flags():
 
 
 def test_server_block_errors():
-    for server, key in (({"engine": "trt"}, "server.engine"), ({"engine": "vllm", "flags": ""}, "server.flags"),
+    for server, key in (({"engine": "trt"}, "server.engine"), ({"engine": {}}, "server.engine"),
+                        ({"engine": ["vllm"]}, "server.engine"), ({"engine": "vllm", "flags": ""}, "server.flags"),
                         ({"engine": "vllm", "version": "0.6.3"}, "server.version"), ("vllm", "server")):
         with pytest.raises(ConfigError, match=key):
             load_config({"server": server, "workload": WORKLOAD})

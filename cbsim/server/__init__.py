@@ -75,7 +75,7 @@ def _check(server) -> tuple[str, str | None, object]:
         if key not in KEYS:
             raise ConfigError(f"server.{key}", "one of the keys " + ", ".join(KEYS), has_got=False)
     engine = server.get("engine")
-    if engine not in ENGINES:
+    if not isinstance(engine, str) or engine not in ENGINES:  # a mapping or list is no engine name (nor hashable)
         raise ConfigError("server.engine", "one of " + ", ".join(ENGINES), engine)
     version = server.get("version")
     if version is not None:
