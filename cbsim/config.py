@@ -293,8 +293,9 @@ class ExperimentConfig:
 def check_name(name: str, path: str) -> None:
     """A run or sweep name becomes a folder under results/: one plain path component."""
     require(name.strip() != "" and name not in (".", "..") and not any(c in name for c in "/\\\0")
-            and name == name.strip(), path, "a folder name: not empty, no '/', '\\' or surrounding spaces, "
-            "not '.' or '..'", name)
+            and name == name.strip() and len(name.encode("utf-8", "surrogatepass")) <= 200, path,
+            "a folder name: not empty, at most 200 bytes (a file system's 255 less the suffixes cbsim adds), "
+            "no '/', '\\' or surrounding spaces, not '.' or '..'", name)
 
 
 MAX_DEPTH = 64  # deepest YAML nesting accepted (experiment files use fewer than 10 levels)

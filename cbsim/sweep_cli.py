@@ -89,6 +89,8 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     limits = {}
     for item in slo:
         name, _, value = item.partition("=")
+        if name.strip() in limits:  # the second would silently replace the first
+            raise ConfigError("--slo", f"each metric once (a second limit on {name.strip()})", item)
         try:
             limits[name.strip()] = float(value)
         except ValueError:

@@ -252,10 +252,10 @@ def _check_synthetic(cfg: WorkloadConfig, path: str) -> None:
                                 "'prompt_len' and 'output_len'", has_got=False)
     if cfg.num_requests is None and not isinstance(cfg.arrival, StagesArrival):
         raise missing(f"{path}.num_requests", "int >= 1 (optional only with arrival type stages)")
-    if cfg.num_requests is None:
+    if isinstance(cfg.arrival, StagesArrival):  # with num_requests too: the process draws the stages' arrivals
         require(cfg.arrival.expected <= MAX_REQUESTS, f"{path}.arrival.stages",
                 f"stages holding at most {MAX_REQUESTS:,} arrivals (sum of rate * duration)", cfg.arrival.expected)
-    else:
+    if cfg.num_requests is not None:
         require(1 <= cfg.num_requests <= MAX_REQUESTS, f"{path}.num_requests",
                 f"an integer >= 1 and <= {MAX_REQUESTS:,}", cfg.num_requests)
     for name in ("arrival", "prompt_len", "output_len"):

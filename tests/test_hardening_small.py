@@ -1,0 +1,61 @@
+"""The smaller defects of issue 26 (item 16), each a one-line error with exit code 2 or a run that
+works, never a traceback."""
+import yaml
+from typer.testing import CliRunner
+
+from factories import assert_user_error
+
+from cbsim.cli import app
+
+runner = CliRunner()
+TINY = {
+    "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
+    "cluster": {"kv_cache": {"num_blocks": 400}}, "policy": {"name": "sarathi", "token_budget": 128},
+    "workload": {"num_requests": 5, "arrival": {"type": "poisson", "rate": 20.0},
+                 "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 5}},
+    "output": {"plots": False},
+}
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def experiment(tmp_path, **changes):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **changes}))
+    return path
+
+
+def test_a_sigma_of_minus_zero_runs_as_zero(tmp_path):
+    workload = {**TINY["workload"], "prompt_len": {"type": "lognormal", "median": 100, "sigma": -0.0}}
+    result = cli("run", experiment(tmp_path, workload=workload), "--out", tmp_path / "o", "-q")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_stage_rate_of_2_to_the_63_is_refused(tmp_path):
+    workload = {**TINY["workload"], "arrival": {"type": "stages", "stages": [{"rate": 2.0**63, "duration": 1}]}}
+    assert_user_error(cli("validate", experiment(tmp_path, workload=workload)), "workload.arrival.stages",
+                      "at most 10,000,000 arrivals")
+
+
+def test_a_run_name_too_long_for_a_folder_is_refused(tmp_path):
+    assert_user_error(cli("validate", experiment(tmp_path, name="x" * 300)), "exp.yaml", "name", "at most 200 bytes")
+    assert_user_error(cli("run", experiment(tmp_path), "--set", "name=" + "é" * 150), "name", "at most 200 bytes")
+
+
+def test_a_repeated_slo_is_refused_not_silently_replaced(tmp_path):
+    assert_user_error(cli("capacity", experiment(tmp_path), "--slo", "ttft_p99=1", "--slo", "ttft_p99=2"),
+                      "--slo", "each metric once")
+
+
+def test_an_os_error_is_one_line(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "x"))
+
+    monkeypatch.setattr("cbsim.cli.check_target", refuse, raising=False)
+    monkeypatch.setattr("cbsim.core.atomic.check_target", refuse)
+    assert_user_error(cli("run", experiment(tmp_path), "--out", tmp_path / "o"), "Permission denied")
