@@ -18,6 +18,7 @@ from cbsim.profiler.specs import DEFAULT_MODEL
 from cbsim.profiler.step_table import read_steps, step_row
 
 from .cli_errors import user_errors
+from .core.atomic import write_file_atomic
 from .errors import ConfigError
 
 
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
         _check_out(out)
         report = _from_steps(steps, cost_model, names, engine) if steps else \
             _from_serving(serving, holdout or [], names, engine, max_evals)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_file_atomic(out, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
         typer.echo(_summary(report))
         typer.echo(f"engine file: {out}  (use it as cost_model.engine: {out})")
 
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
 
         rows, notes = read_splitwise(csv)
         _check_out(out)
-        out.write_text("".join(json.dumps(step_row(r)) + "\n" for r in rows))
+        write_file_atomic(out, lambda tmp: tmp.write_text("".join(json.dumps(step_row(r)) + "\n" for r in rows)))
         for note in notes:
             typer.echo(f"note: {note}", err=True)
         typer.echo(f"{len(rows)} steps: {out}")

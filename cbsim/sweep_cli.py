@@ -14,6 +14,7 @@ import typer
 import yaml
 
 from cbsim.cli_errors import user_errors
+from cbsim.core.atomic import write_file_atomic
 from cbsim.errors import ConfigError
 from cbsim.sim.outputs.progress import Progress
 
@@ -115,7 +116,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     if out is not None:
         frames = [r.points.assign(policy=label) for label, r in results.items()]
         out.parent.mkdir(parents=True, exist_ok=True)
-        pd.concat(frames, ignore_index=True).to_csv(out, index=False)
+        write_file_atomic(out, lambda tmp: pd.concat(frames, ignore_index=True).to_csv(tmp, index=False))
         typer.echo(f"probes: {out}")
 
 

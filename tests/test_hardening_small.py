@@ -59,3 +59,14 @@ def test_an_os_error_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr("cbsim.cli.check_target", refuse, raising=False)
     monkeypatch.setattr("cbsim.core.atomic.check_target", refuse)
     assert_user_error(cli("run", experiment(tmp_path), "--out", tmp_path / "o"), "Permission denied")
+
+
+def test_calibrate_with_too_few_evaluations_is_one_line(tmp_path):
+    import json
+
+    measured = tmp_path / "bench.json"
+    measured.write_text(json.dumps({"ttft_mean": 0.05, "itl_p50": 0.01}))
+    result = cli("calibrate", "--serving", f"{experiment(tmp_path)}={measured}", "--max-evals", "0",
+                 "--out", tmp_path / "engine.json")
+    assert_user_error(result, "--max-evals", "more than")
+    assert not (tmp_path / "engine.json").exists()
