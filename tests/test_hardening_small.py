@@ -70,3 +70,19 @@ def test_calibrate_with_too_few_evaluations_is_one_line(tmp_path):
                  "--out", tmp_path / "engine.json")
     assert_user_error(result, "--max-evals", "more than")
     assert not (tmp_path / "engine.json").exists()
+
+
+def test_arrivals_beyond_the_clock_are_refused_by_validate_naming_the_workload(tmp_path):
+    """A rate of 1e-300, a trace row in year 9999 and an explicit arrival of 1e300 s passed validate and
+    then failed at the first step, blamed on cost_model."""
+    import json
+
+    slow = {**TINY["workload"], "arrival": {"type": "poisson", "rate": 1e-300}}
+    assert_user_error(cli("validate", experiment(tmp_path, workload=slow)), "workload.arrival", "clock")
+    explicit = {"requests": [{"arrival": 1e300, "prompt_len": 10, "output_len": 2}]}
+    assert_user_error(cli("validate", experiment(tmp_path, workload=explicit)), "workload.requests", "arrival")
+    year_9999 = 253402300799  # 9999-12-31 in Unix seconds
+    rows = [{"timestamp": t * 1000, "input_length": 100, "output_length": 5, "hash_ids": [0]} for t in (0, year_9999)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    trace = {"trace": {"format": "mooncake", "path": "t.jsonl", "slot_width": 0}}
+    assert_user_error(cli("validate", experiment(tmp_path, workload=trace)), "workload.trace", "clock")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from cbsim.errors import ConfigError, missing
 from cbsim.schema import coerce, option, parse, require
+from cbsim.sim.durations import CLOCK_LIMIT
 
 from .arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
 from .lengths import LENGTHS, LengthConfig
@@ -48,7 +49,8 @@ class ExplicitRequest:
                                                "...], sorted, within the prompt (policies/encoder.py); null: none")
 
     def validate(self):
-        require(self.arrival >= 0, "arrival", "a time >= 0", self.arrival)
+        require(0 <= self.arrival < CLOCK_LIMIT, "arrival", f"a time >= 0 and below {CLOCK_LIMIT:.3g} s (the "
+                "simulated clock's range, sim/durations.py)", self.arrival)
         require(self.prompt_len >= 1, "prompt_len", "a length >= 1", self.prompt_len)
         require(self.output_len >= 1, "output_len", "a length >= 1", self.output_len)
         if self.mm_inputs is not None:
