@@ -86,3 +86,32 @@ def test_arrivals_beyond_the_clock_are_refused_by_validate_naming_the_workload(t
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     trace = {"trace": {"format": "mooncake", "path": "t.jsonl", "slot_width": 0}}
     assert_user_error(cli("validate", experiment(tmp_path, workload=trace)), "workload.trace", "clock")
+
+
+def test_a_measured_step_of_1e300_seconds_is_refused(tmp_path):
+    from cbsim.errors import ConfigError
+    from cbsim.profiler.step_table import read_steps
+
+    table = tmp_path / "steps.jsonl"
+    table.write_text('{"decode": [100], "time_s": 0.02}\n{"decode": [100], "time_s": 1e300}\n')
+    try:
+        read_steps(table)
+    except ConfigError as err:
+        assert "steps.jsonl" in str(err) and "line 2: time_s" in str(err)
+    else:
+        raise AssertionError("a step of 1e300 s was accepted")
+
+
+SPLITWISE_HEADER = "model,hardware,tensor_parallel,prompt_size,batch_size,prompt_time,token_time,e2e_time\n"
+
+
+def test_splitwise_rows_with_nan_or_negative_times_are_left_out_and_counted(tmp_path):
+    csv = tmp_path / "perf.csv"
+    csv.write_text(SPLITWISE_HEADER + "llama2-70b,a100-80gb,2,512,1,100,20,600\n"
+                   "llama2-70b,a100-80gb,2,512,1,nan,20,600\nllama2-70b,a100-80gb,2,512,1,-5,20,600\n"
+                   "llama2-70b,a100-80gb,2,1024,1,200,-1,900\n")
+    result = cli("splitwise-steps", csv, "--out", tmp_path / "steps.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "3 row(s) left out" in result.output and "2 steps" in result.output
+    csv.write_text(SPLITWISE_HEADER + "llama2-70b,a100-80gb,2,512,1,nan,20,600\n")
+    assert_user_error(cli("splitwise-steps", csv, "--out", tmp_path / "s2.jsonl"), "perf.csv", "finite numbers > 0")
