@@ -115,3 +115,13 @@ def test_splitwise_rows_with_nan_or_negative_times_are_left_out_and_counted(tmp_
     assert "3 row(s) left out" in result.output and "2 steps" in result.output
     csv.write_text(SPLITWISE_HEADER + "llama2-70b,a100-80gb,2,512,1,nan,20,600\n")
     assert_user_error(cli("splitwise-steps", csv, "--out", tmp_path / "s2.jsonl"), "perf.csv", "finite numbers > 0")
+
+
+def test_fit_errors_about_the_measurements_name_their_file(tmp_path):
+    """Too few grid rows, no layer count: the fit's own errors name the CSV they are about."""
+    csv = tmp_path / "m.csv"
+    csv.write_text("batch_id,cls,source,prefill,decode,layer_s_median\n1,decode,grid,,16,0.001\n")
+    assert_user_error(cli("fit", csv, "--out", tmp_path / "p.json"), "m.csv", "num_layers")
+    assert_user_error(cli("fit", csv, "--out", tmp_path / "p.json", "--num-layers", "4"), "m.csv", "source",
+                      "unflagged grid rows")
+    assert not (tmp_path / "p.json").exists()
