@@ -63,6 +63,8 @@ def apply_server(data: dict) -> tuple[dict, Resolution | None]:
     merged.setdefault("cost_model", _experiment_default("cost_model"))  # its GPU sets defaults; the engine goes in
     context = _context(merged, flags.get(model_flag), _version(version) if version else None)
     settings, explicit = module.resolve(flags, context, "server.args")
+    if hasattr(module, "check_startup"):  # what the engine itself refuses to start with
+        module.check_startup(settings, settings.get("cluster.max_model_len") or context.max_model_len, "server.args")
     for key, value in settings.items():
         _merge(merged, key, value, key in explicit)
     return merged, Resolution(engine, version, settings, frozenset(explicit), tuple(ignored))
