@@ -37,7 +37,7 @@ import yaml
 from .api import run_experiment
 from .config import ExperimentConfig, check_name, load_config, read_yaml
 from .core import bounds
-from .core.atomic import write_file_atomic
+from .core.atomic import mark_complete, mark_incomplete, write_file_atomic
 from .errors import ConfigError, RunAborted
 from .schema import option, parse, require
 
@@ -213,6 +213,8 @@ def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | No
     spec = load_sweep(spec_or_path, root)
     points = sweep_points(spec)
     points_dir = Path(out_dir) / "points" if out_dir is not None else None
+    if out_dir is not None:  # complete again only once its results table is written (save_table)
+        mark_incomplete(Path(out_dir))
     records = load_finished(points, points_dir, retry_failed)
     todo = [p for p in points if p.id not in records]
     done = len(points) - len(todo)
@@ -369,7 +371,8 @@ def results_table(spec: SweepSpec, points: list[Point], records: dict[str, dict]
 
 
 def save_table(table: pd.DataFrame, out_dir: str | Path) -> Path:
-    """Write results.csv and results.parquet (grid columns of mixed types are stored as text)."""
+    """Write results.csv and results.parquet (grid columns of mixed types are stored as text), then the
+    folder's completion marker (cbsim/core/atomic.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_file_atomic(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
@@ -379,6 +382,7 @@ def save_table(table: pd.DataFrame, out_dir: str | Path) -> Path:
         if len(kinds) > 1 or kinds & {dict, list}:
             stored[column] = stored[column].map(lambda v: None if v is None else str(v))
     write_file_atomic(out / "results.parquet", lambda tmp: stored.to_parquet(tmp, index=False))
+    mark_complete(out, ["results.csv", "results.parquet"])
     return out
 
 

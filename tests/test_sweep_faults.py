@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 import cbsim.sweep
 from cbsim.cli import app
+from cbsim.core.atomic import is_complete
 from cbsim.sweep import run_point, run_sweep
 
 runner = CliRunner()
@@ -39,10 +40,12 @@ def test_a_dead_worker_is_one_line_and_the_rerun_resumes(tmp_path, monkeypatch):
     last = result.output.strip().splitlines()[-1]  # after the progress bar: one line
     assert last.startswith("error: a worker process died") and "rerun the same command to resume" in last
     monkeypatch.undo()
+    assert not is_complete(out)  # points only: no results table, no completion marker
     kept = len(list((out / "points").glob("*.json"))) if (out / "points").exists() else 0
     calls = []
     table = run_sweep(SPEC, out_dir=out, workers=1, on_point=lambda record, done, total: calls.append(done))
     assert list(table["status"]) == ["ok"] * 3 and len(calls) == 3 - kept
+    assert is_complete(out) and (out / "results.parquet").is_file()
 
 
 def test_a_damaged_point_file_is_run_again(tmp_path):

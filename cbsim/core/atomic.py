@@ -156,8 +156,24 @@ def _finish(staging: Path) -> None:
         if path.is_file():
             _fsync(path)
             files.append(str(path.relative_to(staging)))
-    write_file_atomic(staging / MARKER, lambda tmp: tmp.write_text(json.dumps({"files": files}, indent=1) + "\n"))
+    mark_complete(staging, files)
     _fsync(staging)
+
+
+def mark_complete(folder: Path, files: list[str]) -> None:
+    """Write `folder`'s completion marker (the list of its files), atomically: the last write of a folder
+    that is written in place and resumed (a sweep's, whose point files are each atomic)."""
+    write_file_atomic(Path(folder) / MARKER, lambda tmp: tmp.write_text(json.dumps({"files": files}, indent=1) + "\n"))
+
+
+def mark_incomplete(folder: Path) -> None:
+    """Remove `folder`'s completion marker, if any: the first write of a run that resumes it."""
+    try:
+        (Path(folder) / MARKER).unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise OutputError(f"{folder}: cannot update its completion marker ({err.strerror})") from None
 
 
 def _swap_in(staging: Path, target: Path) -> None:
