@@ -162,7 +162,7 @@ def _precision(r: _Reader) -> dict:
     the checkpoint quantises it."""
     key = "torch_dtype" if "torch_dtype" in r.data else "dtype"
     torch_dtype = r.data.get(key, "bfloat16")
-    if torch_dtype not in TORCH_DTYPES:
+    if not isinstance(torch_dtype, str) or torch_dtype not in TORCH_DTYPES:  # a list or mapping is not hashable
         raise r.error(key, "bfloat16, float16 or float32", torch_dtype)
     weight = kv = TORCH_DTYPES[torch_dtype]
     quant = r.data.get("quantization_config")

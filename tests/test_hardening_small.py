@@ -125,3 +125,15 @@ def test_fit_errors_about_the_measurements_name_their_file(tmp_path):
     assert_user_error(cli("fit", csv, "--out", tmp_path / "p.json", "--num-layers", "4"), "m.csv", "source",
                       "unflagged grid rows")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_torch_dtype_that_is_a_list_is_one_line(tmp_path):
+    """Found by the fuzz battery: `torch_dtype: []` in a config.json gave TypeError: unhashable type."""
+    import json
+
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 512, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024, "vocab_size": 32000,
+              "max_position_embeddings": 4096, "torch_dtype": ["bfloat16"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    data = {"model": str(tmp_path / "config.json"), "cost_model": {"type": "roofline", "gpu": "h100"}}
+    assert_user_error(cli("validate", experiment(tmp_path, **data)), "config.json", "torch_dtype")
