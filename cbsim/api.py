@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from cbsim.core.atomic import results_folder
 from cbsim.policies import make_policy
 from cbsim.profiler.costmodels import load_cost_model as load
 from cbsim.profiler.costmodels.registry import engine_of
@@ -39,7 +40,6 @@ from cbsim.sim.simulation import simulate
 from cbsim.workloads import build_run, parse_workload
 
 from .config import ExperimentConfig, load_config
-from .core.atomic import results_folder
 from .errors import ConfigError
 from .pools import pool_config
 from .replica_gpus import kv_bytes_per_gpu, num_gpus, replica_kv_blocks

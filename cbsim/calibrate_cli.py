@@ -14,11 +14,11 @@ from typing import List, Optional
 
 import typer
 
+from cbsim.core.atomic import write_file_atomic
 from cbsim.profiler.specs import DEFAULT_MODEL
 from cbsim.profiler.step_table import read_steps, step_row
 
 from .cli_errors import user_errors
-from .core.atomic import write_file_atomic
 from .errors import ConfigError
 
 

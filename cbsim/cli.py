@@ -52,7 +52,7 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
 
     from .api import run_experiment
     from .config import load_config
-    from .core.atomic import check_target, locked
+    from cbsim.core.atomic import check_target, locked
     from .preflight import check_writable
 
     cfg = load_config(file, set_)

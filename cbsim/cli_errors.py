@@ -7,7 +7,8 @@ import functools
 
 import typer
 
-from .core.atomic import OutputError
+from cbsim.core.atomic import OutputError
+
 from .errors import ConfigError, RunAborted
 
 

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 import yaml
 
+from cbsim.core.bounds import MAX_YAML_BYTES, load_yaml
 from cbsim.server import apply_server
 
-from .core.bounds import MAX_YAML_BYTES, load_yaml
 from .errors import ConfigError
 from .policies import make_policy
 from .profiler.costmodels import load_cost_model

@@ -2,7 +2,7 @@
 without a traceback and exits with code 2."""
 from __future__ import annotations
 
-from .core.bounds import short_repr
+from cbsim.core.bounds import short_repr
 
 
 class ConfigError(ValueError):

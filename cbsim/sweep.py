@@ -34,10 +34,11 @@ from typing import Any, Callable, Literal
 import pandas as pd
 import yaml
 
+from cbsim.core import bounds
+from cbsim.core.atomic import mark_complete, mark_incomplete, write_file_atomic
+
 from .api import run_experiment
 from .config import ExperimentConfig, check_name, load_config, read_yaml
-from .core import bounds
-from .core.atomic import mark_complete, mark_incomplete, write_file_atomic
 from .errors import ConfigError, RunAborted
 from .schema import option, parse, require
 

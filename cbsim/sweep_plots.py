@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .core.atomic import write_file_atomic
+from cbsim.core.atomic import write_file_atomic
 
 LABELS = {
     "ttft_p50": "TTFT p50 (s)", "ttft_p99": "TTFT p99 (s)", "tpot_p50": "TPOT p50 (s)", "tpot_p99": "TPOT p99 (s)",

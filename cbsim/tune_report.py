@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from cbsim.core.atomic import mark_complete, mark_incomplete, write_file_atomic
+
 from .capacity import num_gpus
 from .config import ExperimentConfig, pool_policy
-from .core.atomic import mark_complete, mark_incomplete, write_file_atomic
 from .tune import Candidate, TuneResult, rank_key
 from .tune_flags import flags_text
 from .tune_stages import policy_settings, slo_family
