@@ -13,33 +13,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from factories import assert_user_error
+from factories import TINY_EXPERIMENT, assert_user_error, cli, write_experiment
 
-from cbsim.cli import app
-from cbsim.core import atomic
 from cbsim.core.atomic import MARKER, OutputError, is_complete, require_complete, write_file_atomic
 
-runner = CliRunner()
-TINY = {
-    "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
-    "cluster": {"kv_cache": {"num_blocks": 400}}, "policy": {"name": "sarathi", "token_budget": 128},
-    "workload": {"num_requests": 20, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "uniform", "min": 10, "max": 300},
-                 "output_len": {"type": "uniform", "min": 1, "max": 40}},
-    "output": {"plots": False, "trace": True, "formats": ["parquet", "csv"]},
-}
+TINY = {**TINY_EXPERIMENT, "output": {"plots": False, "trace": True, "formats": ["parquet", "csv"]}}
 
 
 def experiment(tmp_path, **changes):
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump({**TINY, **changes}))
-    return path
-
-
-def cli(*args):
-    return runner.invoke(app, [str(a) for a in args])
+    return write_experiment(tmp_path, {**TINY, **changes})
 
 
 def listing(folder: Path) -> set[str]:
@@ -140,8 +123,9 @@ def test_a_reader_refuses_an_incomplete_folder(tmp_path):
         require_complete(tmp_path / "cut")
 
 
-KILL_RUN = {**TINY, "workload": {**TINY["workload"], "num_requests": 20000, "arrival": {"type": "poisson",
-                                                                                       "rate": 200.0}},
+KILL_RUN = {**TINY, "workload": {"num_requests": 20000, "arrival": {"type": "poisson", "rate": 200.0},
+                                 "prompt_len": {"type": "uniform", "min": 10, "max": 300},
+                                 "output_len": {"type": "uniform", "min": 1, "max": 40}},
             "cluster": {"kv_cache": {"num_blocks": 20000}}, "output": {"plots": False, "formats": ["csv"]}}
 
 

@@ -5,34 +5,22 @@ import json
 import time
 
 import pytest
-import yaml
-from typer.testing import CliRunner
 
-from factories import assert_user_error
+from factories import TINY_EXPERIMENT as TINY
+from factories import assert_user_error, cli, write_experiment
 
-from cbsim.cli import app
 from cbsim.config import read_yaml
 from cbsim.core import bounds
 from cbsim.errors import ConfigError
 
-runner = CliRunner()
-TINY = {
-    "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
-    "cluster": {"kv_cache": {"num_blocks": 400}}, "policy": {"name": "sarathi", "token_budget": 128},
-    "workload": {"num_requests": 4, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 5}},
-    "output": {"plots": False},
-}
 DEEP = "[" * 5000 + "]" * 5000
 
 
-def cli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
 def write(tmp_path, data, name="exp.yaml"):
+    if isinstance(data, dict):
+        return write_experiment(tmp_path, data, name)
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(data) if isinstance(data, dict) else data)
+    path.write_text(data)
     return path
 
 

@@ -1,30 +1,11 @@
 """The smaller defects of issue 26 (item 16), each a one-line error with exit code 2 or a run that
 works, never a traceback."""
-import yaml
-from typer.testing import CliRunner
-
-from factories import assert_user_error
-
-from cbsim.cli import app
-
-runner = CliRunner()
-TINY = {
-    "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
-    "cluster": {"kv_cache": {"num_blocks": 400}}, "policy": {"name": "sarathi", "token_budget": 128},
-    "workload": {"num_requests": 5, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 5}},
-    "output": {"plots": False},
-}
-
-
-def cli(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from factories import TINY_EXPERIMENT as TINY
+from factories import assert_user_error, cli, write_experiment
 
 
 def experiment(tmp_path, **changes):
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump({**TINY, **changes}))
-    return path
+    return write_experiment(tmp_path, {**TINY, **changes})
 
 
 def test_a_sigma_of_minus_zero_runs_as_zero(tmp_path):

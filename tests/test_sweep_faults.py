@@ -5,22 +5,14 @@ import os
 import signal
 
 import yaml
-from typer.testing import CliRunner
+
+from factories import TINY_EXPERIMENT, cli
 
 import cbsim.sweep
-from cbsim.cli import app
 from cbsim.core.atomic import is_complete
 from cbsim.sweep import run_point, run_sweep
 
-runner = CliRunner()
-BASE = {
-    "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
-    "cluster": {"kv_cache": {"num_blocks": 400}}, "policy": {"name": "sarathi", "token_budget": 128},
-    "workload": {"num_requests": 10, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 5}},
-    "output": {"plots": False},
-}
-SPEC = {"name": "faults", "base": BASE, "grid": {"policy.token_budget": [64, 128, 256]}}
+SPEC = {"name": "faults", "base": TINY_EXPERIMENT, "grid": {"policy.token_budget": [64, 128, 256]}}
 
 
 def dies_at_256(point):
@@ -35,7 +27,7 @@ def test_a_dead_worker_is_one_line_and_the_rerun_resumes(tmp_path, monkeypatch):
     spec.write_text(yaml.safe_dump(SPEC))
     out = tmp_path / "out"
     monkeypatch.setattr(cbsim.sweep, "run_point", dies_at_256)
-    result = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--workers", "2", "--no-plots"])
+    result = cli("sweep", spec, "--out", out, "--workers", 2, "--no-plots")
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     last = result.output.strip().splitlines()[-1]  # after the progress bar: one line
     assert last.startswith("error: a worker process died") and "rerun the same command to resume" in last

@@ -5,29 +5,21 @@ arrived and prints a warning (sim/metrics/unfinished.py)."""
 import json
 
 import pandas as pd
-import yaml
-from typer.testing import CliRunner
+
+from factories import TINY_EXPERIMENT, cli, write_experiment
 
 from cbsim.api import run_experiment
-from cbsim.cli import app
 from cbsim.core.atomic import is_complete
 from cbsim.sim.metrics import rejection_summary
 from cbsim.sweep import run_sweep
 
-runner = CliRunner()
-TINY = {
-    "name": "tiny", "seed": 1, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
-    "cluster": {"kv_cache": {"num_blocks": 2}}, "policy": {"name": "sarathi", "token_budget": 128},
-    "workload": {"num_requests": 5, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "fixed", "value": 300}, "output_len": {"type": "fixed", "value": 10}},
-    "output": {"plots": False},
-}
+TINY = {**TINY_EXPERIMENT, "seed": 1, "cluster": {"kv_cache": {"num_blocks": 2}},  # too small for any request
+        "workload": {**TINY_EXPERIMENT["workload"], "prompt_len": {"type": "fixed", "value": 300},
+                     "output_len": {"type": "fixed", "value": 10}}}
 
 
 def test_a_run_rejecting_every_request_writes_its_summary_with_the_reasons(tmp_path):
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump(TINY))
-    result = runner.invoke(app, ["run", str(exp), "--out", str(tmp_path / "out"), "-q"])
+    result = cli("run", write_experiment(tmp_path, TINY), "--out", tmp_path / "out", "-q")
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["num_rejected"] == 5 and summary["num_finished"] == 0 and summary["num_steps"] == 0
@@ -72,8 +64,6 @@ def test_max_time_counts_what_it_cut_and_labels_requests_that_never_arrived():
 
 
 def test_max_time_prints_a_warning(tmp_path):
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump(CUT))
-    result = runner.invoke(app, ["run", str(exp), "--out", str(tmp_path / "out"), "-q"])
+    result = cli("run", write_experiment(tmp_path, CUT), "--out", tmp_path / "out", "-q")
     assert result.exit_code == 0, result.output
     assert "warning: sim.max_time = 0.5 s stopped the run" in result.output
