@@ -144,3 +144,29 @@ def test_a_kill_while_writing_leaves_no_folder_then_a_rerun_writes_it(tmp_path):
     assert not out.exists()  # never a folder with a table cut short under its final name
     assert cli("run", exp, "--out", out, "-q").exit_code == 0
     assert is_complete(out) and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_a_second_run_into_the_folder_of_a_running_one_is_refused_at_once(tmp_path):
+    """Two real runs: the second exits 2 before simulating while the first holds the folder's lock; the
+    first then writes its folder whole (issue 26, defect 3: both exited 0 and left a mixture)."""
+    out = tmp_path / "out"
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(KILL_RUN))
+    first = subprocess.Popen([sys.executable, "-m", "cbsim.cli", "run", str(exp), "--out", str(out), "-q"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+    lock = tmp_path / ".out.lock"
+    deadline = time.monotonic() + 60
+    while first.poll() is None and time.monotonic() < deadline:
+        if lock.exists():
+            with open(lock, "a") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                except OSError:
+                    break  # the first run holds it
+        time.sleep(0.01)
+    assert first.poll() is None, "the first run ended before the second could start"
+    second = cli("run", experiment(tmp_path, seed=9), "--out", out, "-q")
+    assert_user_error(second, "another cbsim process is writing this folder")
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert is_complete(out) and yaml.safe_load((out / "config.yaml").read_text())["seed"] == KILL_RUN["seed"]
