@@ -37,6 +37,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bars
 
+    from cbsim.core.atomic import locked
     from cbsim.preflight import check_writable
     from cbsim.sweep import load_sweep, run_sweep
 
@@ -45,7 +46,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Bars(*columns, transient=False) as progress:
+    with locked(target), Bars(*columns, transient=False) as progress:  # one sweep writes a folder at a time
         task = progress.add_task(spec.name, total=None)
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,

@@ -27,6 +27,7 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
     stage by stage in the seed's tuning order; finished capacity searches are kept, so a rerun resumes."""
     import time
 
+    from cbsim.core.atomic import locked
     from cbsim.preflight import check_writable
     from cbsim.sweep_cli import check_parallel_options
     from cbsim.tune import load_tune, run_tune
@@ -52,9 +53,10 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
                        f"{len(outcome.candidates)} candidates): {outcome.why}")
 
     typer.echo(f"tune {spec.name}: stages in the seed's order")
-    result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
-                      retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
-    files = write_outputs(result, target, plots=plots)
+    with locked(target):  # one tune writes a folder at a time (cbsim/core/atomic.py)
+        result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
+                          retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
+        files = write_outputs(result, target, plots=plots)
     best = result.best.record
     rate, gpus = best.get("rate"), best["num_gpus"]
     capacity = "none" if rate is None else f"{rate:.4g} req/s on {gpus} GPUs ({rate / gpus:.4g} per GPU)"

@@ -51,3 +51,15 @@ def test_a_damaged_point_file_is_run_again(tmp_path):
     assert len(calls) == 2
     cols = [c for c in first.columns if c not in ("wall_seconds", "sim_wall_seconds")]
     assert again[cols].equals(first[cols])
+
+
+def test_a_second_sweep_into_a_folder_being_written_is_refused(tmp_path):
+    import fcntl
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    with open(tmp_path / ".out.lock", "a") as handle:  # the first sweep's lock, as flock sees it
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        result = cli("sweep", spec, "--out", tmp_path / "out", "--workers", 1, "--no-plots")
+    assert result.exit_code == 2 and "another cbsim process is writing this folder" in result.output
+    assert not (tmp_path / "out").exists()
