@@ -170,3 +170,16 @@ def test_a_second_run_into_the_folder_of_a_running_one_is_refused_at_once(tmp_pa
     assert_user_error(second, "another cbsim process is writing this folder")
     assert first.wait(timeout=300) == 0, first.stderr.read()
     assert is_complete(out) and yaml.safe_load((out / "config.yaml").read_text())["seed"] == KILL_RUN["seed"]
+
+
+def test_an_earlier_runs_folder_without_the_marker_is_replaced(tmp_path):
+    """Results written before the marker existed (only a run's own files) are cbsim's: replaced without
+    --overwrite; one file of the user's among them makes the folder theirs."""
+    out = tmp_path / "out"
+    assert cli("run", experiment(tmp_path), "--out", out, "-q").exit_code == 0
+    (out / MARKER).unlink()
+    assert cli("run", experiment(tmp_path, seed=4), "--out", out, "-q").exit_code == 0
+    assert is_complete(out)
+    (out / MARKER).unlink()
+    (out / "notes.txt").write_text("mine")
+    assert_user_error(cli("run", experiment(tmp_path), "--out", out), "--overwrite")

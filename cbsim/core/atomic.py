@@ -8,7 +8,8 @@ leaves the old folder as it was and removes the temporary one, or leaves it for 
 
 Replacing: an existing folder is replaced as a whole (Linux swaps the two in one `renameat2` call;
 elsewhere it is moved aside, then the new one moved in) when it carries the marker, that is, when it is
-cbsim's own complete results: a rerun into the same `--out` then holds only the new run's files, none of
+cbsim's own complete results (or holds only the files a run writes, summary and config among them: a
+run's from before the marker): a rerun into the same `--out` then holds only the new run's files, none of
 the old run's left beside them. Any other non-empty folder is refused unless the caller asks to
 overwrite (`--overwrite`): it may be the user's own files (an unset shell variable made `--out ""` the
 current folder), and replacing it as a whole would delete them. An empty folder, the current folder or
@@ -32,6 +33,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -61,10 +63,23 @@ def check_target(folder: str | Path, key: str = "--out", overwrite: bool = False
                           "where it points)")
     if target.exists() and not target.is_dir():
         raise OutputError(f"{key}: expected a folder, got the file {text!r}")
-    if target.is_dir() and not overwrite and not is_complete(target) and any(target.iterdir()):
+    if target.is_dir() and not overwrite and not (is_complete(target) or _earlier_results(target)) \
+            and any(target.iterdir()):
         raise OutputError(f"{key}: expected a new folder or cbsim's own results ({text!r} holds other files; "
                           "--overwrite replaces it as a whole)")
     return target
+
+
+# What a run writes (cbsim/api.py Results.write, compare): a folder of these files only, with a summary and a
+# config, is an earlier cbsim run's, written before the marker existed, and is replaced like a marked one.
+RUN_FILES = re.compile(r"(config\.yaml|summary\.json|bench\.json|compare\.json|trace\.json|shapes\.jsonl"
+                       r"|(requests|steps|preemptions|transfers)\.(parquet|csv)|[\w-]+\.png)")
+
+
+def _earlier_results(folder: Path) -> bool:
+    names = [path.name for path in folder.iterdir()]
+    return ({"config.yaml", "summary.json"} <= set(names)
+            and all(RUN_FILES.fullmatch(name) and (folder / name).is_file() for name in names))
 
 
 def is_complete(folder: str | Path) -> bool:
