@@ -11,11 +11,13 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from cbsim.core.atomic import results_folder
 from cbsim.sim.costmodels import load_cost_model as load
 from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
@@ -61,27 +63,33 @@ class Results:
         """Every output-token time of one request (expanded from the compact token runs)."""
         return metrics.token_times(self.recorder, request_id)
 
-    def write(self, out_dir: str | Path, progress=None, parallel: bool | None = None) -> Path:
+    def write(self, out_dir: str | Path, progress=None, parallel: bool | None = None, overwrite: bool = False,
+              also: Callable[[Path], list[Path]] | None = None) -> Path:
         """Write config, tables (output.formats), summary, plots, dashboards and trace into `out_dir`;
         `files` then maps each file written to its size in bytes. `progress` (sim/outputs/progress.py) names
         each phase of a long run's writing. The figures are drawn in forked processes while the tables
         and the trace are written (sim/outputs/side_by_side.py: where forking is safe; `parallel`
-        False draws them here first); every file is the same either way."""
+        False draws them here first); every file is the same either way. The folder appears whole or
+        not at all, replacing cbsim's previous results there as a whole, or a folder of other files only
+        with `overwrite` (cbsim/core/atomic.py); `also(folder)` writes more files into it first."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         say = progress.say if progress is not None else lambda text: None
         figures = [self._write_plots, self._write_dashboards] if self.config.output.plots else []
         if figures:  # imported once here, not once per forked process
             import cbsim.sim.outputs.dashboard  # noqa: F401 - lazy: matplotlib (~0.5 s), only for a run that plots
             import cbsim.sim.outputs.plots  # noqa: F401
-        written = run_side_by_side(lambda: self._write_files(out, say), [lambda job=job: job(out) for job in figures],
-                                   parallel)
+        with results_folder(out, overwrite=overwrite) as staging:
+            written = run_side_by_side(lambda: self._write_files(staging, say, out),
+                                       [lambda job=job: job(staging) for job in figures], parallel)
+            written += also(staging) if also is not None else []
+            files = {file.name: file.stat().st_size for file in _in_order(written)}
         self.out_dir = out
-        self.files = {file.name: file.stat().st_size for file in _in_order(written)}
+        self.files = files
         return out
 
-    def _write_files(self, out: Path, say) -> list[Path]:
-        """Config, tables, summary, bench.json, trace and shapes: the files that are not figures."""
+    def _write_files(self, out: Path, say, shown: Path) -> list[Path]:
+        """Config, tables, summary, bench.json, trace and shapes: the files that are not figures (`shown`:
+        the folder's name in the progress line; `out` is where they are written until complete)."""
         cfg = self.config
         written: list[Path] = []
 
@@ -89,7 +97,7 @@ class Results:
             written.append(out / name)
             return written[-1]
 
-        say(f"writing tables to {out}" + (" (and plotting)" if cfg.output.plots else ""))
+        say(f"writing tables to {shown}" + (" (and plotting)" if cfg.output.plots else ""))
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
                   ("transfers", self.transfers))
@@ -169,13 +177,14 @@ def sample_shapes(pool, count: int, rng: np.random.Generator) -> list | None:
 
 
 def run_experiment(config, out_dir: str | Path | None = None, overrides: list[str] | None = None,
-                   progress=None) -> Results:
+                   progress=None, overwrite: bool = False) -> Results:
     """Run one experiment (YAML path, mapping or ExperimentConfig) and return its Results.
 
     Writes the output folder only when `out_dir` is given (the CLI passes output.dir or results/<name>
     explicitly): running a shipped experiment from Python or a test never overwrites its results.
     `progress`: a cbsim.sim.outputs.progress.Progress that reports a long run as it goes (the CLI passes one
-    writing to stderr); None, the default, is silent. It never changes the results.
+    writing to stderr); None, the default, is silent. It never changes the results. `overwrite`: replace
+    a folder of other files at `out_dir` (Results.write).
     """
     cfg = load_config(config, overrides)
     try:
@@ -202,6 +211,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
     itl = metrics.itl_distribution(recorder, requests, steps)
     summary = metrics.summarize(table, steps, recorder, cfg.metrics, itl=itl)
+    summary.update(metrics.rejection_summary(table))  # why requests were rejected, by reason
+    summary.update(metrics.mark_cut(table, cfg.sim.max_time))  # what max_time cut (not_arrived relabelled)
     preemptions = metrics.preemption_frame(pool)
     links = [replica.host_link for replica in pool] + (cluster.links if cluster is not None else [])
     transfers = metrics.transfer_frame(links)
@@ -227,5 +238,5 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
                       kv_unit_tokens=pool[0].kv.unit_tokens)
     if out_dir is not None:
-        results.write(out_dir, progress)
+        results.write(out_dir, progress, overwrite=overwrite)
     return results

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from cbsim.server import apply_server, describe
+from cbsim.core.bounds import MAX_YAML_BYTES, load_yaml
 
 from cbsim.core.errors import ConfigError
 from cbsim.policies.registry import parse_policy
@@ -296,8 +297,9 @@ class ExperimentConfig:
 def check_name(name: str, path: str) -> None:
     """A run or sweep name becomes a folder under results/: one plain path component."""
     require(name.strip() != "" and name not in (".", "..") and not any(c in name for c in "/\\\0")
-            and name == name.strip(), path, "a folder name: not empty, no '/', '\\' or surrounding spaces, "
-            "not '.' or '..'", name)
+            and name == name.strip() and len(name.encode("utf-8", "surrogatepass")) <= 200, path,
+            "a folder name: not empty, at most 200 bytes (a file system's 255 less the suffixes cbsim adds), "
+            "no '/', '\\' or surrounding spaces, not '.' or '..'", name)
 
 
 MAX_DEPTH = 64  # deepest YAML nesting accepted (experiment files use fewer than 10 levels)
@@ -335,14 +337,18 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def parse_yaml(text: str):
-    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting."""
-    return yaml.load(text, Loader=_StrictLoader)
+    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting,
+    YamlBoundsError (a yaml.YAMLError) for a document too large or whose aliases expand too far."""
+    return load_yaml(text, _StrictLoader)
 
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("<file>", "an existing YAML file", str(path))
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise ConfigError("<file>", f"a YAML file of at most {MAX_YAML_BYTES // 2**20} MiB", has_got=False,
+                          file=str(path))
     try:
         data = parse_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
