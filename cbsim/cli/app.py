@@ -29,6 +29,7 @@ from cbsim.cli import workloads as workload_commands
 from cbsim.cli.errors import user_errors
 from cbsim.core.errors import ConfigError
 from cbsim.server import server_lines
+from cbsim.sim.metrics.summary_units import display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
@@ -38,11 +39,6 @@ SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "thr
                 "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2e_p50",
                 "slo_attainment", "dec_at_p_mean", "short_p_mean", "num_preemptions", "num_stalls",
                 "sim_wall_seconds")
-# how the printed summary shows a key: (unit, factor from summary.json's value); latencies in ms like
-# vllm bench serve, every other time in s; counts bare
-SUMMARY_UNITS = {"makespan": ("s", 1.0), "throughput_tokens_per_s": ("tokens/s", 1.0), "slo_attainment": ("%", 100.0),
-                 "dec_at_p_mean": ("tokens", 1.0), "short_p_mean": ("s", 1.0), "sim_wall_seconds": ("s", 1.0),
-                 **{f"{m}_{q}": ("ms", 1e3) for m in ("ttft", "tpot", "itl", "e2e") for q in ("p50", "p99")}}
 
 
 @app.command()
@@ -103,14 +99,8 @@ def resolved_line(cfg, kv_blocks: dict | None) -> str:
 
 def summary_text(key: str, value) -> str:
     """A summary value as printed: in its unit ('69.34 ms', '44.46 s' from 10 s, '1976 tokens/s'), counts
-    bare, None as is."""
-    unit, factor = SUMMARY_UNITS.get(key, ("", 1.0))
-    if value is None:
-        return "None"
-    if unit == "ms" and value >= 10.0:  # a latency of 10 s or more reads in seconds, not '4.446e+04 ms'
-        unit, factor = "s", 1.0
-    text = f"{value * factor:.4g}" if isinstance(value, float) or factor != 1.0 else str(value)
-    return f"{text} {unit}" if unit else text
+    bare, 'n/a' for None (sim/metrics/summary_units.py, the one rule every command prints by)."""
+    return display(key, value)
 
 
 def describe_files(files: dict[str, int]) -> str:
@@ -151,11 +141,16 @@ def policies():
 
 
 @app.command()
-def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README")):
+def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README"),
+           summary: bool = typer.Option(False, "--summary", help="print the summary.json reference instead: the "
+                                        "unit of every key")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
     from cbsim.reference import embed, reference_markdown  # lazy: pandas (module docstring)
+    from cbsim.sim.metrics.summary_units import schema_markdown
 
-    if readme is None:
+    if summary:
+        typer.echo(schema_markdown(), nl=False)
+    elif readme is None:
         typer.echo(reference_markdown(), nl=False)
     else:
         readme.write_text(embed(readme.read_text()))

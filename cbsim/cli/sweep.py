@@ -15,6 +15,8 @@ import yaml
 
 from cbsim.cli.errors import user_errors
 from cbsim.core.errors import ConfigError
+from cbsim.core.units import limit_seconds
+from cbsim.sim.metrics.summary_units import display, unit_of
 from cbsim.sim.outputs.progress import Progress
 
 
@@ -63,7 +65,9 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
 
 
 def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
-             slo: List[str] = typer.Option(..., "--slo", help="metric=limit, repeatable: itl_p99=0.1 queue_delay_p50=2"),
+             slo: List[str] = typer.Option(..., "--slo", help="metric=limit, repeatable: a latency in seconds or with a unit "
+                                              "(itl_p99=100ms queue_delay_p50=2), or vLLM's metric:milliseconds "
+                                              "(ttft_p99:500)"),
              policy: Optional[List[str]] = typer.Option(None, "--policy", help="a policy name, or a YAML mapping "
                                                         "'{name: prefill_first, token_budget: null}'; repeatable"),
              lo: Optional[float] = typer.Option(None, "--lo", help="first rate tried (default: the experiment's)"),
@@ -86,13 +90,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
 
     if out is not None:
         check_writable(out.parent, "--out")
-    limits = {}
-    for item in slo:
-        name, _, value = item.partition("=")
-        try:
-            limits[name.strip()] = float(value)
-        except ValueError:
-            raise ConfigError("--slo", "metric=limit with a number, e.g. itl_p99=0.1", item) from None
+    limits = dict(limit_seconds(item, "--slo", lambda metric: unit_of(metric) == "s") for item in slo)
     options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
                    progress=None if quiet else Progress())
     if policy:
@@ -101,7 +99,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         name = load_config(file, set_).policy["name"]
         results = {name: find_capacity(file, limits, overrides=set_, **options)}
     width = max(len(label) for label in results)
-    typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {v:g}" for k, v in limits.items()))
+    typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {display(k, v)}" for k, v in limits.items()))
     for label, result in results.items():
         if result.rate is None:
             text = f"none: even {result.fail_rate:.4g} violates an SLO or finishes < {min_finished:g} of its requests"
