@@ -100,3 +100,25 @@ def test_schema_summary_documents_every_unit():
     result = runner.invoke(app, ["schema", "--summary"])
     assert result.exit_code == 0 and result.output == schema_markdown()
     assert "| `ttft_p<q>`, `ttft_max`, `ttft_mean` | s | ms |" in result.output
+
+
+def test_no_slo_no_attainment(tmp_path):
+    """Without metrics.slo there is nothing to attain: summary.json stores null and run prints no line."""
+    import json
+
+    result = runner.invoke(app, ["run", QUICKSTART, "--set", "metrics.slo=null", "--set", "workload.num_requests=50",
+                                 "--set", "output.plots=false", "--set", "output.trace=false",
+                                 "--out", str(tmp_path), "-q"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["slo_attainment"] is None and summary["goodput_requests_per_s"] is None
+    assert summary["goodput_per_gpu"] is None and summary["throughput_requests_per_s"] > 0
+    assert "slo_attainment" not in result.output
+    assert json.loads((tmp_path / "bench.json").read_text())["request_goodput"] is None
+
+
+def test_capacity_min_attainment_needs_an_slo():
+    from cbsim.tools.sweep.capacity import find_capacity
+
+    with pytest.raises(ConfigError, match="min_attainment: expected an experiment with metrics.slo set"):
+        find_capacity(QUICKSTART, {}, overrides=["metrics.slo=null"], min_attainment=0.9)

@@ -65,6 +65,8 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:
+        if key == "slo_attainment" and results.summary.get(key) is None:
+            continue  # no metrics.slo: no attainment to show
         typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")

@@ -20,6 +20,10 @@ class SLOConfig:
         None, help="max gap between two consecutive tokens of a request: a duration (200ms; a bare number is "
                    "seconds); null: none")
 
+    def is_set(self) -> bool:
+        """Whether any objective is set: without one there is no goodput and no attainment (null)."""
+        return any(getattr(self, name) is not None for name in ("ttft", "tpot", "itl_max"))
+
     def validate(self) -> None:
         for name in ("ttft", "tpot", "itl_max"):
             value = getattr(self, name)

@@ -93,6 +93,9 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
         _check_slo(slo)
     if min_attainment is not None and not 0 < min_attainment <= 1:
         raise ConfigError("min_attainment", "a fraction in (0, 1]", min_attainment)
+    if min_attainment is not None and not base.metrics.slo.is_set():
+        raise ConfigError("min_attainment", "an experiment with metrics.slo set (attainment is of its objectives)",
+                          min_attainment, file=base.source)
     if not rel_tol > 0 or not math.isfinite(rel_tol):
         raise ConfigError("rel_tol", "a relative tolerance > 0", rel_tol)
     if not 0 <= min_finished <= 1:
