@@ -27,12 +27,14 @@ from cbsim.cli import sweep as sweep_commands
 from cbsim.cli import tune as tune_commands
 from cbsim.cli import workloads as workload_commands
 from cbsim.cli.errors import user_errors
+from cbsim.cli.logs import app_options, progress_wanted, warn
 from cbsim.core.errors import ConfigError
 from cbsim.server import server_lines
 from cbsim.sim.metrics.summary_units import display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
+app.callback()(app_options)  # --version, --log-level, -v, -q (logs.py)
 
 
 SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "throughput_tokens_per_s",
@@ -43,25 +45,84 @@ SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "thr
 
 @app.command()
 @user_errors
-def run(file: Path = typer.Argument(..., help="experiment YAML"),
+def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; without one, the experiment the "
+                                             "vllm bench flags below describe (cbsim/cli/quick_run.py)"),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
-                                   "2 s reports every 5 s)")):
-    """Run one experiment and write its results folder."""
-    from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
-
-    from cbsim.api import run_experiment
+                                   "2 s reports every 5 s)"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="the run's seed (the file's `seed`; default 0)"),
+        model: Optional[str] = typer.Option(None, "--model", help="no file: model preset, catalog name, HF id or "
+                                            "config.json (default llama-3-8b)"),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="no file: GPU of the roofline cost model (default h100)"),
+        tp: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp", help="no file: tensor-parallel "
+                                         "degree (default 1)"),
+        request_rate: Optional[float] = typer.Option(None, "--request-rate", help="no file: requests per second, "
+                                                     "Poisson (default inf: all at once, as vllm bench serve)"),
+        burstiness: Optional[float] = typer.Option(None, "--burstiness", help="no file: gamma shape of the gaps "
+                                                   "(default 1: Poisson)"),
+        num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="no file: requests (default 1000)"),
+        input_len: Optional[int] = typer.Option(None, "--input-len", "--random-input-len", help="no file: prompt "
+                                                "tokens (default 1024)"),
+        output_len: Optional[int] = typer.Option(None, "--output-len", "--random-output-len", help="no file: output "
+                                                 "tokens (default 128)"),
+        range_ratio: Optional[float] = typer.Option(None, "--random-range-ratio", help="no file: lengths uniform in "
+                                                    "len x [1 - r, 1 + r] (default 0)"),
+        dataset_name: Optional[str] = typer.Option(None, "--dataset-name", help="no file: random (the only one)"),
+        policy: Optional[str] = typer.Option(None, "--policy", help="no file: scheduling policy (cbsim policies; "
+                                             "default sarathi)"),
+        max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="no file: at most this many "
+                                                      "requests in flight (closed loop)"),
+        goodput: Optional[List[str]] = typer.Option(None, "--goodput", help="SLO as vllm bench serve: ttft:500 "
+                                                    "tpot:50 (milliseconds; repeatable); sets metrics.slo")):
+    """Run one experiment (a YAML file, or vllm bench serve's flags) and write its results folder."""
+    from cbsim.api import run_experiment  # lazy, as below: numpy and pandas (module docstring)
     from cbsim.config import load_config
     from cbsim.preflight import check_writable
 
-    cfg = load_config(file, set_)
+    quick = dict(model=model, gpu=gpu, tp=tp, rate=request_rate, burstiness=burstiness, num_prompts=num_prompts,
+                 input_len=input_len, output_len=output_len, range_ratio=range_ratio, dataset_name=dataset_name,
+                 policy=policy, max_concurrency=max_concurrency)
+    source = file if file is not None else experiment_from_flags(quick, seed, goodput)
+    if file is not None:
+        given = [name for name, value in quick.items() if value is not None]
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')}", "no experiment file (the flags describe a run "
+                              "without one; with a file use --set)", has_got=False)
+        overrides = [f"seed={seed}"] * (seed is not None) + [f"metrics.slo.{k}={v!r}" for k, v in
+                                                               slo_from_goodput(goodput).items()]
+        set_ = overrides + list(set_ or [])
+    cfg = load_config(source, set_)
     target = out or cfg.output.dir or Path("results") / cfg.name
     try:
         check_writable(target, "--out" if out else "output.dir" if cfg.output.dir else "name")
     except ConfigError as err:
-        raise err.in_file(str(file)) if not out else err
-    results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress())
+        raise err.in_file(str(file)) if not out and file else err
+    results = run_experiment(cfg, out_dir=target, progress=Progress() if progress_wanted(quiet) else None)
+    print_summary(cfg, results, target)
+
+
+def experiment_from_flags(quick: dict, seed: int | None, goodput: list[str] | None) -> dict:
+    """The experiment of a run without a file (quick_run.py), vLLM bench's defaults where a flag is absent."""
+    from cbsim.cli.quick_run import DEFAULTS, quick_experiment
+
+    values = {name: DEFAULTS[name] if value is None else value for name, value in quick.items()}
+    return quick_experiment(**values, seed=0 if seed is None else seed, goodput=goodput)
+
+
+def slo_from_goodput(goodput: list[str] | None) -> dict:
+    from cbsim.cli.quick_run import slo_of
+
+    return slo_of(goodput) if goodput else {}
+
+
+def print_summary(cfg, results, target: Path) -> None:
+    """The run's warnings (logged first: nothing follows the summary on stderr), the resolved settings,
+    the summary in units and the results folder, on stdout."""
+    from cbsim.workloads import drop_warnings
+
+    warn(drop_warnings(results.summary.get("dropped_rows")))
+    sys.stderr.flush()
     typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:
@@ -73,8 +134,6 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
     for key in ("num_timed_out", "token_lengths"):  # client timeouts; how a text dataset was counted
         if key in results.summary:
             typer.echo(f"{key:<{width}}  {results.summary[key]}")
-    for line in drop_warnings(results.summary.get("dropped_rows")):
-        typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")
 
 
@@ -125,8 +184,7 @@ def validate(file: Path = typer.Argument(..., help="experiment YAML"),
     from cbsim.preflight import preflight
 
     cfg = load_config(file, set_)
-    for line in drop_warnings(preflight(cfg)):
-        typer.secho(line, fg=typer.colors.YELLOW, err=True)
+    warn(drop_warnings(preflight(cfg)))
     for line in server_lines(file, set_):
         typer.echo(line)
     typer.echo(f"{file}: ok ({cfg.policy['name']} on {cfg.cost_model['type']} cost model)")

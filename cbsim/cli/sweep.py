@@ -14,6 +14,7 @@ import typer
 import yaml
 
 from cbsim.cli.errors import user_errors
+from cbsim.cli.logs import progress_wanted
 from cbsim.core.errors import ConfigError
 from cbsim.core.units import limit_seconds
 from cbsim.sim.metrics.summary_units import display, unit_of
@@ -92,7 +93,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         check_writable(out.parent, "--out")
     limits = dict(limit_seconds(item, "--slo", lambda metric: unit_of(metric) == "s") for item in slo)
     options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
-                   progress=None if quiet else Progress())
+                   progress=Progress() if progress_wanted(quiet) else None)
     if policy:
         results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_, **options)
     else:

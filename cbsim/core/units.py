@@ -48,7 +48,7 @@ def parse_duration(value, path: str, objective: bool = False) -> float:
         value = float(match.group(1))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
-        if objective and seconds >= MS_HINT_FROM:
+        if objective and MS_HINT_FROM <= seconds < math.inf:
             log.warning("%s: %g is read as seconds (a bare number is seconds); write '%gms' for milliseconds",
                         path, seconds, seconds)
     elif match and match.group(2) in UNITS:
