@@ -396,8 +396,19 @@ def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
         config.source = file
         validate_sections(config)
     except ConfigError as err:
-        raise err.in_file(file)
+        raise err.in_file(_blamed(err, file, overrides))
     return config
+
+
+def _blamed(err: ConfigError, file: str | None, overrides: list[str] | None) -> str | None:
+    """Where an error came from: the `--set key=value` that set its key (or a key above or below it),
+    else the file."""
+    for item in reversed(overrides or []):
+        key = item.split("=", 1)[0].strip()
+        path = err.path
+        if path == key or path.startswith((key + ".", key + " ")) or key.startswith(path + "."):
+            return f"--set {item}"
+    return file
 
 
 def validate_sections(config: ExperimentConfig) -> None:

@@ -165,7 +165,7 @@ def test_capacity_reports_each_probe_run_under_its_rate():
 
 def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
     monkeypatch.setattr(cbsim.cli.sweep, "Progress", functools.partial(Progress, every=0, after=0))
-    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100", "--hi", "40", "--tol", "1"]
+    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100s", "--hi", "40", "--tol", "1"]
     loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
     assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
     assert "rate 40, seed 0: simulated" in loud.stderr and quiet.stderr == "" and loud.stdout == quiet.stdout

@@ -209,6 +209,11 @@ def spread_slots(seconds: np.ndarray, width: float, rng: np.random.Generator) ->
     return seconds + rng.uniform(0.0, width, len(seconds))
 
 
+def _is_json(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(64).lstrip()[:1] in (b"[", b"{")
+
+
 def _read_csv(path: Path, key: str, columns: tuple[str, ...]) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
@@ -216,7 +221,8 @@ def _read_csv(path: Path, key: str, columns: tuple[str, ...]) -> pd.DataFrame:
         raise ConfigError(key, "a readable CSV file", str(err), file=str(path))
     absent = [c for c in columns if c not in frame.columns]
     if absent:
-        raise ConfigError(key, "a CSV with columns " + ", ".join(columns), list(frame.columns), file=str(path))
+        hint = " (this file is JSON: a ShareGPT JSON dataset is format sharegpt_json)" if _is_json(path) else ""
+        raise ConfigError(key, "a CSV with columns " + ", ".join(columns) + hint, list(frame.columns), file=str(path))
     return frame
 
 

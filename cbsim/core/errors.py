@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
     def _message(self) -> str:
         where = f"{self.file}: " if self.file else ""
-        got = f", got {self.got!r}" if self.has_got else ""
+        got = f", got {echo(self.got)}" if self.has_got else ""
         return f"{where}{self.path}: expected {self.expected}{got}"
 
     def in_file(self, file: str | None) -> "ConfigError":
@@ -29,6 +29,18 @@ class ConfigError(ValueError):
         """The same error with its key path nested under `prefix`."""
         path = f"{prefix}.{self.path}" if self.path != "<root>" else prefix
         return ConfigError(path, self.expected, self.got, self.file, self.has_got)
+
+
+ECHO_LIMIT = 120  # characters of a user's value an error repeats: one line, however long the input
+
+
+def echo(value) -> str:
+    """A value as an error repeats it: its repr on one line, cut to ECHO_LIMIT characters with the full
+    length said (a whole JSON file read as one CSV header is 824 KB)."""
+    text = repr(value).replace("\n", " ")
+    if len(text) <= ECHO_LIMIT:
+        return text
+    return f"{text[:ECHO_LIMIT]}... ({len(text):,} characters)"
 
 
 def missing(path: str, expected: str) -> ConfigError:

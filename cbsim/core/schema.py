@@ -16,6 +16,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 from cbsim.core.errors import ConfigError, missing
+from cbsim.core.suggest import did_you_mean
 from cbsim.core.units import Duration, parse_duration
 
 MAX_INT = 2 ** 63  # integers (int64) and integral floats must stay below this magnitude
@@ -56,7 +57,8 @@ def parse(cls, mapping, path: str = ""):
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(mapping) - set(fields))
     if unknown:
-        raise ConfigError(_join(path, str(unknown[0])), f"one of the keys {sorted(fields)}", "an unknown key", has_got=False)
+        raise ConfigError(_join(path, str(unknown[0])), f"one of the keys {sorted(fields)}"
+                          + did_you_mean(unknown[0], fields), "an unknown key", has_got=False)
     values = {}
     for name, f in fields.items():
         key = _join(path, name)

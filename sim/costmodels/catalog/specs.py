@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from cbsim.core.errors import ConfigError
+from cbsim.core.suggest import did_you_mean
 from cbsim.core.schema import option, parse, require
 
 DEFAULT_MODEL = "llama-3-8b"  # the model of an experiment (or a cost model, a calibration) that names none
@@ -379,8 +380,8 @@ def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
         if Path(name_or_mapping).exists():
             return read_hf_config(name_or_mapping)
         raise ConfigError(path, "a model preset (" + ", ".join(MODEL_PRESETS) + "), a catalog model ("
-                          + ", ".join(catalog_names()) + "), a path to a config.json, or a mapping of its fields",
-                          name_or_mapping)
+                          + ", ".join(catalog_names()) + "), a path to a config.json, or a mapping of its fields"
+                          + did_you_mean(name_or_mapping, [*MODEL_PRESETS, *catalog_names()]), name_or_mapping)
     if not isinstance(name_or_mapping, dict):
         raise ConfigError(path, "a model preset name or a mapping of its fields", name_or_mapping)
     mapping = dict(name_or_mapping)
@@ -475,8 +476,9 @@ def gpu_spec(name, path: str = "gpu") -> GPUSpec:
         return GPU_PRESETS[key]
     if key in GPU_CATALOG:
         return GPU_CATALOG[key]
-    raise ConfigError(path, "a GPU (" + ", ".join([*GPU_PRESETS, *GPU_ALIASES, *GPU_CATALOG])
-                      + ") or a mapping of its fields", name)
+    known = [*GPU_PRESETS, *GPU_ALIASES, *GPU_CATALOG]
+    raise ConfigError(path, "a GPU (" + ", ".join(known) + ") or a mapping of its fields" + did_you_mean(name, known),
+                      name)
 
 
 def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int, gpu_memory_utilization: float,
