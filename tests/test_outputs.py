@@ -168,7 +168,8 @@ def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
     args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100s", "--hi", "40", "--tol", "1"]
     loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
     assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
-    assert "rate 40, seed 0: simulated" in loud.stderr and quiet.stderr == "" and loud.stdout == quiet.stdout
+    assert "rate 40, seed 0: simulated" in loud.stderr and loud.stdout == quiet.stdout
+    assert [line for line in quiet.stderr.splitlines() if not line.startswith("warning: ")] == []  # no progress
 
 
 def test_the_trace_has_a_lane_per_request(tmp_path):
@@ -236,3 +237,14 @@ def test_a_run_without_plots_never_imports_matplotlib(tmp_path):
             "assert r.exit_code == 0, r.output; print(sorted(m for m in sys.modules if m.startswith('matplotlib'))[:3])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_capacity_warns_when_probes_are_short(tmp_path):
+    from cbsim.tools.sweep.capacity import MIN_STEADY_SECONDS, short_probe_warning
+
+    assert short_probe_warning(MIN_STEADY_SECONDS) is None and short_probe_warning(None) is None
+    assert "simulated only 5.0 s" in short_probe_warning(5.0, "sarathi")
+    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=10s", "--hi", "40", "--tol", "1", "-q"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "warning: sarathi: a capacity probe simulated only" in result.stderr

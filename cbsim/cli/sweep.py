@@ -14,7 +14,7 @@ import typer
 import yaml
 
 from cbsim.cli.errors import user_errors
-from cbsim.cli.logs import progress_wanted
+from cbsim.cli.logs import log, progress_wanted
 from cbsim.core.errors import ConfigError
 from cbsim.core.units import limit_seconds
 from cbsim.sim.metrics.summary_units import display, unit_of
@@ -85,7 +85,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
     import pandas as pd  # lazy (module docstring), as the capacity search
 
-    from cbsim.tools.sweep.capacity import find_capacities, find_capacity
+    from cbsim.tools.sweep.capacity import find_capacities, find_capacity, short_probe_warning
     from cbsim.config import load_config
     from cbsim.preflight import check_writable
 
@@ -109,6 +109,9 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
             text = f"{result.rate:.4g} {bound}   per GPU {result.rate_per_gpu:.4g} ({result.num_gpus} GPU)"
         probes = result.points["probe"].nunique()
         typer.echo(f"  {label:<{width}}  {text}   [{probes} probes]")
+        warning = short_probe_warning(result.shortest_probe, label)
+        if warning:
+            log.warning(warning)
     if out is not None:
         frames = [r.points.assign(policy=label) for label, r in results.items()]
         out.parent.mkdir(parents=True, exist_ok=True)
