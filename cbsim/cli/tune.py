@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from cbsim.cli.errors import user_errors
-from cbsim.cli.logs import log
+from cbsim.cli.logs import log, progress_wanted
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +44,8 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
         rate = record.get("rate")
         text = "failed: " + str(record["error"]) if record["status"] != "ok" else \
             f"capacity {rate:.4g} req/s" if rate is not None else "no rate met the SLO"
-        typer.echo(f"    [{done}/{total}] {label}: {text} ({record['wall_seconds']:.0f} s)")
+        if progress_wanted(False):  # progress, on stderr: the stage lines and the answer are the results
+            typer.echo(f"    [{done}/{total}] {label}: {text} ({record['wall_seconds']:.0f} s)", err=True)
 
     def on_stage(outcome) -> None:
         if outcome.status == "skipped":
