@@ -43,6 +43,11 @@ SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "thr
                 "sim_wall_seconds")
 
 
+# what a printed number counts, where its name does not say
+HINTS = {"num_stalls": "  (inter-token gaps over {stall_factor:g}x the run's median ITL)",
+         "dec_at_p_mean": "  (short requests' decode tokens during a long prompt's prefill)"}
+
+
 @app.command()
 @user_errors
 def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; without one, the experiment the "
@@ -128,7 +133,8 @@ def print_summary(cfg, results, target: Path) -> None:
     for key in SUMMARY_KEYS:
         if key == "slo_attainment" and results.summary.get(key) is None:
             continue  # no metrics.slo: no attainment to show
-        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
+        hint = HINTS.get(key, "").format(stall_factor=cfg.metrics.stall_factor)
+        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}{hint}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
     for key in ("num_timed_out", "token_lengths"):  # client timeouts; how a text dataset was counted
