@@ -4,7 +4,7 @@ import pytest
 
 from cbsim.config import load_config
 from cbsim.core.errors import ConfigError
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 
 BASE = {"name": "x", "workload": {"num_requests": 10, "arrival": {"type": "poisson", "rate": 1},
                                   "prompt_len": {"type": "fixed", "value": 100},

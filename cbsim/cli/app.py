@@ -1,5 +1,5 @@
 """The `cbsim` command line (typer). User errors print one line naming the file, key and
-expectation, and exit with code 2, without a traceback (cli_errors.py).
+expectation, and exit with code 2, without a traceback (errors.py).
 
 Imports: what a command needs from cbsim.config, cbsim.api and cbsim.workloads is imported inside
 the command, because those load numpy and pandas (~1 s) and `cbsim --help` or `cbsim policies`
@@ -29,7 +29,6 @@ from cbsim.cli import workloads as workload_commands
 from cbsim.cli.errors import user_errors
 from cbsim.cli.logs import app_options, progress_wanted, warn
 from cbsim.core.errors import ConfigError
-from cbsim.server import server_lines
 from cbsim.sim.metrics.summary_units import display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -186,7 +185,7 @@ def validate(file: Path = typer.Argument(..., help="experiment YAML"),
     """Check an experiment file, and the traces and profiles it reads, without running it."""
     from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
-    from cbsim.config import load_config
+    from cbsim.config import load_config, server_lines
     from cbsim.preflight import preflight
 
     cfg = load_config(file, set_)
@@ -207,7 +206,9 @@ def policies():
 
 
 @app.command()
-def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README"),
+@user_errors
+def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the generated sections of this Markdown page "
+                                            "(docs/reference/experiment-file.md, server-flags.md)"),
            summary: bool = typer.Option(False, "--summary", help="print the summary.json reference instead: the "
                                         "unit of every key")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
@@ -219,7 +220,7 @@ def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite
     elif readme is None:
         typer.echo(reference_markdown(), nl=False)
     else:
-        readme.write_text(embed(readme.read_text()))
+        readme.write_text(embed(readme.read_text(), str(readme)))
 
 
 # Every command family, imported by name: a reader (and the import graph) sees each command here.
