@@ -122,3 +122,12 @@ def test_capacity_min_attainment_needs_an_slo():
 
     with pytest.raises(ConfigError, match="min_attainment: expected an experiment with metrics.slo set"):
         find_capacity(QUICKSTART, {}, overrides=["metrics.slo=null"], min_attainment=0.9)
+
+
+def test_a_long_end_to_end_limit_is_not_taken_for_milliseconds(caplog):
+    with caplog.at_level(logging.WARNING, logger="cbsim"):
+        assert limit_seconds("e2e_p99=300", "--slo", is_time) == ("e2e_p99", 300.0)
+    assert caplog.text == ""
+    with caplog.at_level(logging.WARNING, logger="cbsim"):
+        limit_seconds("ttft_p99=300", "--slo", is_time)
+    assert "--slo ttft_p99: 300 is read as seconds" in caplog.text

@@ -2,7 +2,7 @@
 
 cbsim computes in seconds. A config field typed `Seconds` (or `SLOSeconds`) accepts a number (seconds,
 the meaning a bare number always had) or a string with a unit; `cbsim schema` shows the type as
-"duration". A bare number of 100 or more given for a latency objective is almost surely meant as
+"duration". A bare number of 100 or more given for a TTFT, TPOT or ITL objective is almost surely meant as
 milliseconds (vLLM's `--goodput ttft:500` and AIConfigurator's `--ttft 1000` are in ms): it is still
 read as seconds, with a warning that says how to write milliseconds.
 
@@ -27,6 +27,7 @@ _TEXT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([a-zµ]*
 EXPECTED = "a duration: seconds, or a number with a unit (500ms, 0.5s, 2 s, 1.5min; units " + \
     ", ".join(u for u in UNITS if u != "µs") + ")"
 MS_HINT_FROM = 100.0  # a bare latency objective this large is likely milliseconds (warned, not changed)
+SHORT_LATENCIES = ("ttft", "tpot", "itl")  # objectives on these (not e2e, queue delay) are warned about
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def limit_seconds(item: str, path: str, is_time) -> tuple[str, float]:
         except ValueError:
             number = None
         if is_time(name) and (number is None or math.isfinite(number)):
-            return name, parse_duration(text, f"{path} {name}", objective=True)
+            return name, parse_duration(text, f"{path} {name}", objective=name.startswith(SHORT_LATENCIES))
         if number is None:
             raise ConfigError(path, f"{name}=<number>", item)
         return name, number  # NaN, infinity, 0 or less: the caller's range check names it

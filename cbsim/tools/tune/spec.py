@@ -16,7 +16,7 @@ from cbsim.tools.sweep.capacity import num_gpus
 from cbsim.config import ExperimentConfig, check_name, load_config
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, parse, require
-from cbsim.core.units import parse_duration
+from cbsim.core.units import SHORT_LATENCIES, parse_duration
 from cbsim.sim.metrics.summary_units import unit_of
 from cbsim.tools.sweep.sweep import load_spec_file
 from cbsim.tools.tune.stages import STAGE_NAMES, STAGES, parallel_shape
@@ -91,7 +91,8 @@ class TuneSpec:
         for metric, limit in self.slo.items():
             require(isinstance(metric, str), "slo", "metric names as keys", metric)
             if unit_of(metric) == "s":  # a time: seconds, or a duration with its unit (500ms)
-                self.slo[metric] = limit = parse_duration(limit, f"slo.{metric}", objective=True)
+                self.slo[metric] = limit = parse_duration(limit, f"slo.{metric}",
+                                                          objective=metric.startswith(SHORT_LATENCIES))
             ok = isinstance(limit, (int, float)) and not isinstance(limit, bool) and math.isfinite(limit) and limit > 0
             require(ok, f"slo.{metric}", "a finite limit > 0", limit)
         for name, values in self.stages.items():
