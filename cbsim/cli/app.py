@@ -55,7 +55,8 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
                                    "2 s reports every 5 s)"),
-        seed: Optional[int] = typer.Option(None, "--seed", help="the run's seed (the file's `seed`; default 0)"),
+        seed: Optional[int] = typer.Option(None, "--seed", min=0, help="the run's seed (the file's `seed`; "
+                                           "default 0)"),
         model: Optional[str] = typer.Option(None, "--model", help="no file: model preset, catalog name, HF id or "
                                             "config.json (default llama-3-8b)"),
         gpu: Optional[str] = typer.Option(None, "--gpu", help="no file: GPU of the roofline cost model (default h100)"),
@@ -84,18 +85,12 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
     from cbsim.config import load_config
     from cbsim.preflight import check_writable
 
-    quick = dict(model=model, gpu=gpu, tp=tp, rate=request_rate, burstiness=burstiness, num_prompts=num_prompts,
+    from cbsim.cli.quick_run import run_source
+
+    flags = dict(model=model, gpu=gpu, tp=tp, rate=request_rate, burstiness=burstiness, num_prompts=num_prompts,
                  input_len=input_len, output_len=output_len, range_ratio=range_ratio, dataset_name=dataset_name,
                  policy=policy, max_concurrency=max_concurrency)
-    source = file if file is not None else experiment_from_flags(quick, seed, goodput)
-    if file is not None:
-        given = [name for name, value in quick.items() if value is not None]
-        if given:
-            raise ConfigError(f"--{given[0].replace('_', '-')}", "no experiment file (the flags describe a run "
-                              "without one; with a file use --set)", has_got=False)
-        overrides = [f"seed={seed}"] * (seed is not None) + [f"metrics.slo.{k}={v!r}" for k, v in
-                                                               slo_from_goodput(goodput).items()]
-        set_ = overrides + list(set_ or [])
+    source, set_ = run_source(file, flags, seed, goodput, set_)
     cfg = load_config(source, set_)
     target = out or cfg.output.dir or Path("results") / cfg.name
     try:
@@ -104,20 +99,6 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
         raise err.in_file(str(file)) if not out and file else err
     results = run_experiment(cfg, out_dir=target, progress=Progress() if progress_wanted(quiet) else None)
     print_summary(cfg, results, target)
-
-
-def experiment_from_flags(quick: dict, seed: int | None, goodput: list[str] | None) -> dict:
-    """The experiment of a run without a file (quick_run.py), vLLM bench's defaults where a flag is absent."""
-    from cbsim.cli.quick_run import DEFAULTS, quick_experiment
-
-    values = {name: DEFAULTS[name] if value is None else value for name, value in quick.items()}
-    return quick_experiment(**values, seed=0 if seed is None else seed, goodput=goodput)
-
-
-def slo_from_goodput(goodput: list[str] | None) -> dict:
-    from cbsim.cli.quick_run import slo_of
-
-    return slo_of(goodput) if goodput else {}
 
 
 def print_summary(cfg, results, target: Path) -> None:

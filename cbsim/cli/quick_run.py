@@ -23,6 +23,26 @@ GOODPUT = {"ttft": "ttft", "tpot": "tpot"}  # vLLM's --goodput names -> metrics.
 DEFAULTS = {"model": "llama-3-8b", "gpu": "h100", "tp": 1, "rate": math.inf, "burstiness": 1.0, "num_prompts": 1000,
             "input_len": 1024, "output_len": 128, "range_ratio": 0.0, "dataset_name": "random", "policy": None,
             "max_concurrency": None}  # vLLM bench serve's (module docstring); model and GPU cbsim's defaults
+FLAG_NAMES = {"tp": "tensor-parallel-size", "rate": "request-rate", "num_prompts": "num-prompts", "input_len": "input-len",
+              "output_len": "output-len", "range_ratio": "random-range-ratio", "dataset_name": "dataset-name",
+              "max_concurrency": "max-concurrency"}  # a flags key -> its command-line name (the rest: the same)
+
+
+def run_source(file, flags: dict, seed: int | None, goodput: list[str] | None,
+               overrides: list[str] | None) -> tuple[object, list[str]]:
+    """What `cbsim run` loads and the --set overrides it applies: without a file, the experiment `flags`
+    describe (DEFAULTS where one is None); with one, the file, its --seed and --goodput laid first under
+    the --set overrides, and none of the file-less flags (an error naming the first given)."""
+    if file is None:
+        values = {name: DEFAULTS[name] if value is None else value for name, value in flags.items()}
+        return quick_experiment(**values, seed=0 if seed is None else seed, goodput=goodput), list(overrides or [])
+    given = [name for name, value in flags.items() if value is not None]
+    if given:
+        raise ConfigError(f"--{FLAG_NAMES.get(given[0], given[0])}", "no experiment file (the flags describe a run "
+                          "without one; with a file use --set)", has_got=False)
+    first = [f"seed={seed}"] * (seed is not None)
+    first += [f"metrics.slo.{key}={value!r}" for key, value in (slo_of(goodput) if goodput else {}).items()]
+    return file, first + list(overrides or [])
 
 
 def quick_experiment(model: str, gpu: str, tp: int, rate: float, num_prompts: int, input_len: int,
