@@ -43,6 +43,7 @@ OVERLAP = 0.01  # lines closer than this at every point (of the value or of the 
 RATIO_SPAN = 0.01  # the paired-ratio axes show at least 1 +- this
 FLAT = 0.01  # a throughput range narrower than this (relative) is flat: no knee
 LOG_RANGE = 10.0  # a panel whose positive values span this factor or more gets a log y axis
+LABEL_GAP = 0.04  # knob labels closer than this (fraction of the curves' ranges) to a drawn one are left out
 
 
 Band = Literal["minmax", "sd"]  # the band around a mean over seeds: min to max, or mean +- one sd
@@ -272,7 +273,8 @@ def plot_latency_throughput(table: pd.DataFrame, x: str | list[str], *, hue: lis
                             throughput: str = "throughput_tokens_per_s", latency: str = "itl_p99",
                             title: str | None = None, xlabel: str | None = None, knee: bool | None = None):
     """p99 ITL (or `latency`) against throughput, one curve per hue combination, points in knob
-    order and labelled with the knob value. The knee (knee_index) of each curve is circled when
+    order and labelled with the knob value (a label that would overprint another, closer than LABEL_GAP, is
+    left out: a cluster of points reads as its first label). The knee (knee_index) of each curve is circled when
     `knee` (default: whether the knob is a load, is_load), the curve's throughput spans more than FLAT
     of its mean and the curve rises (`rising`); a flat throughput is drawn flat and said in the title."""
     hue = default_hue(table, x) if hue is None else list(hue)
@@ -282,13 +284,18 @@ def plot_latency_throughput(table: pd.DataFrame, x: str | list[str], *, hue: lis
     fig = Figure(figsize=(7, 4.8), layout="constrained")
     ax = fig.subplots()
     knee = is_load(x) if knee is None else knee
-    circled, drawn = False, []
+    circled, drawn, placed = False, [], []
+    span = np.array([np.ptp(merged["mean_x"]) or 1.0, np.ptp(merged["mean_y"]) or 1.0]) if len(merged) else None
     for i, (key, rows) in enumerate(_hue_groups(merged, hue)):
         line, = ax.plot(rows["mean_x"], rows["mean_y"], **_style(i), label=_hue_label(hue, key))
         drawn.append((line.get_label(), np.column_stack([rows["mean_x"], rows["mean_y"]])))
         for _, row in rows.iterrows():
+            at = np.array([row["mean_x"], row["mean_y"]], dtype=float) / span
+            if any(np.hypot(*(at - other)) < LABEL_GAP for other in placed):
+                continue  # a label here would overprint one already drawn: the line's order says which it is
+            placed.append(at)
             ax.annotate(_fmt(row["_knob"]), (row["mean_x"], row["mean_y"]), textcoords="offset points",
-                        xytext=(4, 4 + 8 * (i % 2)), fontsize="x-small", color=line.get_color())
+                        xytext=(4, 4 + 8 * (i % 2)), fontsize="x-small", color=line.get_color(), gid="knob_label")
         curve = knee and not _flat(rows["mean_x"]) and rising(rows["mean_x"], rows["mean_y"])
         at = knee_index(rows["mean_x"], rows["mean_y"]) if curve else None
         if at is not None:
