@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cbsim.api import build_replica_parts, step_noise
+from cbsim.build import build_replica_parts, step_noise
 from cbsim.config import ExperimentConfig
 from cbsim.core.errors import ConfigError
 from cbsim.pools import pool_config
@@ -33,9 +33,9 @@ def preflight(cfg: ExperimentConfig) -> dict[str, int] | None:
         if reads_file(workload):
             base_dir = Path(cfg.source).parent if cfg.source else None
             _, dropped = build_workload(workload, rng, base_dir)
-        configs = [pool_config(cfg, pool) for pool in ("prefill", "decode")] if cfg.cluster.mode == "pd" else [cfg]
-        for config in configs:
-            model, cost, _, settings = build_replica_parts(config)
+        for pool in ("prefill", "decode") if cfg.cluster.mode == "pd" else ("cluster",):
+            config = pool_config(cfg, pool) if pool != "cluster" else cfg
+            model, cost, _, settings = build_replica_parts(cfg, pool)
             step_noise(config, cost, rng)
             probe_step_times(cost, settings.max_model_len)
             longest = settings.max_model_len * kv_bytes_per_gpu(config, model, cost)

@@ -25,7 +25,7 @@ def test_precision_flags_set_the_models_dtypes(args, weight, kv):
 
 
 def test_an_fp8_kv_cache_holds_twice_the_blocks():
-    from cbsim.api import build_replica_parts
+    from cbsim.build import build_replica_parts
 
     def blocks(cfg):
         return build_replica_parts(cfg)[2]().num_blocks

@@ -238,7 +238,7 @@ def test_08_pd_link_bandwidth_1e_300_is_named_by_validate_and_run(tmp_path):
 # 13. GPUs per replica: one rule for KV sizing and per-GPU goodput
 
 def test_13_a_tp2_profile_counts_two_gpus_per_replica_and_sizes_kv_with_two():
-    from cbsim.api import build_replica_parts
+    from cbsim.build import build_replica_parts
     from cbsim.tools.sweep.capacity import num_gpus
     from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
     from cbsim.sim.kv.sizing import kv_cache_blocks
