@@ -95,6 +95,7 @@ from cbsim.sim.costmodels.catalog.gpus import gpus_per_node as catalog_gpus_per_
 from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.sim.costmodels.catalog.specs import INT4_GROUP_SCALE_BYTES, INT4_GROUP_ZERO_BYTES, TP_DEGREES, GPUSpec, ModelSpec
 from cbsim.sim.costmodels.collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
+from cbsim.sim.costmodels import custom_allreduce
 from cbsim.sim.costmodels.engine import NO_ENGINE, Engine, engine_option, load_engine
 from cbsim.sim.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
 from cbsim.sim.costmodels.moe_gemms import MoEGemms
@@ -292,6 +293,7 @@ class RooflineCost(CostModel):
         self._embed_bytes = 2.0 * m.hidden * b  # gather one row, write it
         self._num_allreduce = 2.0 * m.num_layers + 1.0 if tp > 1 else 0.0
         self._link = link_model(g, self.topology)
+        self._custom_ar_max = float(self.engine.terms.custom_all_reduce_max_bytes)
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
@@ -366,10 +368,15 @@ class RooflineCost(CostModel):
         return comm
 
     def _allreduce(self, size: float) -> float:
+        """One TP all-reduce of `size` bytes: NCCL by topology (across nodes when the group spans them), or
+        vLLM's custom kernel where the engine uses it for this size (custom_allreduce.py)."""
         if self.tp > self.gpus_per_node:
             return multinode_allreduce_seconds(size, self.tp, self.gpus_per_node, self._link, self.topology,
                                                self.gpu.inter_node_bandwidth)
-        return allreduce_seconds(size, self.tp, self._link, self.topology)
+        nccl = allreduce_seconds(size, self.tp, self._link, self.topology)
+        if custom_allreduce.applies(size, self.tp, self.topology, self._custom_ar_max, True):
+            return custom_allreduce.engine_allreduce_seconds(size, self.tp, nccl)
+        return nccl
 
     def alltoall_time(self, tokens: float) -> float:
         """One MoE layer's dispatch + combine for a step of `tokens` tokens on this rank, every rank of
@@ -389,11 +396,7 @@ class RooflineCost(CostModel):
         (sim/metrics/step_efficiency.py)."""
         if self._staged:  # the stage that communicates longest
             return max(self._stage_comm(tokens, s) for s in range(len(self._stages)))
-        size = self._allreduce_bytes_per_token * tokens
-        if self.tp > self.gpus_per_node:
-            return self._num_allreduce * multinode_allreduce_seconds(
-                size, self.tp, self.gpus_per_node, self._link, self.topology, self.gpu.inter_node_bandwidth)
-        return self._num_allreduce * allreduce_seconds(size, self.tp, self._link, self.topology)
+        return self._num_allreduce * self._allreduce(self._allreduce_bytes_per_token * tokens)
 
     def _gemm_seconds(self, tokens: float) -> float:
         """One layer's GEMMs at `tokens` rows (a Python float, never an array); for an MoE model the
@@ -495,7 +498,8 @@ class RooflineCost(CostModel):
             pairs += c * (h + (c + 1) / 2)
             kv_read += c + h
         mla = (pairs, float(kv_read)) if self.model.is_mla and prefill else None
-        gpu = self._seconds(float(tokens), float(sampled), pairs + float(decode_read), float(kv_read + decode_read),
+        padded = self._engine.graph_tokens(tokens, len(prefill))  # a graph step runs at its captured size
+        gpu = self._seconds(float(padded), float(sampled), pairs + float(decode_read), float(kv_read + decode_read),
                             window, mla)
         return self._engine.step_for(gpu, len(prefill) + rows, len(prefill), tokens)
 
@@ -526,7 +530,8 @@ class RooflineCost(CostModel):
         if self._window:
             capped = _capped_decode_reads(contexts, steps, int(self._window))
             window = (0.0 + capped, capped)
-        gpu = np.asarray(self._seconds(float(n), float(n), 0.0 + read, read, window), dtype=np.float64)
+        padded = self._engine.graph_tokens(n, 0)
+        gpu = np.asarray(self._seconds(float(padded), float(n), 0.0 + read, read, window), dtype=np.float64)
         return self._engine.step_many(gpu, n)
 
     def describe(self) -> dict:

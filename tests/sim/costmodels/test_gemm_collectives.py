@@ -153,11 +153,15 @@ def test_roofline_topology_default_and_ordering():
 
 
 def test_roofline_charges_high_tp_its_collectives():
-    """Decode of one sequence: TP8 no longer takes under a third of TP2's time (each all-reduce
-    costs ~40 us on A100 NVSwitch, 161 of them per step)."""
+    """Decode of one sequence: with NCCL, TP8 no longer takes under a third of TP2's time (each
+    all-reduce costs ~40 us on A100 NVSwitch, 161 of them per step); vLLM's custom all-reduce (the
+    vllm-v1 preset) is cheaper at both and more so at TP8, whose NCCL ring pays more hops."""
     one = StepShape.from_batch([], [600])
-    tp2, tp8 = roofline().step_time(one), roofline(tp=8).step_time(one)
+    nccl = {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0}
+    tp2, tp8 = roofline(engine=nccl).step_time(one), roofline(tp=8, engine=nccl).step_time(one)
     assert 0.35 < tp8 / tp2 < 0.5
+    custom2, custom8 = roofline().step_time(one), roofline(tp=8).step_time(one)
+    assert custom2 < tp2 and custom8 < tp8 and custom8 / custom2 < tp8 / tp2
 
 
 def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():

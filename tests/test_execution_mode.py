@@ -1,0 +1,90 @@
+"""Execution mode (issue 28): CUDA-graph capture sizes and padding, piecewise graphs, and vLLM's
+custom all-reduce against NCCL, as the engine presets declare them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cbsim.api import load_cost_model
+from cbsim.sim.costmodels import custom_allreduce as car
+from cbsim.sim.costmodels.cuda_graphs import capture_size
+from cbsim.sim.costmodels.engine import Engine, EngineTerms, load_engine
+from cbsim.sim.shape import StepShape
+
+KB = 1024
+NCCL = {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0, "cuda_graph_padding": False}
+SGLANG_2904 = [(2, 32 * KB, 8.7e-6), (4, 32 * KB, 9.2e-6), (8, 32 * KB, 11.8e-6),
+               (2, 512 * KB, 17.7e-6), (4, 512 * KB, 26.9e-6), (8, 512 * KB, 30.4e-6)]
+
+
+def roofline(tp=4, engine="vllm-v1", gpu="h100", model="llama-2-70b", **kw):
+    return load_cost_model({"type": "roofline", "gpu": gpu, "tp": tp, "engine": engine, **kw}, model)
+
+
+def test_capture_sizes_are_vllms_list():
+    """[1, 2, 4] + range(8, N + 1, 8): the next captured size, and no graph above N."""
+    assert [capture_size(t, 512) for t in (1, 2, 3, 4, 5, 8, 9, 17, 511, 512)] == [1, 2, 4, 4, 8, 8, 16, 24, 512, 512]
+    assert capture_size(513, 512) == 513 and capture_size(0, 512) == 0
+
+
+def test_custom_allreduce_reproduces_the_published_timings():
+    for n, size, measured in SGLANG_2904:
+        assert car.custom_allreduce_seconds(size, n) == pytest.approx(measured, rel=0.10), (n, size)
+
+
+def test_custom_allreduce_applies_where_vllm_uses_it():
+    assert car.applies(32 * KB, 4, "nvswitch", car.VLLM_MAX_BYTES, True)
+    assert car.applies(32 * KB, 2, "pcie", car.VLLM_MAX_BYTES, True)  # two GPUs: any link
+    assert not car.applies(32 * KB, 4, "pcie", car.VLLM_MAX_BYTES, True)  # more than two PCIe-only GPUs
+    assert not car.applies(32 * KB, 3, "nvswitch", car.VLLM_MAX_BYTES, True)  # world sizes 2, 4, 6, 8
+    assert not car.applies(car.VLLM_MAX_BYTES, 8, "nvswitch", car.VLLM_MAX_BYTES, True)  # strictly below max_size
+    assert not car.applies(32 * KB, 8, "nvswitch", car.VLLM_MAX_BYTES, False)  # across nodes
+    assert not car.applies(32 * KB, 8, "nvswitch", 0, True)  # the engine does not use it
+    assert car.one_shot(511 * KB, 4) and not car.one_shot(512 * KB, 4)
+    assert car.one_shot(255 * KB, 8) and not car.one_shot(256 * KB, 8) and car.one_shot(4096 * KB, 2)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_vllm_v1_decode_at_tp_is_priced_with_the_custom_allreduce(tp):
+    """Small decode batches get cheaper by the all-reduce saving alone; TP1 has no all-reduce."""
+    shape = StepShape.from_batch(decode=[1024] * 8)
+    nccl, custom = roofline(tp, NCCL), roofline(tp, {"preset": "vllm-v1", "cuda_graph_padding": False})
+    saved = nccl.collective_time(8) - custom.collective_time(8)
+    assert saved > 0
+    assert nccl.step_time(shape) - custom.step_time(shape) == pytest.approx(saved, rel=1e-9)
+    assert roofline(1, NCCL).step_time(shape) == roofline(1, {**NCCL, "custom_all_reduce_max_bytes": 8 << 20}).step_time(
+        shape)
+
+
+def test_padding_prices_the_captured_batch():
+    """9 sequences replay the graph of 16: GEMMs and all-reduces at 16 tokens, attention at the 9 real rows."""
+    padded, plain = roofline(engine="vllm-v1"), roofline(engine={"preset": "vllm-v1", "cuda_graph_padding": False})
+    nine = StepShape.from_batch(decode=[1024] * 9)
+    assert padded.step_time(nine) > plain.step_time(nine)
+    sixteen_rows = plain._seconds(16.0, 9.0, 9 * 1024.0, 9 * 1024.0)
+    assert padded._seconds(*(16.0, 9.0, 9 * 1024.0, 9 * 1024.0)) == sixteen_rows
+    big = StepShape.from_batch(decode=[1024] * 600)  # above the largest capture size: eager, unpadded
+    assert padded.step_time(big) == plain.step_time(big)
+    runs = padded.decode_run_times(np.array([1000] * 9), 5)
+    assert list(runs) == [padded.step_time(StepShape.from_batch(decode=[1000 + j] * 9)) for j in range(5)]
+
+
+def test_piecewise_graphs_lift_the_eager_floor_of_small_mixed_steps():
+    terms = dict(launch_per_layer_s=1e-3, cuda_graph_max_batch=512)
+    eager = Engine(EngineTerms(**terms), "t").bind(80, 1)
+    piecewise = Engine(EngineTerms(cuda_graph_piecewise=True, **terms), "t").bind(80, 1)
+    mixed = StepShape.from_batch(prefill=[(256, 0)], decode=[100] * 8)  # 264 tokens
+    assert eager.step_of(1e-3, mixed) == pytest.approx(80e-3)
+    assert piecewise.step_of(1e-3, mixed) == pytest.approx(1e-3)
+    large = StepShape.from_batch(prefill=[(1024, 0)])
+    assert piecewise.step_of(1e-3, large) == pytest.approx(80e-3)  # above the capture sizes: eager
+
+
+def test_presets_state_their_execution_mode():
+    v1, sgl, trt = (load_engine(n).terms for n in ("vllm-v1", "sglang", "trtllm"))
+    assert (v1.cuda_graph_piecewise, v1.cuda_graph_padding, v1.custom_all_reduce_max_bytes) == (True, True, 8 << 20)
+    assert (sgl.cuda_graph_piecewise, sgl.cuda_graph_padding, sgl.custom_all_reduce_max_bytes) == (False, True, 8 << 20)
+    assert (trt.cuda_graph_padding, trt.custom_all_reduce_max_bytes) == (False, 0)
+    for eager in ("vidur-a100-tp1", "vidur-a100-tp2", "vllm-2023-a100"):
+        t = load_engine(eager).terms
+        assert not t.cuda_graph_padding and t.custom_all_reduce_max_bytes == 0
