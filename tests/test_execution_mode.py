@@ -88,3 +88,49 @@ def test_presets_state_their_execution_mode():
     for eager in ("vidur-a100-tp1", "vidur-a100-tp2", "vllm-2023-a100"):
         t = load_engine(eager).terms
         assert not t.cuda_graph_padding and t.custom_all_reduce_max_bytes == 0
+
+
+def test_decode_pair_weight_is_the_per_query_head_kernels_rate():
+    from cbsim.sim.costmodels.attention_structure import MMHA_FRACTION, decode_pair_weight
+    from cbsim.sim.costmodels.catalog.specs import model_spec
+    mistral = model_spec("mistral-7b")
+    assert decode_pair_weight(mistral, False, 0.4) == 1.0
+    assert decode_pair_weight(mistral, True, 0.4) == pytest.approx(0.4 / MMHA_FRACTION)
+    assert decode_pair_weight(model_spec("deepseek-v2-lite"), True, 0.4) == 1.0  # MLA's absorbed decode
+
+
+def test_per_query_head_decode_prices_gqa_like_mha():
+    """TensorRT-LLM v0.9's masked-MHA kernel: Mistral-7B (8 KV heads) decodes about as slowly as Llama-2-7B
+    (32 KV heads) at the same batch, where a bytes-only price makes it far cheaper."""
+    fp8 = {"weight_dtype": "fp8", "kv_dtype": "fp8"}
+    per_head = {"preset": "trtllm", "decode_attention_per_query_head": True}
+    shape = StepShape.from_batch(decode=[2048] * 120)
+
+    def step(model, engine):
+        return roofline(1, engine, model={"config": model, **fp8}).step_time(shape)
+    assert step("mistral-7b", "trtllm") < 0.5 * step("llama-2-7b", "trtllm")
+    assert 0.7 < step("mistral-7b", per_head) / step("llama-2-7b", per_head) < 1.0
+    assert step("llama-2-7b", per_head) == step("llama-2-7b", "trtllm")  # MHA: bytes-bound either way
+
+
+@pytest.mark.parametrize("contexts", [[1000] * 9, [3000, 4090, 5000, 20]])  # the second crosses Mistral's window
+def test_per_query_head_decode_runs_equal_steps(contexts):
+    cost = roofline(1, {"preset": "trtllm", "decode_attention_per_query_head": True}, model="mistral-7b")
+    runs = cost.decode_run_times(np.array(contexts), 8)
+    assert list(runs) == [cost.step_time(StepShape.from_batch(decode=[c + j for c in contexts])) for j in range(8)]
+
+
+def test_trtllm_v09_static_table_mistral_decode_rows():
+    """benchmarks/validate_trtllm_static.py: the decode-bound Mistral-7B rows (all but 128/128) within 10 %
+    with the per-query-head kernel, LLaMA-7B rows as before."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import validate_trtllm_static as v
+
+    for (model, gpu, batch, isl, osl, published, bytes_only), (*_, per_head) in zip(v.rows(), v.rows(v.V09_ENGINE)):
+        if model == "mistral-7b" and (isl, osl) != (128, 128):
+            assert abs(per_head / published - 1) < 0.10, (gpu, isl, osl)
+            assert bytes_only / published > 1.25
+        if model == "llama-2-7b":
+            assert per_head == bytes_only

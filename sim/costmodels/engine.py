@@ -23,8 +23,9 @@ do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` thr
 
 Two terms change what the cost model prices rather than this sum: `cuda_graph_padding` (a graph step
 runs at its captured batch size, cuda_graphs.py; `graph_tokens`) and `custom_all_reduce_max_bytes`
-(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py). The roofline
-reads both; the measured cost models (vidur, fitted) were timed eagerly with NCCL and ignore them.
+(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py), and
+`decode_attention_per_query_head` (the decode kernel's grid, attention_structure.py). The roofline
+reads them; the measured cost models (vidur, fitted) were timed eagerly with NCCL and ignore them.
 
 The front-end terms do not change the step; they move what the client sees (sim/metrics/client_view.py):
 a request reaches the scheduler `frontend_s + frontend_per_prompt_token_s * prompt` after the client
@@ -83,6 +84,11 @@ class EngineTerms:
     cuda_graph_padding: bool = option(False, help="a graph step runs at the next captured batch size ([1, 2, 4] + "
                                       "multiples of 8): its GEMMs, streaming kernels and all-reduces see the "
                                       "padded token count (cuda_graphs.py)")
+    decode_attention_per_query_head: bool = option(
+        False, help="the decode attention kernel runs one CTA per query head and reads its KV head once per query "
+        "head (TensorRT-LLM's masked-MHA kernel, vLLM V0's paged_attention): a GQA model's decode KV traffic is "
+        "query heads / KV heads times its cache bytes (attention_structure.py); false: once per KV head "
+        "(FlashAttention / FlashInfer / XQA pack a KV head's query heads into one CTA)")
     custom_all_reduce_max_bytes: float = option(
         0.0, help="vLLM's custom all-reduce (custom_allreduce.py) for TP all-reduces below this many bytes (8 MiB "
         "in vLLM) where it applies (2 GPUs or NVSwitch, 2/4/6/8 GPUs, one node); NCCL otherwise; 0: NCCL always")
@@ -103,7 +109,7 @@ class EngineTerms:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool):  # overlap, cuda_graph_piecewise, cuda_graph_padding
+            if isinstance(value, bool):  # overlap, cuda_graph_*, decode_attention_per_query_head
                 continue
             require(math.isfinite(value) and value >= 0, f.name, "a finite number >= 0", value)
         require(self.kernel_scale > 0, "kernel_scale", "a number > 0", self.kernel_scale)

@@ -96,6 +96,7 @@ from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.sim.costmodels.catalog.specs import INT4_GROUP_SCALE_BYTES, INT4_GROUP_ZERO_BYTES, TP_DEGREES, GPUSpec, ModelSpec
 from cbsim.sim.costmodels.collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
 from cbsim.sim.costmodels import custom_allreduce
+from cbsim.sim.costmodels.attention_structure import decode_pair_weight
 from cbsim.sim.costmodels.engine import NO_ENGINE, Engine, engine_option, load_engine
 from cbsim.sim.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
 from cbsim.sim.costmodels.moe_gemms import MoEGemms
@@ -294,6 +295,8 @@ class RooflineCost(CostModel):
         self._num_allreduce = 2.0 * m.num_layers + 1.0 if tp > 1 else 0.0
         self._link = link_model(g, self.topology)
         self._custom_ar_max = float(self.engine.terms.custom_all_reduce_max_bytes)
+        # a decode query-key pair in units of prefill pairs (1.0, or the per-query-head kernel's slower rate)
+        self._decode_pairs = decode_pair_weight(m, self.engine.terms.decode_attention_per_query_head, attn_eff)
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
@@ -499,8 +502,8 @@ class RooflineCost(CostModel):
             kv_read += c + h
         mla = (pairs, float(kv_read)) if self.model.is_mla and prefill else None
         padded = self._engine.graph_tokens(tokens, len(prefill))  # a graph step runs at its captured size
-        gpu = self._seconds(float(padded), float(sampled), pairs + float(decode_read), float(kv_read + decode_read),
-                            window, mla)
+        gpu = self._seconds(float(padded), float(sampled), pairs + self._decode_pairs * decode_read,
+                            float(kv_read + decode_read), window, mla)
         return self._engine.step_for(gpu, len(prefill) + rows, len(prefill), tokens)
 
     def _window_features(self, shape: StepShape) -> tuple[float, float]:
@@ -517,7 +520,7 @@ class RooflineCost(CostModel):
                 pairs += (first + w) * (w - first + 1) // 2 + (last - w) * w
             kv_read += min(c + h, w + c - 1)
         decode = sum(min(d, w) for d in shape.decode)
-        return float(pairs + decode), float(kv_read + decode)
+        return float(pairs) + self._decode_pairs * decode, float(kv_read + decode)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
         return self.mixed_step_time((), contexts, offset, context_sum, len(contexts))
@@ -529,9 +532,9 @@ class RooflineCost(CostModel):
         window = None
         if self._window:
             capped = _capped_decode_reads(contexts, steps, int(self._window))
-            window = (0.0 + capped, capped)
+            window = (self._decode_pairs * capped, capped)
         padded = self._engine.graph_tokens(n, 0)
-        gpu = np.asarray(self._seconds(float(padded), float(n), 0.0 + read, read, window), dtype=np.float64)
+        gpu = np.asarray(self._seconds(float(padded), float(n), self._decode_pairs * read, read, window), dtype=np.float64)
         return self._engine.step_many(gpu, n)
 
     def describe(self) -> dict:
