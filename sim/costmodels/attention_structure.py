@@ -44,6 +44,8 @@ per-query-head kernel has batch x heads CTAs, more than the SMs in every publish
 """
 from __future__ import annotations
 
+import math
+
 from cbsim.sim.costmodels.catalog.specs import ModelSpec
 
 MMHA_FRACTION = 0.008  # of dense bf16 peak: a per-query-head decode kernel's FLOP rate (fitted, module docstring)
@@ -55,3 +57,64 @@ def decode_pair_weight(model: ModelSpec, per_query_head: bool, attention_efficie
     if not per_query_head or model.is_mla:
         return 1.0
     return attention_efficiency / MMHA_FRACTION
+
+
+# --- prefill and chunked-prefill attention: FlashAttention-2's split-KV grid against the SMs ----------------
+#
+# vLLM's FlashAttention-2 varlen call on a paged KV cache runs the split-KV kernel (paged KV forces it:
+# Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp @765fbd92, mha_varlen_fwd -> run_mha_fwd(params,
+# stream, /*force_split_kernel=*/paged_KV)) with 64-row query blocks and 128-thread CTAs, and picks its KV
+# splits with num_splits_heuristic(batch * heads * m_blocks, 2 * SMs, n_blocks, 128) ("we multiply number
+# of SMs by 2 to hard-code the fact that we're using 128 threads per block"): one split when the blocks fill
+# 80 % of the 2 x SMs slots, else the fewest splits reaching 85 % of the best wave efficiency. Its wave
+# efficiency, waves / ceil(waves), is the fraction of the slots the kernel keeps busy; the attention FLOPs
+# of the step's prefill chunks are charged at that fraction of the attention rate. A long prompt in one
+# step fills many waves (efficiency ~1); a 512-token chunk has 8 blocks per head, so e.g. CodeLlama-34B at
+# TP2 (32 heads per GPU: 256 blocks >= 0.8 x 216 on A100) runs one split in 1.19 waves (efficiency 0.59),
+# while Llama-2-70B at TP4 (16 heads: 128 blocks) splits its KV and fills the SMs. Decode rows keep their
+# bytes-bound price (above). SM counts are the datasheets'; GPUs not listed (AMD: other kernels) are not
+# occupancy-limited here. H100/H200 run FlashAttention-3 in vLLM V1, whose split heuristic
+# (hopper/heuristics.h) is of the same form; FA2's is used for them too (an approximation). Not charged: the
+# growing KV re-read of a chunk (each 64-row query block of each query head streams the whole cached prefix,
+# ceil(c / 64) x heads times per layer): the blocks sharing a KV head run together and mostly hit L2, and at
+# 64 query rows per block the kernel stays compute-bound even at L2 bandwidth; no measurement separates it.
+# What it reproduces: benchmarks/validate_chunked_prefill.py (512-token chunks over one step, published
+# +11..+20 % on 34B/70B A100): CodeLlama-34B TP2 A100 +5..+6 % -> +8..+22 % (2K..16K prompts), Llama-2-70B
+# TP4 A100 +8..+9.5 % -> +8..+11 %; H100 unchanged (+12..+21 %: 132 SMs hold these grids in one wave).
+
+SMS = {"a100": 108, "h100-pcie": 114, "h100": 132, "h200": 132, "b200": 148, "l40s": 142, "l4": 58, "a10": 72}
+Q_BLOCK = 64  # query rows per CTA of the split-KV kernel (kBlockM)
+
+
+def streaming_multiprocessors(gpu_name: str) -> int:
+    """SMs of a catalog GPU (longest matching name prefix), 0 when unknown."""
+    match = max((name for name in SMS if gpu_name.startswith(name)), key=len, default=None)
+    return SMS[match] if match else 0
+
+
+def num_splits(blocks: int, slots: int, n_blocks: int, max_splits: int = 128) -> int:
+    """FlashAttention-2's num_splits_heuristic (flash_api.cpp @765fbd92), restated."""
+    if blocks >= 0.8 * slots:
+        return 1
+    max_splits = min(max_splits, slots, n_blocks)
+    eligible = [s for s in range(1, max_splits + 1) if s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))]
+    efficiency = {s: _wave_efficiency(blocks * s, slots) for s in eligible}
+    best = max(efficiency.values(), default=0.0)
+    return next((s for s in eligible if efficiency[s] >= 0.85 * best), 1)
+
+
+def _wave_efficiency(ctas: int, slots: int) -> float:
+    waves = ctas / slots
+    return waves / math.ceil(waves)
+
+
+def prefill_efficiency(chunks, heads: int, sms: int, head_dim: int) -> float:
+    """Fraction of the GPU's CTA slots FlashAttention-2 keeps busy on a step's prefill chunks
+    ((new tokens, cached tokens) pairs), 1.0 without chunks or SM count."""
+    if not chunks or sms <= 0:
+        return 1.0
+    blocks = heads * sum(-(-c // Q_BLOCK) for c, _ in chunks)
+    block_n = 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+    n_blocks = -(-max(c + h for c, h in chunks) // block_n)
+    slots = 2 * sms
+    return _wave_efficiency(blocks * num_splits(blocks, slots, n_blocks), slots)

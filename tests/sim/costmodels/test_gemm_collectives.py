@@ -136,7 +136,8 @@ def test_roofline_fixed_efficiency_reproduces_the_old_numbers():
     old = {("h100", "llama-3-8b"): [0.04871903929277804, 0.006433416310447761, 0.015236088962080868],
            ("a100", "llama-2-7b"): [0.13511817199351878, 0.009208473251593918, 0.04113627258506128]}
     for (gpu, model), times in old.items():
-        cost = load_cost_model({"type": "roofline", "gpu": gpu, "gemm_efficiency": 0.72, "engine": "none"},
+        cost = load_cost_model({"type": "roofline", "gpu": gpu, "gemm_efficiency": 0.72, "engine": "none",
+                                "prefill_occupancy": False},
                                model_spec(model))
         assert [cost.step_time(s) for s in shapes] == times
 
