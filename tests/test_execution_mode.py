@@ -13,8 +13,10 @@ from cbsim.sim.shape import StepShape
 
 KB = 1024
 NCCL = {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0, "cuda_graph_padding": False}
-SGLANG_2904 = [(2, 32 * KB, 8.7e-6), (4, 32 * KB, 9.2e-6), (8, 32 * KB, 11.8e-6),
-               (2, 512 * KB, 17.7e-6), (4, 512 * KB, 26.9e-6), (8, 512 * KB, 30.4e-6)]
+# sglang PR #2904, vLLM's kernel on H100: (TP, float32 elements) -> us
+SGLANG_2904 = {2: [9.5, 8.8, 8.7, 12.9, 17.7, 26.6], 4: [9.1, 8.5, 9.2, 20.6, 26.9, 40.2],
+               8: [10.1, 9.3, 11.8, 24.1, 30.4, 45.0]}
+ELEMENTS = [512, 4096, 32768, 262144, 524288, 1048576]
 
 
 def roofline(tp=4, engine="vllm-v1", gpu="h100", model="llama-2-70b", **kw):
@@ -28,8 +30,9 @@ def test_capture_sizes_are_vllms_list():
 
 
 def test_custom_allreduce_reproduces_the_published_timings():
-    for n, size, measured in SGLANG_2904:
-        assert car.custom_allreduce_seconds(size, n) == pytest.approx(measured, rel=0.10), (n, size)
+    errors = [car.custom_allreduce_seconds(4 * e, n) / (us * 1e-6) - 1
+              for n, row in SGLANG_2904.items() for e, us in zip(ELEMENTS, row)]
+    assert max(map(abs, errors)) < 0.13 and float(np.median(np.abs(errors))) < 0.04
 
 
 def test_custom_allreduce_applies_where_vllm_uses_it():

@@ -16,16 +16,19 @@ bounds the rate at which a rank pulls peer memory well below the NVLink peak. So
 
     t(S, n) = a + R(S, n) / B,   R = (n - 1) S (one-shot) or 2 (n - 1) / n S (two-shot)
 
-with a and B fitted (log-ratio least squares) on the only public timings we found, sgl-project/sglang
-PR #2904 (vLLM's kernel measured outside CUDA graphs on H100 SXM): 8.7 / 9.2 / 11.8 us at 32 KB and
-17.7 / 26.9 / 30.4 us at 512 KB for TP 2 / 4 / 8. a = 7.30 us, B = 43.3 GB/s; errors on those six
-points -7.4, +4.0, +6.7, +9.7, -5.3, -6.3 % (one latency and one pull rate for both algorithms: a
-separate pair per algorithm fits the two two-shot points exactly and says nothing). Not measured:
-  - inside a CUDA graph (where vLLM runs it for graph steps: no launch and no copy into the registered
-    buffer, which vLLM's comment puts at <= 1 %); the eager timing is used for both, an upper bound;
-  - above 512 KiB. The fit's pull rate would make a multi-MiB two-shot slower than NCCL, which is not
-    why vLLM keeps the kernel up to 8 MiB; above the measured range cbsim takes the lower of the fit and
-    NCCL (collectives.py), a bound, not a measurement;
+with a and B fitted (log-ratio least squares) on the only public timings we found, the vLLM column of
+sgl-project/sglang PR #2904 ("unit test performance in H100 (without cuda graph)"): vLLM's kernel on H100
+SXM at TP 2 / 4 / 8 for 512 .. 1,048,576 elements. The test behind it (sgl-kernel/tests/test_trt_reduce.py,
+`performance`) reduces float32 tensors of that many elements, so the messages are 2 KiB .. 4 MiB (the
+"32768" row, 8.7 / 9.2 / 11.8 us, is 128 KiB; "524288", 17.7 / 26.9 / 30.4 us, is 2 MiB), and it times
+5,000 back-to-back launches by wall clock, so the small-message floor includes launch throughput. One pull
+rate and one latency per algorithm (the two-shot pays a second, release/acquire barrier and a round through
+the temporary buffer): a = 8.79 us (one-shot), 15.26 us (two-shot), B = 249.8 GB/s. Errors on the 18 rows:
+median 3.7 %, max 12.7 % (TP8 2 KiB -12.4 %, TP4 128 KiB +12.7 %); one latency for both fits to median
+8.5 %, max 24 %. Not measured:
+  - inside a CUDA graph (where vLLM runs it for graph steps: no launch, no copy into the registered
+    buffer, which vLLM's comment puts at <= 1 %): the timings are upper bounds there, mostly at small sizes;
+  - 4 .. 8 MiB (the fit is extrapolated up to vLLM's max_size);
   - GPUs other than H100: H200 shares its NVLink 4 and die; A100 and others take H100's constants (their
     error is unknown).
 Quick all-reduce (vllm .../quick_all_reduce.py) is ROCm-only (MI300-class) and not modelled; nor is the
@@ -38,9 +41,9 @@ from __future__ import annotations
 SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
 VLLM_MAX_BYTES = 8192 * 1024  # CustomAllreduce max_size default
 ONE_SHOT_BELOW = {4: 512 * 1024, 8: 256 * 1024}  # world size <= key: one-shot below this many bytes
-LATENCY = 7.30e-6  # s, a (fitted on sglang PR #2904, module docstring)
-PULL_RATE = 43.3e9  # bytes/s, B
-MEASURED_UP_TO = 512 * 1024  # bytes: the largest message of the fitted timings
+ONE_SHOT_LATENCY = 8.79e-6  # s (fitted on sglang PR #2904, module docstring)
+TWO_SHOT_LATENCY = 15.26e-6  # s
+PULL_RATE = 249.8e9  # bytes/s a rank pulls from its peers
 
 
 def applies(size: float, n: int, topology: str, max_bytes: float, within_node: bool) -> bool:
@@ -60,13 +63,6 @@ def one_shot(size: float, n: int) -> bool:
 
 def custom_allreduce_seconds(size: float, n: int) -> float:
     """Fitted time of one custom all-reduce of `size` bytes among `n` GPUs (module docstring)."""
-    pulled = (n - 1) * size if one_shot(size, n) else 2.0 * (n - 1) / n * size
-    return LATENCY + pulled / PULL_RATE
-
-
-def engine_allreduce_seconds(size: float, n: int, nccl: float) -> float:
-    """The custom kernel's time, bounded by NCCL's (`nccl` seconds) beyond the measured sizes."""
-    custom = custom_allreduce_seconds(size, n)
-    if size > MEASURED_UP_TO and nccl < custom:
-        return nccl
-    return custom
+    if one_shot(size, n):
+        return ONE_SHOT_LATENCY + (n - 1) * size / PULL_RATE
+    return TWO_SHOT_LATENCY + 2.0 * (n - 1) / n * size / PULL_RATE

@@ -385,10 +385,9 @@ class RooflineCost(CostModel):
         if self.tp > self.gpus_per_node:
             return multinode_allreduce_seconds(size, self.tp, self.gpus_per_node, self._link, self.topology,
                                                self.gpu.inter_node_bandwidth)
-        nccl = allreduce_seconds(size, self.tp, self._link, self.topology)
         if custom_allreduce.applies(size, self.tp, self.topology, self._custom_ar_max, True):
-            return custom_allreduce.engine_allreduce_seconds(size, self.tp, nccl)
-        return nccl
+            return custom_allreduce.custom_allreduce_seconds(size, self.tp)
+        return allreduce_seconds(size, self.tp, self._link, self.topology)
 
     def alltoall_time(self, tokens: float) -> float:
         """One MoE layer's dispatch + combine for a step of `tokens` tokens on this rank, every rank of
