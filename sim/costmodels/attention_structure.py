@@ -30,7 +30,7 @@ MMHA_FRACTION = 0.008 (7.9 TFLOP/s on H100's 989 TFLOP/s bf16 peak; about an eig
 FP32 CUDA-core peak) is fitted (grid search, median |log error|) on the H100 rows of TensorRT-LLM
 v0.9's published static-batch FP8 throughput (perf-overview.md, "All data was generated using version
 0.9.0"; Mistral-7B and LLaMA-7B), and checked on the H200 rows, held out
-(benchmarks/validate_trtllm_static.py prints both). It reproduces the table's finding that Mistral-7B
+(validation/validate_trtllm_static.py prints both). It reproduces the table's finding that Mistral-7B
 (8 KV heads) runs at 0.9-1.2x LLaMA-7B's (32 KV heads) throughput at the same batch, and its H200 rows
 barely faster than H100's (3,867 vs 3,731 tokens/s at 2048/2048, NVIDIA/TensorRT-LLM issue #1570),
 where a bytes-only price makes Mistral 1.3-2.3x too fast. Errors, bytes-only -> per query head:
@@ -78,7 +78,7 @@ def decode_pair_weight(model: ModelSpec, per_query_head: bool, attention_efficie
 # growing KV re-read of a chunk (each 64-row query block of each query head streams the whole cached prefix,
 # ceil(c / 64) x heads times per layer): the blocks sharing a KV head run together and mostly hit L2, and at
 # 64 query rows per block the kernel stays compute-bound even at L2 bandwidth; no measurement separates it.
-# What it reproduces: benchmarks/validate_chunked_prefill.py (512-token chunks over one step, published
+# What it reproduces: validation/validate_chunked_prefill.py (512-token chunks over one step, published
 # +11..+20 % on 34B/70B A100): CodeLlama-34B TP2 A100 +5..+6 % -> +8..+22 % (2K..16K prompts), Llama-2-70B
 # TP4 A100 +8..+9.5 % -> +8..+11 %; H100 unchanged (+12..+21 %: 132 SMs hold these grids in one wave).
 

@@ -2,6 +2,8 @@
 custom all-reduce against NCCL, as the engine presets declare them."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from cbsim.sim.costmodels import custom_allreduce as car
 from cbsim.sim.costmodels.cuda_graphs import capture_size
 from cbsim.sim.costmodels.engine import Engine, EngineTerms, load_engine
 from cbsim.sim.shape import StepShape
+from paths import ROOT
 
 KB = 1024
 NCCL = {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0, "cuda_graph_padding": False}
@@ -95,7 +98,7 @@ def test_presets_state_their_execution_mode():
 
 def test_decode_pair_weight_is_the_per_query_head_kernels_rate():
     from cbsim.sim.costmodels.attention_structure import MMHA_FRACTION, decode_pair_weight
-    from cbsim.sim.costmodels.catalog.specs import model_spec
+    from cbsim.sim.costmodels.catalog.lookup import model_spec
     mistral = model_spec("mistral-7b")
     assert decode_pair_weight(mistral, False, 0.4) == 1.0
     assert decode_pair_weight(mistral, True, 0.4) == pytest.approx(0.4 / MMHA_FRACTION)
@@ -124,11 +127,9 @@ def test_per_query_head_decode_runs_equal_steps(contexts):
 
 
 def test_trtllm_v09_static_table_mistral_decode_rows():
-    """benchmarks/validate_trtllm_static.py: the decode-bound Mistral-7B rows (all but 128/128) within 10 %
+    """validation/validate_trtllm_static.py: the decode-bound Mistral-7B rows (all but 128/128) within 10 %
     with the per-query-head kernel, LLaMA-7B rows as before."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "validation"))
     import validate_trtllm_static as v
 
     for (model, gpu, batch, isl, osl, published, bytes_only), (*_, per_head) in zip(v.rows(), v.rows(v.V09_ENGINE)):
@@ -155,10 +156,8 @@ def test_flash_attention_split_heuristic():
 
 def test_chunked_prefill_costs_what_the_sms_allow():
     """512-token chunks of an 8K prompt over one step: within 5 points of the published +11..+20 % on
-    34B/70B A100 (benchmarks/validate_chunked_prefill.py); decode steps are not touched."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    34B/70B A100 (validation/validate_chunked_prefill.py); decode steps are not touched."""
+    sys.path.insert(0, str(ROOT / "validation"))
     from validate_chunked_prefill import chunked_overhead
 
     for model, tp in (("codellama-34b", 2), ("llama-2-70b", 4)):

@@ -11,7 +11,7 @@ Llama-2-7B (the catalog's MHA 7B). LLaMA 7B at 2048/2048 on H100 is not in the e
 MMHA_FRACTION (attention_structure.py) is fitted on the H100 rows; the H200 rows are held out.
 A static batch, as gptSessionBenchmark runs it: the context phase of all B prompts in one step (it samples
 the first token), then OSL - 1 decode steps of the B sequences; throughput = B OSL / time.
-Run: python benchmarks/validate_trtllm_static.py
+Run: python validation/validate_trtllm_static.py
 """
 from __future__ import annotations
 

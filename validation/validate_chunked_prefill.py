@@ -6,7 +6,7 @@ Not re-read from the figure here: the range is the issue's.
 cbsim: roofline, engine vllm-v1, the sum of the chunk steps (512 new tokens after h cached ones) over one
 step of the whole prompt, with FlashAttention-2's wave efficiency on the SMs (prefill_occupancy, the default)
 and without it (cbsim before issue 28).
-Run: python benchmarks/validate_chunked_prefill.py
+Run: python validation/validate_chunked_prefill.py
 """
 from __future__ import annotations
 
