@@ -177,3 +177,13 @@ def test_windowed_prefill_takes_the_same_occupancy():
     pairs_on, _ = on._window_features(chunk)
     pairs_off, _ = off._window_features(chunk)
     assert pairs_on > pairs_off and on.step_time(chunk) > off.step_time(chunk)
+
+
+@pytest.mark.parametrize("bad,words", [({"custom_all_reduce_max_bytes": True}, "expected a number"),
+                                       ({"custom_all_reduce_max_bytes": -1}, ">= 0"),
+                                       ({"cuda_graph_padding": 3}, "true or false"),
+                                       ({"decode_attention_per_query_head": "yes"}, "true or false")])
+def test_bad_execution_mode_terms_name_the_field(bad, words):
+    from cbsim.core.errors import ConfigError
+    with pytest.raises(ConfigError, match=f"{next(iter(bad))}.*{words}"):
+        load_engine({"preset": "vllm-v1", **bad})
