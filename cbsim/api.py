@@ -19,6 +19,7 @@ import yaml
 from cbsim.policies import make_policy
 from cbsim.sim.costmodels import load_cost_model as load
 from cbsim.sim.costmodels.registry import engine_of
+from cbsim.sim.costmodels.domain import warn_run_outside
 from cbsim.sim.kv.window import cache_window
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
 from cbsim.sim import metrics
@@ -361,6 +362,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     if workload.clients is not None and workload.clients.timeout is not None:
         summary["num_timed_out"] = int(table["reject_reason"].str.startswith("timeout").sum())
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
+    warn_run_outside([replica.cost for replica in pool], steps, table)  # a calibrated engine's domain
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
                       kv_unit_tokens=pool[0].kv.unit_tokens)
