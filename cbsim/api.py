@@ -20,6 +20,7 @@ from cbsim.policies import make_policy
 from cbsim.sim.costmodels import load_cost_model as load
 from cbsim.sim.costmodels.registry import engine_of
 from cbsim.sim.costmodels.domain import warn_run_outside
+from cbsim.sim.metrics.knee import load_summary
 from cbsim.sim.kv.window import cache_window
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
 from cbsim.sim import metrics
@@ -349,6 +350,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     if handoffs is not None:
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
     summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
+    summary.update(load_summary(pool, table, cfg.cluster.mode))  # offered load against capacity (the knee)
     kvs = [replica.kv for replica in pool]
     summary.update(usage)  # KV usage, MFU for sweeps
     if any(kv.prefix is not None for kv in kvs):  # prefix caching on: hit columns and summary keys

@@ -78,6 +78,11 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
             typer.echo(f"{key:<{width}}  {results.summary[key]}")
     for line in drop_warnings(results.summary.get("dropped_rows")):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
+    from cbsim.sim.metrics.knee import knee_note  # lazy, as the run's other imports (module docstring)
+
+    knee = knee_note(results.summary)  # offered load within 10 % of the simulated capacity, or past it
+    if knee:
+        typer.secho(knee, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")
 
 
