@@ -39,7 +39,7 @@ import pandas as pd
 
 from cbsim.api import load_cost_model
 from cbsim.policies import make_policy
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics import MetricsConfig, StepColumns, itl_distribution, request_frame, summarize
 from cbsim.sim.replica import ReplicaSettings

@@ -22,13 +22,15 @@ from cbsim.sim.costmodels.registry import engine_of
 from cbsim.sim.costmodels.domain import warn_run_outside
 from cbsim.sim.metrics.knee import load_summary
 from cbsim.sim.kv.window import cache_window
-from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
 from cbsim.sim.kv.cache import KVCache
-from cbsim.sim.metrics.bench_result import bench_result
+from cbsim.bench_result import bench_result
 from cbsim.sim.metrics.client_view import client_view, frontend_delays, shift_arrivals
-from cbsim.sim.metrics.step_efficiency import hardware_of, with_efficiency
+from cbsim.replica_gpus import hardware_of
+from cbsim.sim.metrics.step_efficiency import with_efficiency
 from cbsim.sim.metrics.summary import usage_summary
 from cbsim.sim.outputs.parquet import write_parquet
 from cbsim.sim.outputs.side_by_side import run_side_by_side

@@ -13,12 +13,14 @@ from typing import Any, Literal
 
 import yaml
 
-from cbsim.server import apply_server
+from cbsim.server import apply_server, describe
 
 from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy
 from cbsim.sim.costmodels import load_cost_model
-from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
+from cbsim.sim.costmodels.registry import DEFAULT_COST_MODEL
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.core.schema import option, parse, require
 from cbsim.sim.metrics import MetricsConfig
 from cbsim.workloads import parse_workload
@@ -129,8 +131,8 @@ class ClusterConfig:
     link: LinkConfig = option(LinkConfig(), help="mode pd: the KV links between the pools")
     first_token_on: Literal["prefill", "decode"] = option("decode", help="mode pd: the first token is shown "
                                                           "only once its KV has reached the decode replica (TTFT "
-                                                          "includes the transfer; seed 003: every output token "
-                                                          "comes from the D node; vLLM's benchmarks/disagg_"
+                                                          "includes the transfer: every output token comes "
+                                                          "from the decode replica, as vLLM's benchmarks/disagg_"
                                                           "benchmarks/disagg_prefill_proxy_server.py sends the "
                                                           "prefill with max_tokens=1 and streams every token from "
                                                           "the decode instance), or when the prefill "
@@ -267,7 +269,7 @@ class ExperimentConfig:
     model: Any = option(DEFAULT_MODEL, help="a model: preset or catalog name (cbsim models), Hugging Face id, path "
                         "to a config.json (or its folder), {config: name-or-path, fields to override}, or "
                         "a mapping of every ModelSpec field")
-    cost_model: dict = option({"type": "roofline", "gpu": "h100", "tp": 1}, help="step-latency model: "
+    cost_model: dict = option(DEFAULT_COST_MODEL, help="step-latency model: "
                               "{type: unit|linear|roofline|fitted|vidur, ...}")
     cluster: ClusterConfig = option(ClusterConfig(), help="replicas and their KV caches")
     policy: dict = option({"name": "sarathi"}, help="scheduling policy: {name: ..., options}")
@@ -432,3 +434,9 @@ def pool_cost_model(config: ExperimentConfig, pool: str) -> dict:
     section = getattr(config.cluster, pool)
     overrides = section.cost_model if section is not None and section.cost_model else {}
     return {**config.cost_model, **overrides}
+
+
+def server_lines(source, overrides=None) -> list[str]:
+    """describe() of an experiment file's `server:` block (no lines without one), for `cbsim validate`."""
+    _, resolution = apply_server(apply_overrides(read_yaml(source), overrides))
+    return describe(resolution) if resolution else []

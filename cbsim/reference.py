@@ -1,7 +1,9 @@
 """The experiment-file reference, generated from the config dataclasses and the registries.
 
-`cbsim schema` prints it; README.md embeds it between markers, and a test keeps the two equal, so
-every option a user can set is documented with its type, default and help text.
+`cbsim schema` prints it; docs/reference/experiment-file.md embeds it between markers (and
+docs/reference/server-flags.md the flag tables of cbsim/server/reference.py), and a test keeps each
+page equal to its generator, so every option a user can set is documented with its type, default and
+help text.
 """
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCa
 from cbsim.policies.registry import load_all
 from cbsim.sim.costmodels import COST_MODELS, load_cost_model  # noqa: F401
 from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
+from cbsim.core.errors import ConfigError
 from cbsim.core.schema import field_help
+from cbsim.server.reference import flags_markdown
 from cbsim.sim.metrics import MetricsConfig, SLOConfig
 from cbsim.workloads import arrivals, lengths, prefixes, trace_source
 from cbsim.workloads.config import WorkloadConfig
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (cbsim schema) -->"
+BEGIN_FLAGS = "<!-- BEGIN GENERATED REFERENCE (server flags) -->"
 END = "<!-- END GENERATED REFERENCE -->"
 
 
@@ -33,7 +38,7 @@ def _table(cls) -> list[str]:
 
 
 def _section(title: str, cls, note: str = "") -> list[str]:
-    lines = [f"#### {title}", ""]
+    lines = [f"## {title}", ""]
     if note:
         lines += [note, ""]
     return lines + _table(cls) + [""]
@@ -62,8 +67,16 @@ def reference_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def embed(readme_text: str) -> str:
-    """`readme_text` with the generated reference placed between the markers."""
-    head, rest = readme_text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{reference_markdown()}{END}{tail}"
+def embed(text: str, file: str | None = None) -> str:
+    """`text` with each generated section it holds (experiment reference, server flags) rewritten
+    between its markers; ConfigError (naming `file`) when it holds none."""
+    sections = [(begin, render) for begin, render in ((BEGIN, reference_markdown), (BEGIN_FLAGS, flags_markdown))
+                if begin in text]
+    if not sections or any(text.split(begin, 1)[1].find(END) < 0 for begin, _ in sections):
+        raise ConfigError("<page>", f"a page holding a generated section: {BEGIN} (or {BEGIN_FLAGS}) ... {END}",
+                          file=file, has_got=False)
+    for begin, render in sections:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(END, 1)
+        text = f"{head}{begin}\n{render()}{END}{tail}"
+    return text

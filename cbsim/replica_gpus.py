@@ -14,7 +14,10 @@ from cbsim.config import ExperimentConfig
 from cbsim.core.errors import ConfigError
 from cbsim.pools import pool_config
 from cbsim.sim.costmodels import load_cost_model
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, kv_cache_blocks, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.specs import GPUSpec, ModelSpec
+from cbsim.sim.metrics.step_efficiency import StepHardware
+from cbsim.sim.kv.sizing import kv_cache_blocks
 
 
 def _cost(cfg: ExperimentConfig, cost=None):
@@ -55,7 +58,7 @@ def _may_pipeline(cfg: ExperimentConfig) -> bool:
 
 def replica_kv_blocks(cfg: ExperimentConfig, model, cost) -> int:
     """KV blocks of one replica: the configured count, or 'auto' sized per GPU from the replica's
-    layout (tp, pp stages, data-parallel ranks sharing the experts): profiler/specs.kv_cache_blocks."""
+    layout (tp, pp stages, data-parallel ranks sharing the experts): sim/kv/sizing.py kv_cache_blocks."""
     kv_cfg = cfg.cluster.kv_cache
     if kv_cfg.num_blocks != "auto":
         return kv_cfg.num_blocks
@@ -82,3 +85,33 @@ def num_gpus(cfg: ExperimentConfig) -> int:
         return int(cluster.replicas) * gpus_per_replica(cfg)
     return sum(int(getattr(cluster, pool).replicas) * gpus_per_replica(pool_config(cfg, pool))
                for pool in ("prefill", "decode"))
+
+
+def hardware_of(cfg, replicas, pools: dict) -> dict:
+    """Replica index -> StepHardware (None where no GPU is known) of a run of `cfg`: the model and
+    GPU its cost model timed (else the experiment's model and cluster.gpu, or the cost model's gpu),
+    its GPUs (gpus_per_replica, above) and its cost model's `collective_time`, if it has one."""
+    by_index = {replica.index: replica for replica in replicas}
+    out = {}
+    for pool, indices in pools.items():
+        pool_cfg = cfg if pool == "cluster" else pool_config(cfg, pool)
+        for index in indices:
+            out[index] = _hardware(pool_cfg, by_index[index].cost)
+    return out
+
+
+def _hardware(cfg, cost) -> StepHardware | None:
+    model = getattr(cost, "model", None)
+    gpu = getattr(cost, "gpu", None)
+    try:
+        model = model if isinstance(model, ModelSpec) else model_spec(cfg.model)
+        if not isinstance(gpu, GPUSpec):
+            name = cfg.cluster.gpu or cfg.cost_model.get("gpu") or cost.describe().get("gpu")
+            if name is None:
+                return None
+            gpu = gpu_spec(name)
+    except ConfigError:  # a profile's GPU or model the catalog does not know: no peaks to divide by
+        return None
+    fp8 = model.compute_dtype != "bf16" and model.weight_dtype == "fp8"
+    return StepHardware(model, gpu.peak_flops(fp8), gpu.hbm_bandwidth, gpus_per_replica(cfg, cost),
+                        getattr(cost, "collective_time", None), tensor_parallel(cfg, cost))

@@ -1,9 +1,10 @@
 """What every policy shares: the budget fields of its config and the Policy interface.
 
-Beside the token and sequence budgets, every policy takes the constraint families of seed 000 §2
-that do not depend on its order: the encoder budget of multimodal requests (policies/encoder.py),
-LoRA adapters per step and their residency (policies/lora.py), and the arrival admission of
-per-tenant quotas and the overload state (policies/quotas.py). All are off by default.
+Beside the token and sequence budgets, every policy takes the step constraints of vLLM V1's
+`Scheduler.schedule()` (vllm/v1/core/sched/scheduler.py @00024d31) that do not depend on its order:
+the encoder budget of multimodal requests (policies/encoder.py), LoRA adapters per step and their
+residency (policies/lora.py), and the arrival admission of per-tenant quotas and the overload state
+(policies/quotas.py). All are off by default.
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ class Policy:
         once the prompt caught up, every decode; a finished request leaves and changes nothing else; and
         a waiting request is not admitted into a step that the chunk fills to the budget. The replica may
         then skip ahead (sim/fast_forward.py prompt_run). None (the default): plans are not that
-        predictable. tests/test_fast_path.py holds every policy that says so to stepping one by one."""
+        predictable. tests/sim/test_fast_path.py holds every policy that says so to stepping one by one."""
         return None
 
     def steady_admission(self, state: SchedulerState) -> SteadyAdmission | None:

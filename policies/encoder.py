@@ -1,4 +1,4 @@
-"""Encoder budget for multimodal requests (seed 000 §2: "encoder embeddings <= encoder compute/cache budget").
+"""Encoder budget for multimodal requests (vLLM V1 `Scheduler._try_schedule_encoder_inputs`).
 
 A request's `mm_inputs` are its image (or other encoder) placeholders in the prompt: (offset, length)
 pairs, `length` tokens of the prompt starting at `offset`, each filled by one encoder input whose
@@ -50,7 +50,8 @@ class EncoderConfig:
 
     seconds_per_token: float = option(help="encoder time per encoder input token, added to the step that "
                                       "encodes it (no default: it depends on the encoder and the GPU; a ViT of P "
-                                      "parameters costs about 2 P / (peak FLOP/s x MFU), see README)")
+                                      "parameters costs about 2 P / (peak FLOP/s x MFU), see "
+                                      "docs/concepts/step-constraints.md)")
     max_num_encoder_input_tokens: int | None = option(None, help="encoder input tokens one step may encode "
                                                       "(vLLM --max-num-encoder-input-tokens); null = the step's "
                                                       "token budget, vLLM's default")

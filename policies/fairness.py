@@ -1,6 +1,6 @@
-"""Per-tenant fair sharing of one replica's waiting queue (seed 000 §5.2), as a helper policies compose.
+"""Per-tenant fair sharing of one replica's waiting queue, as a helper policies compose.
 
-Seed 000 §5.2 asks a queue policy that favours cache locality for at least one of: a reorder window,
+A queue policy that favours cache locality needs a guardrail against starvation, at least one of: a reorder window,
 aging, a tenant token bucket or weighted fair queue, deadline slack overriding cache affinity, and a
 minimum service quantum per round. vLLM V1 has no tenant fairness (only `priority` scheduling);
 SGLang has priority scheduling and a `routing_key` order. What this module defines:
@@ -51,8 +51,8 @@ with at most what the budget leaves after quantum for each tenant still to visit
 quantum); the rest of the queue follows by start tag.
 
 Deadline slack (`urgent_first`). A request whose TTFT deadline minus now is below the slack goes
-first, earliest deadline first, ahead of any order (lpm's cache affinity included): seed 000 §5.2
-"deadline slack 低于阈值时，覆盖掉 cache affinity 的排序结果".
+first, earliest deadline first, ahead of any order (lpm's cache affinity included): when the slack
+runs low, the deadline overrides cache affinity.
 """
 from __future__ import annotations
 

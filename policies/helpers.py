@@ -7,7 +7,7 @@ asks to skip: with `skip_blocked=True` a request that only the partial-prefill l
 Admissions count a request's work after its prefix-cache hit (BatchBuilder.need).
 
 `cap` is a per-request limit: the most prompt tokens one request advances in one step (vLLM V1's
-long_prefill_token_threshold, the chunk_size of seed 003's toy); the token budget still bounds
+long_prefill_token_threshold, Sarathi-Serve's chunk size); the token budget still bounds
 the step as a whole.
 
 Dynamic chunking (SGLang's cost-aware chunks): the chunk c of a request with history h is chosen

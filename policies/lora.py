@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from cbsim.core.errors import ConfigError
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
 

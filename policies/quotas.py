@@ -1,4 +1,4 @@
-"""Arrival admission (seed 000 §6.3, "tenant quota 以及全局的 overload 状态"): per-tenant quotas and an overload state.
+"""Arrival admission: per-tenant quotas (LiteLLM's per-key max_parallel_requests) and an overload state.
 
 Both judge a request at its arrival, before any of its work runs, and reject it with a reason
 (prefixed "admission:", counted once in num_rejected_admission: the replica sets the reason once,
@@ -18,7 +18,8 @@ queue's token bucket, policies/fairness.py). A request with no tenant is not lim
 
 Overload state (`overload`): the replica enters it when, at an arrival, its queue holds at least
 enter_queued requests (waiting, preempted ones included), or enter_queued_tokens prompt tokens still to
-compute (the queue's backlog of prefill work, seed 000 §6.3 "queue 里积压的工作量"), or when the
+compute (the queue's backlog of prefill work, the signal Mooncake's early rejection predicts from:
+Qin et al., FAST 2025), or when the
 queue's predicted TTFT reaches enter_predicted_ttft seconds: the queued prompt tokens over the rate of
 full prefill chunks (the policy's token budget) run alone, by the run's cost model (state.chunk_cost;
 the cold-start seed of sim/admission.py's TTFTPredictor, without its running average). Every request

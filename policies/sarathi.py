@@ -7,7 +7,7 @@ Per-request cap: a prompt advances at most `long_prefill_token_threshold` tokens
 vLLM V1 (vllm/v1/core/sched/scheduler.py `schedule()`, commit 00024d31 in the stored index: for
 running and for waiting requests, `if 0 < long_prefill_token_threshold < num_new_tokens:
 num_new_tokens = long_prefill_token_threshold`, then `min(num_new_tokens, token_budget)`), and at
-most `chunk_size` tokens (the chunk_size of seed 003's toy); the token budget left over goes to the
+most `chunk_size` tokens (Sarathi-Serve's chunk size: Agrawal et al., OSDI 2024); the token budget left over goes to the
 next prompts. The threshold also classifies a prompt as long (more than that many tokens left) for
 `max_long_partial_prefills` (vLLM V0's PartialPrefillMetadata, see helpers.PrefillLimit). With
 `max_num_partial_prefills > 1` and no threshold, prompts are classified at 4 % of max_model_len, as
@@ -26,7 +26,7 @@ No admission in a step that preempts: a running request short of KV preempts vic
 and then no waiting request joins that step, as in vLLM V1 (scheduler.py `schedule()`, 00024d31: `if not
 preempted_reqs and ...:` before the waiting loop): the room a victim frees is not for a newcomer.
 
-Default token budget 8192: the max_num_batched_tokens seed 001 cites for vLLM V1 ("默认 8192"), which
+Default token budget 8192: the max_num_batched_tokens of vLLM V1, which
 is V1's `vllm serve` default on GPUs with >= 70 GiB other than A100 (H100, H200, MI300:
 vllm/engine/arg_utils.py `get_batch_defaults`, UsageContext.OPENAI_API_SERVER: 8192); on an A100 or
 a smaller GPU `vllm serve` uses 2048, and the offline LLM class 16384 or 8192.
@@ -66,7 +66,7 @@ class SarathiConfig(Budgets, FairConfig):
                                                       "distinction unless max_num_partial_prefills > 1, where "
                                                       "long means above 4% of max_model_len (vLLM)")
     chunk_size: int | None = option(None, help="most prompt tokens one request advances per step, without the "
-                                    "long/short distinction (seed 003's chunk_size); null = no cap")
+                                    "long/short distinction (Sarathi-Serve's chunk size); null = no cap")
     strict_fcfs: bool = option(False, help="true: a waiting prompt the partial-prefill limits hold back stops "
                                "admission (no overtaking); false: it is skipped and later prompts may start, "
                                "as vLLM's _schedule_prefills does (leftover_waiting_sequences)")

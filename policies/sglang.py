@@ -12,7 +12,7 @@ Each step:
    predictor with lognormal error); edf (earliest TTFT deadline). Ties keep queue order.
    Guardrails: requests that have waited more than aging_seconds go first, in queue order; only
    the first reorder_window of the others are reordered (the rest follow in queue order);
-   requests holding KV (P/D: landed) keep the head. Deadline slack (`deadline_slack`, seed 000 §5.2):
+   requests holding KV (P/D: landed) keep the head. Deadline slack (`deadline_slack`, as fairness.py):
    a request whose TTFT deadline (ttft_deadline, as edf) minus now is below the slack goes first,
    earliest deadline first, after the landed ones and before the aged ones, whatever the order
    (it overrides lpm's and dfs_weight's cache affinity). Cache-aware orders (lpm, dfs_weight) without a

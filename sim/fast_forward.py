@@ -5,7 +5,7 @@ outside event (an arrival, a P/D hand-off), the first completion, a client's dea
 out of KV blocks: each following step is the same batch with every context one longer. `decode_run`
 says how far such a run goes and when each of its steps ends, vectorised (cost.decode_run_times) or,
 for a short run, in a plain loop of O(1) steps (cost.decode_step_time). Invariant: the result is
-exactly (bit for bit) what stepping one by one would produce; tests/test_fast_path.py holds it.
+exactly (bit for bit) what stepping one by one would produce; tests/sim/test_fast_path.py holds it.
 
 Prompt runs (a prompt in progress beside the decodes, and the arrivals a steady policy admits) are
 sim/prompt_run.py. A run's steps all end before the simulation's end (sim.max_time, Replica.stop_time).

@@ -18,7 +18,7 @@ the compiled core off.
 
 Invariant: both give the same results bit for bit. The C is compiled with -ffp-contract=off (no fused
 multiply-adds: each float operation rounds as Python's does), and mypyc keeps Python's integer
-semantics; tests/test_native_core.py builds it where mypyc is installed and holds its tables to the
+semantics; tests/sim/test_native_core.py builds it where mypyc is installed and holds its tables to the
 plain module's.
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ or queue: another replica's step ending or a request becoming visible there (eit
 hand-off, reserving room on any decode replica), a hop ending (a landing, or a pool hop that places),
 an arrival. A reservation can take blocks mid-step, so, unlike a colocated replica's run (which only
 needs to start before the next arrival), the run must end before it. Prefill replicas never run pure
-decode steps and step one by one. tests/test_pd.py checks that runs equal stepping, bit for bit.
+decode steps and step one by one. tests/sim/test_pd.py checks that runs equal stepping, bit for bit.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
 sim/kv/prefix.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated
@@ -100,7 +100,7 @@ class PDSettings:
     bandwidth: float = 25e9
     lanes: int = 1
     pool_bandwidth: float | None = None  # pool mode: the second hop's bandwidth (None: bandwidth)
-    first_token_on: Literal["decode", "prefill"] = "decode"  # seed 003: all output tokens come from the D node
+    first_token_on: Literal["decode", "prefill"] = "decode"  # all tokens from decode, as vLLM's disagg proxy
     decode_router: Literal["round_robin", "least_loaded", "prefix_affinity"] = "least_loaded"
     bytes_per_token: float = 0.0  # KV bytes one token occupies, whole model
 
@@ -229,8 +229,8 @@ class PDCluster:
 
     def _backpressure(self) -> None:
         """admission.pd_backpressure: pause the prefill replicas' admissions while `max_pending`
-        prefilled requests or more wait for decode room (the transfer queue; seed 000 §6.3: "P/D 架构
-        下游的 slot 状况和 transfer queue"), and wake them when it drains below. Prompts already
+        prefilled requests or more wait for decode room (the transfer queue: the decode side's free
+        slots), and wake them when it drains below. Prompts already
         admitted run on: they hold their whole reservation (reserve_full_prompt)."""
         if self.max_pending is None:
             return

@@ -126,7 +126,7 @@ class PipelinedReplica(Replica):
                 # preempting themselves in turn, each while the other is in flight). A plan that evicts
                 # and also runs a batch is applied (discarding it would undo the policy's plan-time side
                 # effects: token-bucket debits, LoRA residency): splitfuse, which admits in a step that
-                # preempts, can still thrash that way under recompute pressure (tests/test_pipeline_chunks.py,
+                # preempts, can still thrash that way under recompute pressure (tests/sim/test_pipeline_chunks.py,
                 # the xfail case)
                 idle_until = plan.idle_until  # the policy waits for a time (a token bucket refills)
                 if plan.is_empty and idle_until is not None and (not self.in_flight

@@ -25,7 +25,7 @@ Per step O(1) work: the decode rows' step-0 contexts (a row of step j reads its 
 sum change only when a request joins or leaves; a row's block crossings recur every block_size steps
 up to its last step, all known when it becomes a row, so they are counted by step then (a list indexed
 by step, as long as a run may be); leaving requests are kept by their last step.
-Invariant: the result is exactly (bit for bit) what stepping one by one gives; tests/test_fast_path.py.
+Invariant: the result is exactly (bit for bit) what stepping one by one gives; tests/sim/test_fast_path.py.
 """
 from __future__ import annotations
 

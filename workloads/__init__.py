@@ -18,7 +18,8 @@ from cbsim.workloads.describe import describe_requests, format_description, plot
 from cbsim.workloads.lengths import LENGTHS, sample_lengths
 from cbsim.workloads.prefixes import SharedPrefixConfig, block_hash, content_id, hash_chain
 from cbsim.workloads.trace_source import TraceConfig, drop_warnings, load_trace, resolve_path
-from cbsim.workloads.traces import TraceData, read_trace
+from cbsim.workloads.readers import TraceData
+from cbsim.workloads.traces import read_trace
 
 __all__ = [
     "ARRIVALS", "LENGTHS", "ClientPlan", "ExplicitRequest", "Workload", "build_run", "SharedPrefixConfig", "TraceConfig", "TraceData", "WorkloadConfig",

@@ -38,7 +38,7 @@ from cbsim.core.errors import ConfigError
 
 from cbsim.workloads.multimodal import check_mm_inputs, parse_mm_inputs
 from cbsim.workloads.tokens import TokenCounter
-from cbsim.workloads.traces import TraceData, _json_number, _numbers, _read_csv, _rows, read_json_lines
+from cbsim.workloads.readers import TraceData, json_number, numeric_column, read_csv_columns, read_json_lines, trace_rows
 
 SHORT_CONVERSATION = "fewer than two turns"
 NO_REPLY = "turn without a reply"
@@ -71,7 +71,7 @@ def read_sharegpt_json(path: Path, key: str, counter: TokenCounter | None, turns
     prompts, sessions = _with_history(counts, np.asarray(owner, dtype=np.int64)), None
     if turns == "all":
         sessions = pd.factorize(np.asarray(owner, dtype=np.int64), sort=False)[0].astype(np.int64)
-    trace = _rows(str(path), None, prompts, counts[:, 1], sessions=sessions)
+    trace = trace_rows(str(path), None, prompts, counts[:, 1], sessions=sessions)
     early = {SHORT_CONVERSATION: short, NO_REPLY: unanswered}
     trace.dropped = {**{k: n for k, n in early.items() if n}, **trace.dropped}
     trace.token_lengths = counter.method
@@ -99,25 +99,25 @@ def _turn_text(turns: list, j: int, i: int, key: str, path: Path) -> str:
 
 def read_burstgpt(path: Path, key: str, counter=None) -> TraceData:
     """BurstGPT: `Timestamp` (seconds), `Request tokens`, `Response tokens`."""
-    frame = _read_csv(path, key, ("Timestamp", "Request tokens", "Response tokens"))
+    frame = read_csv_columns(path, key, ("Timestamp", "Request tokens", "Response tokens"))
     sessions = _sessions(frame["Session ID"].tolist()) if "Session ID" in frame.columns else None
-    return _rows(str(path), _numbers(frame, "Timestamp"), _numbers(frame, "Request tokens"),
-                 _numbers(frame, "Response tokens"), sessions=sessions)
+    return trace_rows(str(path), numeric_column(frame, "Timestamp"), numeric_column(frame, "Request tokens"),
+                 numeric_column(frame, "Response tokens"), sessions=sessions)
 
 
 def read_generic_csv(path: Path, key: str, counter=None) -> TraceData:
     """One request per row: arrival_s, prompt_len, output_len[, prefix_hashes][, session_id][, tenant][, adapter]
     [, mm_inputs]."""
-    frame = _read_csv(path, key, GENERIC_COLUMNS)
+    frame = read_csv_columns(path, key, GENERIC_COLUMNS)
     hashes = None
     if "prefix_hashes" in frame.columns:
         hashes = [_csv_hashes(cell, row + 2, key, path) for row, cell in enumerate(frame["prefix_hashes"])]
     sessions = _sessions(frame["session_id"].tolist()) if "session_id" in frame.columns else None
     labels = {f"{c}s": _labels(frame[c].tolist()) for c in LABEL_COLUMNS if c in frame.columns}
-    prompts = _numbers(frame, "prompt_len")
+    prompts = numeric_column(frame, "prompt_len")
     if "mm_inputs" in frame.columns:
         labels["mm_inputs"] = _images(frame["mm_inputs"].tolist(), prompts, key, path, first_line=2)
-    return _rows(str(path), _numbers(frame, "arrival_s"), prompts, _numbers(frame, "output_len"), hashes, sessions,
+    return trace_rows(str(path), numeric_column(frame, "arrival_s"), prompts, numeric_column(frame, "output_len"), hashes, sessions,
                  **labels)
 
 
@@ -172,7 +172,7 @@ def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
                 "tenant, adapter, mm_inputs)")
 
     def parse(row: dict) -> tuple:
-        values = [_json_number(row, name) for name in GENERIC_COLUMNS]
+        values = [json_number(row, name) for name in GENERIC_COLUMNS]
         chain = row.get("prefix_hashes")
         return row, values, chain, () if chain is None else tuple(int(h) for h in chain)
 
@@ -189,7 +189,7 @@ def read_generic_jsonl(path: Path, key: str, counter=None) -> TraceData:
     present = {f"{c}s": _labels(v) for c, v in labels.items() if any(x is not None for x in v)}
     if any(cell is not None for cell in images):
         present["mm_inputs"] = _images(images, prompts, key, path, first_line=1)
-    return _rows(str(path), stamps, prompts, outputs, hashes if with_hashes else None,
+    return trace_rows(str(path), stamps, prompts, outputs, hashes if with_hashes else None,
                  _sessions(sessions) if with_sessions else None, **present)
 
 
@@ -215,7 +215,7 @@ def read_vllm_bench(path: Path, key: str, counter=None) -> TraceData:
     if len(columns[0]) != len(columns[1]):
         raise ConfigError(f"{key}.output_lens", f"as many lengths as input_lens ({len(columns[0])})",
                           len(columns[1]), file=str(path))
-    return _rows(str(path), None, *columns)
+    return trace_rows(str(path), None, *columns)
 
 
 def _load_json(path: Path, key: str, expected: str):

@@ -30,8 +30,8 @@ from cbsim.core.schema import option, require
 from cbsim.workloads.datasets import NO_REPLY, SHORT_CONVERSATION
 from cbsim.workloads.prefixes import session_chains
 from cbsim.workloads.tokens import token_counter
-from cbsim.workloads.traces import (LENGTH_ONLY_FORMATS, TEXT_FORMATS, UNREADABLE, TraceData, detect_slot_width, read_trace,
-                     spread_slots)
+from cbsim.workloads.readers import UNREADABLE, TraceData
+from cbsim.workloads.traces import LENGTH_ONLY_FORMATS, TEXT_FORMATS, detect_slot_width, read_trace, spread_slots
 
 # rules the user did not choose: their drops are warned about
 CLEANING = UNREADABLE + ("zero length", SHORT_CONVERSATION, NO_REPLY)

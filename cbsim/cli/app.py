@@ -1,5 +1,5 @@
 """The `cbsim` command line (typer). User errors print one line naming the file, key and
-expectation, and exit with code 2, without a traceback (cli_errors.py).
+expectation, and exit with code 2, without a traceback (errors.py).
 
 Imports: what a command needs from cbsim.config, cbsim.api and cbsim.workloads is imported inside
 the command, because those load numpy and pandas (~1 s) and `cbsim --help` or `cbsim policies`
@@ -29,7 +29,6 @@ from cbsim.cli import tune as tune_commands
 from cbsim.cli import workloads as workload_commands
 from cbsim.cli.errors import user_errors
 from cbsim.core.errors import ConfigError
-from cbsim.server import server_lines
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
@@ -135,7 +134,7 @@ def validate(file: Path = typer.Argument(..., help="experiment YAML"),
     """Check an experiment file, and the traces and profiles it reads, without running it."""
     from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
-    from cbsim.config import load_config
+    from cbsim.config import load_config, server_lines
     from cbsim.preflight import preflight
 
     cfg = load_config(file, set_)
@@ -157,14 +156,16 @@ def policies():
 
 
 @app.command()
-def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the reference section of this README")):
+@user_errors
+def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the generated sections of this Markdown page "
+                                            "(docs/reference/experiment-file.md, server-flags.md)")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
     from cbsim.reference import embed, reference_markdown  # lazy: pandas (module docstring)
 
     if readme is None:
         typer.echo(reference_markdown(), nl=False)
     else:
-        readme.write_text(embed(readme.read_text()))
+        readme.write_text(embed(readme.read_text(), str(readme)))
 
 
 # Every command family, imported by name: a reader (and the import graph) sees each command here.

@@ -24,7 +24,8 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
          plots: bool = typer.Option(True, "--plots/--no-plots", help="write pareto.png")):
     """Search deployments (TP x replicas, policy, token budget, batch size, chunk size, partial-prefill
     limits, admission headroom, queue policy, P/D split) for the highest goodput per GPU under SLOs,
-    stage by stage in the seed's tuning order; finished capacity searches are kept, so a rerun resumes."""
+    stage by stage in a fixed order (docs/howto/tune-sla.md); finished capacity searches are kept, so a
+    rerun resumes."""
     import time
 
     from cbsim.preflight import check_writable
@@ -51,7 +52,7 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
             typer.echo(f"  {outcome.stage.name} = {outcome.winner.label} ({outcome.status}, "
                        f"{len(outcome.candidates)} candidates): {outcome.why}")
 
-    typer.echo(f"tune {spec.name}: stages in the seed's order")
+    typer.echo(f"tune {spec.name}: stages in their fixed order (docs/howto/tune-sla.md)")
     result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
                       retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
     files = write_outputs(result, target, plots=plots)

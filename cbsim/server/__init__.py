@@ -12,12 +12,16 @@ written config.yaml holds the resolved settings, which `cbsim validate` prints.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from cbsim.core.errors import ConfigError
 
 from cbsim.server import sglang, vllm
 from cbsim.server.flags import read_flags
+from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
+from cbsim.sim.costmodels.registry import COST_MODELS, DEFAULT_COST_MODEL
 
 ENGINES = {"vllm": vllm, "sglang": sglang}
 KEYS = ("engine", "version", "args")
@@ -60,7 +64,7 @@ def apply_server(data: dict) -> tuple[dict, Resolution | None]:
             raise ConfigError("server.args", "flags only (vllm: at most one model name before them)", positional)
         flags[model_flag] = positional[0]
     merged = {k: v for k, v in copy.deepcopy(data).items() if k != "server"}
-    merged.setdefault("cost_model", _experiment_default("cost_model"))  # its GPU sets defaults; the engine goes in
+    merged.setdefault("cost_model", copy.deepcopy(DEFAULT_COST_MODEL))  # its GPU sets defaults; the engine goes in
     context = _context(merged, flags.get(model_flag), _version(version) if version else None)
     settings, explicit = module.resolve(flags, context, "server.args")
     for key, value in settings.items():
@@ -94,9 +98,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def _context(data: dict, model, version: tuple[int, ...] | None = None) -> Context:
-    from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
-
-    spec = model_spec(model if model is not None else data.get("model", _experiment_default("model")), "model")
+    spec = model_spec(model if model is not None else data.get("model", DEFAULT_MODEL), "model")
     cluster = data.get("cluster") or {}
     max_len = cluster.get("max_model_len") if isinstance(cluster, dict) else None
     cost_model = data.get("cost_model") if isinstance(data.get("cost_model"), dict) else {}
@@ -109,22 +111,10 @@ def _context(data: dict, model, version: tuple[int, ...] | None = None) -> Conte
 def cost_model_options(cost_model: dict) -> frozenset:
     """The option names of the cost model type a `cost_model:` mapping names (none if it names no known
     type: the experiment's own validation reports that)."""
-    from dataclasses import fields
-
-    from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
-    from cbsim.sim.costmodels.registry import COST_MODELS
-
     try:
         return frozenset(f.name for f in fields(COST_MODELS.lookup(cost_model, "cost_model").Config))
     except ConfigError:
         return frozenset()
-
-
-def _experiment_default(key: str):
-    """An experiment key's default (ExperimentConfig's), for a file that leaves the key out."""
-    from cbsim.config import ExperimentConfig
-
-    return copy.deepcopy(getattr(ExperimentConfig(), key))
 
 
 def _merge(data: dict, key: str, value, from_flag: bool) -> None:
@@ -150,8 +140,6 @@ def _same(key: str, ours, theirs) -> bool:
         return True
     if key != "model":
         return False
-    from cbsim.sim.costmodels.catalog.specs import model_spec
-
     try:
         return model_spec(ours, "model") == model_spec(theirs, "model")
     except ConfigError:
@@ -167,11 +155,3 @@ def describe(resolution: Resolution) -> list[str]:
     if resolution.ignored:
         lines.append("  ignored (no effect on a simulation): " + " ".join(f"--{n}" for n in resolution.ignored))
     return lines
-
-
-def server_lines(source, overrides=None) -> list[str]:
-    """describe() of an experiment file's `server:` block (no lines without one)."""
-    from cbsim.config import apply_overrides, read_yaml
-
-    _, resolution = apply_server(apply_overrides(read_yaml(source), overrides))
-    return describe(resolution) if resolution else []

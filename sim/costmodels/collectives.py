@@ -48,7 +48,7 @@ is the fraction of a NIC's line rate NCCL moves: NVIDIA's nccl-tests maintainers
 NICs"). A GPU whose node has fewer NICs than GPUs takes its share as inter_node_bandwidth (4 x 200
 Gb/s for 8 GPUs: 12.5 GB/s). Not modelled: NVLS / NVLS-tree and IB SHARP in-network reduction, PXN,
 rail topologies and congestion; the base and hop stay the intra-node fits. Checked against public
-nccl-tests numbers in the README (.notes/multinode.md): within -15 % .. +3 % at large messages.
+nccl-tests numbers in docs/validation/collectives.md: within -15 % .. +3 % at large messages.
 
 MoE expert all-to-all (alltoall_seconds): each GPU sends S bytes spread evenly over the n GPUs'
 experts; (G - 1) / n of them stay on its node (NVLink), (n - G) / n leave through its NIC, and the
@@ -58,7 +58,7 @@ S (n - G) / n / (R e)).
 Invariant: `allreduce_seconds` is a pure function of Python scalars; it is increasing in the
 message size and never below `base`. A group within one node takes exactly `allreduce_seconds`.
 
-Calibration (`python benchmarks/fit_gemm_collectives.py`, log-ratio least squares over every
+Calibration (`python validation/fit_gemm_collectives.py`, log-ratio least squares over every
 row): Vidur's measured all-reduce medians, shared/data/vidur/data/profiling/network/
 {a100_dgx, h100_dgx, a100_pairwise_nvlink, h100_pairwise_nvlink}/all_reduce.csv (microsoft/vidur
 7d47513, MIT; 2 KiB..64 MiB, to 512 MiB on a100_pairwise_nvlink), single-node rows. pcie takes the

@@ -52,7 +52,7 @@ from cbsim.core.schema import option, parse, require
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where PyYAML has it: the same data, faster
 PRESET_DIR = Path(__file__).resolve().parent / "engines"
-DEFAULT = "vllm-v1"  # what a cost model that names no engine gets (README: "How far to trust the numbers")
+DEFAULT = "vllm-v1"  # what a cost model that names no engine gets (docs/concepts/trust.md)
 NONE = "none"
 
 

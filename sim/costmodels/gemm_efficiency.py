@@ -17,7 +17,7 @@ point, and the blend needed e_mem > 1.
 Invariant: `gemm_seconds` is a pure function of Python scalars (no numpy), so a caller that
 evaluates it on the same token count always gets the same float.
 
-Fit: `python benchmarks/fit_gemm_collectives.py` (log-ratio least squares) on every row of Vidur's
+Fit: `python validation/fit_gemm_collectives.py` (log-ratio least squares) on every row of Vidur's
 published token-operator tables, shared/data/vidur/data/profiling/compute/<gpu>/*/*/mlp.csv
 (microsoft/vidur 7d47513, MIT): columns time_stats.{attn_pre_proj, attn_post_proj, mlp_up_proj,
 mlp_down_proj}.median by num_tokens (1..4096, Llama-3: ..32768) and num_tensor_parallel_workers

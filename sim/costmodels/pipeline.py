@@ -25,7 +25,7 @@ GPU of a bridged pair), PCIe, or one xGMI link; a boundary between nodes over th
 NIC: p2p_base + NET_RING_HOP + bytes / tp / (R e). Stage s holds GPUs [s tp, (s + 1) tp); a boundary
 crosses nodes when (s + 1) tp is a multiple of gpus_per_node (every boundary once tp >= gpus_per_node).
 
-Calibration of the intra-node p2p (`python benchmarks/fit_send_recv.py`): Vidur's send_recv medians
+Calibration of the intra-node p2p (`python validation/fit_send_recv.py`): Vidur's send_recv medians
 between 2 GPUs of one node (shared/data/vidur/data/profiling/network/{a100_dgx,h100_dgx}/send_recv.csv,
 devices_per_node 2; microsoft/vidur 7d47513, MIT; 2 KiB..64 MiB, 994 rows each), t = base + S / B by
 relative least squares: A100 DGX 13.2 us, 285.8 GB/s (|error| median 9.5 %, p90 16.2 %); H100 DGX
@@ -34,7 +34,7 @@ link (357.5 / 450 = 0.79 of NVLink 4's one-way 450 GB/s); PCIe and xGMI boundari
 bus bandwidth of collectives.py, and one xGMI link at that fraction. Across nodes the same tables
 have rows with one GPU per node (devices_per_node 1): H100 1.9 ms for 64 MiB (35.9 GB/s), A100 7.8
 GB/s; Vidur does not name its network, so the model keeps the catalog NIC (DGX H100: 400 Gb/s, 47
-GB/s at e = 0.94) and is 24 % faster than that one table at 64 MiB (README note).
+GB/s at e = 0.94) and is 24 % faster than that one table at 64 MiB (docs/validation/pp.md).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import numpy as np
 from cbsim.core.errors import ConfigError
 
 from cbsim.sim.costmodels.catalog.gpus import gpus_per_node
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.sim.costmodels.collectives import NET_EFFICIENCY, NET_RING_HOP, LinkModel, _intra_bandwidth, link_model
 
 # Intra-node p2p fits (see the module docstring): family -> (base s, bandwidth bytes/s).

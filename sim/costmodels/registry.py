@@ -8,13 +8,16 @@ ModelSpec (cbsim.sim.costmodels.catalog.specs). `load_cost_model(mapping, model)
 from __future__ import annotations
 
 from cbsim.core.errors import ConfigError
-from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL, model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
+from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.core.registry import Registry
 from cbsim.core.schema import parse
 
 from cbsim.sim.costmodels.engine import NO_ENGINE, load_engine
 
 COST_MODELS = Registry("cost model", "type")
+# the cost model of an experiment that names none (its `cost_model:` default, and the server resolution's)
+DEFAULT_COST_MODEL = {"type": "roofline", "gpu": "h100", "tp": 1}
 register_cost_model = COST_MODELS.register
 
 

@@ -92,8 +92,8 @@ from cbsim.sim.cost import CostModel, decode_run_reads
 from cbsim.sim.shape import StepShape
 
 from cbsim.sim.costmodels.catalog.gpus import gpus_per_node as catalog_gpus_per_node
-from cbsim.sim.costmodels.catalog.specs import (INT4_GROUP_SCALE_BYTES, INT4_GROUP_ZERO_BYTES, TP_DEGREES,
-                     GPUSpec, ModelSpec, gpu_spec)
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
+from cbsim.sim.costmodels.catalog.specs import INT4_GROUP_SCALE_BYTES, INT4_GROUP_ZERO_BYTES, TP_DEGREES, GPUSpec, ModelSpec
 from cbsim.sim.costmodels.collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
 from cbsim.sim.costmodels.engine import NO_ENGINE, Engine, engine_option, load_engine
 from cbsim.sim.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve

@@ -22,7 +22,7 @@ so the experts a step touches, the tiles it computes and the busiest GPU it wait
   maximum exceeds mu by sqrt(n / (n - 1)) times what n independent ones would. So
   E[max R] = mu + sqrt(n / (n - 1)) (M_ind - mu) (in the normal range M_ind = mu + sqrt(v) e_n, e_n =
   E[max of n iid N(0, 1)]), at least ceil(mu) (some GPU holds the mean, in whole rows) and at most
-  T min(k, m). Against Monte Carlo (tests/test_moe_routing.py) it is within 4 % from one token up,
+  T min(k, m). Against Monte Carlo (tests/sim/costmodels/test_moe_routing.py) it is within 4 % from one token up,
   for E = 8..256, k = 2..8 and 2..E GPUs.
 - The busiest GPU's touched experts: each of its m experts is touched with probability
   q = 1 - (1 - k/E)^T; E[max over the n GPUs of Binomial(m, q)], exact for independent GPUs and
@@ -32,7 +32,7 @@ so the experts a step touches, the tiles it computes and the busiest GPU it wait
   with the rate that gives them E[max R] rows in all (Y ~ Binomial(T, E[max R] / (T m))), and (b) its
   touched experts times the tiles of a touched expert, E[ceil(X / t)] / P(X > 0) (few tokens, where
   the busiest GPU is the one with the most experts to read). An approximation of a maximum of sums
-  of ceilings: within 3 % of Monte Carlo on the test grid (tests/test_moe_routing.py), up to +17 %
+  of ceilings: within 3 % of Monte Carlo on the test grid (tests/sim/costmodels/test_moe_routing.py), up to +17 %
   where the busiest GPU's load sits just under a tile boundary (E = 64, k = 6, one expert per GPU,
   1,024 tokens: every GPU computes one tile, the estimate 1.17); it matters only where the step is
   compute-bound.

@@ -28,7 +28,7 @@ tokens needed + tokens dropped by recompute preemptions.
 P/D (sim/pd.py): a decode replica's cache also holds the units of a request whose KV is on its way
 (`acquire(..., record=False)` at the reservation: they are not transferred, and are no compute hit).
 
-Invariants (tests/test_invariants_prefix.py, tests/test_pd_prefix.py): refs >= 0; a node with
+Invariants (tests/sim/test_invariants_prefix.py, tests/sim/test_pd_prefix.py): refs >= 0; a node with
 refs > 0 is never evicted; free + blocks held (requests' own blocks + blocks of referenced nodes)
 + evictable == total.
 """

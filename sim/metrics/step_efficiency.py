@@ -38,10 +38,6 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from cbsim.core.errors import ConfigError
-from cbsim.pools import pool_config
-from cbsim.sim.costmodels.catalog.specs import GPUSpec, ModelSpec, gpu_spec, model_spec
-from cbsim.replica_gpus import gpus_per_replica, tensor_parallel
 
 COLUMNS = ("flops", "hbm_bytes", "mfu", "hbm_util", "collective_s")
 ROWS = 1 << 20  # steps computed at a time (~100 MB of scratch)
@@ -200,36 +196,3 @@ def weights_read(m, gpus: int, tokens: np.ndarray) -> np.ndarray:
     untouched = e * (1.0 - k / e) ** tokens
     expert = float(m.linear_weight_bytes(m.expert_params(1)))  # int4: with its group scales, as weight_bytes counts
     return whole - m.num_moe_layers * untouched * expert
-
-
-# ---------------------------------------------------------------- what each replica ran on
-
-
-def hardware_of(cfg, replicas, pools: dict) -> dict:
-    """Replica index -> StepHardware (None where no GPU is known) of a run of `cfg`: the model and
-    GPU its cost model timed (else the experiment's model and cluster.gpu, or the cost model's gpu),
-    its GPUs (cbsim/replica_gpus.py) and its cost model's `collective_time`, if it has one."""
-    by_index = {replica.index: replica for replica in replicas}
-    out = {}
-    for pool, indices in pools.items():
-        pool_cfg = cfg if pool == "cluster" else pool_config(cfg, pool)
-        for index in indices:
-            out[index] = _hardware(pool_cfg, by_index[index].cost)
-    return out
-
-
-def _hardware(cfg, cost) -> StepHardware | None:
-    model = getattr(cost, "model", None)
-    gpu = getattr(cost, "gpu", None)
-    try:
-        model = model if isinstance(model, ModelSpec) else model_spec(cfg.model)
-        if not isinstance(gpu, GPUSpec):
-            name = cfg.cluster.gpu or cfg.cost_model.get("gpu") or cost.describe().get("gpu")
-            if name is None:
-                return None
-            gpu = gpu_spec(name)
-    except ConfigError:  # a profile's GPU or model the catalog does not know: no peaks to divide by
-        return None
-    fp8 = model.compute_dtype != "bf16" and model.weight_dtype == "fp8"
-    return StepHardware(model, gpu.peak_flops(fp8), gpu.hbm_bandwidth, gpus_per_replica(cfg, cost),
-                        getattr(cost, "collective_time", None), tensor_parallel(cfg, cost))

@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import minimize
 
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.costmodels.engine import TERM_NAMES, load_engine
 
 from cbsim.api import run_experiment

@@ -37,7 +37,7 @@ from cbsim.core.errors import ConfigError
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.domain import domain_of
 from cbsim.sim.costmodels.registry import takes_engine
-from cbsim.sim.costmodels.catalog.specs import model_spec
+from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.costmodels.engine import (CLASS_TERMS, FRONTEND_TERMS, NO_ENGINE, TERM_NAMES, Engine, EngineTerms,
                                          load_engine)
 from cbsim.profiler.converters.step_table import MeasuredStep

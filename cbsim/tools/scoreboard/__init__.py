@@ -2,6 +2,6 @@
 check that fails when a cell gets worse (sources.py, board.py; published.py holds the published tables,
 runs.py how cbsim reproduces them, vidur_tables.py the readers of Vidur's tables).
 
-Here, not in validation/ or benchmarks/: the `cbsim` command imports it, so it is part of the installed
+Here, not in validation/ (the scripts): the `cbsim` command imports it, so it is part of the installed
 package like the other tools; the committed board (validation/scoreboard.*) is data beside the scripts.
 """

@@ -1,5 +1,5 @@
 """Published measurements that cbsim is scored against: one copy, read by the scoreboard
-(cbsim/tools/scoreboard/) and by the validation scripts in benchmarks/ (validate_trtllm_fp8.py,
+(cbsim/tools/scoreboard/) and by the validation scripts in validation/ (validate_trtllm_fp8.py,
 validate_moe.py, validate_int4.py), each table with the source it was copied from.
 
 The measured tables shipped as data files (Splitwise's whole-step times in shared/data/measured,

@@ -1,5 +1,5 @@
 """How cbsim reproduces each published measurement (published.py): the experiment or kernel call
-that stands for the engine's benchmark. One copy, used by the scoreboard and by benchmarks/validate_*.py.
+that stands for the engine's benchmark. One copy, used by the scoreboard and by validation/validate_*.py.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def alltoall_rows() -> list[tuple]:
     """(EP, kind, published s, predicted s) for DeepEP's low-latency table (128 tokens per rank), the
     all-to-all as the roofline charges it with data_parallel (kernel time, no engine)."""
     from cbsim.sim.costmodels import load_cost_model
-    from cbsim.sim.costmodels.catalog.specs import model_spec
+    from cbsim.sim.costmodels.catalog.lookup import model_spec
     from cbsim.sim.costmodels.collectives import alltoall_seconds
 
     model = model_spec("deepseek-v3")  # hidden 7168, top-8, fp8 experts: FP8 dispatch (7,392 bytes a token)

@@ -64,7 +64,7 @@ def splitwise(data: Path | None) -> tuple[list[Row], str | None]:
         return [], f"no {'/'.join(pub.SPLITWISE_CSV)} under CBSIM_DATA"
     from cbsim.profiler.converters.splitwise import read_splitwise
     from cbsim.sim.costmodels import load_cost_model
-    from cbsim.sim.costmodels.catalog.specs import model_spec
+    from cbsim.sim.costmodels.catalog.lookup import model_spec
     from cbsim.sim.costmodels.engine import preset_names
 
     steps, _ = read_splitwise(path)

@@ -1,6 +1,6 @@
 """Vidur's published per-operator tables (shared/data/vidur, microsoft/vidur @7d47513) as rows the
 roofline's kernels are scored on: the four GEMMs of mlp.csv and the single-node all-reduces of
-all_reduce.csv. Read by the scoreboard and by benchmarks/fit_gemm_collectives.py (which fits the
+all_reduce.csv. Read by the scoreboard and by validation/fit_gemm_collectives.py (which fits the
 GEMM curve and the all-reduce constants on these rows).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from cbsim.sim.costmodels import collectives, gemm_efficiency as ge
-from cbsim.sim.costmodels.catalog.specs import gpu_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 NODES = {("a100", "nvswitch"): "a100_dgx", ("h100", "nvswitch"): "h100_dgx",

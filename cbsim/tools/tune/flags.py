@@ -9,7 +9,7 @@ partial-prefill limits). This file only says which simulated settings a deployme
 """
 from __future__ import annotations
 
-from cbsim.sim.costmodels.catalog.specs import gpu_spec, model_spec
+from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.server import ENGINES, Context, cost_model_options
 
 from cbsim.config import ExperimentConfig, pool_cost_model, pool_policy

@@ -146,7 +146,7 @@ def report_markdown(result: TuneResult, table: pd.DataFrame) -> str:
         value = o.winner.label if o.winner else "(unchanged)"
         lines.append(f"| {o.stage.name} | {value} | {o.why if o.winner else o.reason} |")
     lines += ["", "Coordinate descent: each stage fixes its best before the next, so knobs are tuned one at a "
-              "time in the seed's order, not jointly.", "", "## Stages", ""]
+              "time in a fixed order, not jointly.", "", "## Stages", ""]
     for o in result.stages:
         lines += _stage_section(o, result.spec.slo)
     lines += ["## Outputs", "", "- `best.yaml`: the chosen experiment at its capacity rate (`cbsim run best.yaml`)",

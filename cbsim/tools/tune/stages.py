@@ -1,6 +1,6 @@
-"""The stages of `cbsim tune`, in the tuning order of seed 000 §7 (调参顺序).
+"""The stages of `cbsim tune`, in a fixed tuning order, coarse knobs before fine ones.
 
-The seed's order: (1) fix workload and SLO; (2) sweep the token budget to the knee; (3) sweep the
+The order: (1) fix workload and SLO; (2) sweep the token budget to the knee; (3) sweep the
 chunk size; (4) set partial/long-prefill limits (short prompts overtake long ones, long ones do not
 starve); (5) admission headroom, only when preemptions are non-zero: reserve the full input vs a
 watermark; (6) the queue policy: FCFS guardrails first, then LPM/affinity for cache locality;
@@ -11,7 +11,7 @@ budget) and the policy before step 2, and max running requests beside the token 
 Invariant: a stage never runs anything. It turns each candidate into dotted overrides of the base
 experiment (`--set` semantics), lists its default candidates from the incumbent (the incumbent's
 own value first, so a tie keeps it), and says why it is skipped: `applies` when the incumbent's
-policy has no such knob (always), `when` when the seed's condition does not hold (default
+policy has no such knob (always), `when` when the stage's condition does not hold (default
 candidates only: candidates a tune file lists always run).
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ class StageContext:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    step: str  # the seed's step this stage implements
+    step: str  # the step of the order (module docstring) this stage implements
     help: str
     check: Callable[[Any, str], None]  # one candidate's form; ConfigError naming `path`
     overrides: Callable[[Any, StageContext], dict]  # candidate -> {dotted key: value}
@@ -298,7 +298,7 @@ def _pd_when(ctx: StageContext) -> str | None:
     binding = {slo_family(row["record"].get("binding") or "") for row in budget if row["record"]} - {None}
     if binding and not {"ttft", "decode"} <= binding:
         return ("chunking meets TTFT and TPOT/ITL together: every token budget tried is limited by the same "
-                f"side ({', '.join(sorted(b for b in binding if b))}), so the seed's step 7 keeps colocation")
+                f"side ({', '.join(sorted(b for b in binding if b))}), so step 7 (P/D) keeps colocation")
     return None
 
 

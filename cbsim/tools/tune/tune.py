@@ -1,8 +1,8 @@
-"""`cbsim tune`: a deployment search for the highest goodput per GPU under SLOs, in the seed's order.
+"""`cbsim tune`: a deployment search for the highest goodput per GPU under SLOs, in a fixed order (stages.py).
 
 A tune file names a base experiment (workload fixed), `slo` (capacity SLOs: summary metric ->
 limit), the GPU budget (`gpus`: count, type, price) and, under `stages`, candidate lists that
-replace the defaults of tune_stages.py. Stages run in the order of seed 000 §7; each one runs a
+replace the defaults of tune_stages.py. Stages run in the order of tune/stages.py; each one runs a
 capacity search (cbsim.tools.sweep.capacity.find_capacity) per candidate and fixes the best before the next
 stage (coordinate descent: a small, explainable search, not an exhaustive one).
 
@@ -66,7 +66,7 @@ class Candidate:
 class StageOutcome:
     stage: Stage
     status: Literal["searched", "fixed", "skipped"]
-    reason: str  # why it ran or was skipped (the seed's condition, or the knob missing)
+    reason: str  # why it ran or was skipped (the stage's condition, or the knob missing)
     candidates: list[Candidate] = field(default_factory=list)
     winner: Candidate | None = None
     why: str = ""  # why the winner won

@@ -1,4 +1,4 @@
-"""Model and GPU specifications, and the KV-cache capacity they imply.
+"""Model and GPU specifications: the records and the presets.
 
 Invariant: every size here is *per GPU* once a tensor-parallel degree `tp` is given. Attention
 heads, the MLP and the vocabulary are split `tp` ways (Megatron-style, as vLLM does); KV heads
@@ -6,20 +6,19 @@ are split too but never below one per GPU, so when `tp` exceeds the KV-head coun
 a replica of one KV head. Experts are split `tp` ways like the MLP; MLA's compressed latent and
 its down-projections (q_a, kv_a), the norms and the MoE router are held whole by every GPU. Bytes
 follow the precision fields: weights at weight_dtype (fp8/int4 for the decoder's linear layers
-only), the cache at kv_dtype. Specs are frozen records; presets are read-only mappings. Models
-beyond the presets come from Hugging Face config.json files (hf_config.py), GPUs beyond them from
-gpus.py.
+only), the cache at kv_dtype. Specs are frozen records; presets are read-only mappings. Names
+are looked up in lookup.py (models beyond the presets come from Hugging Face config.json files,
+hf_config.py; GPUs beyond them from gpus.py); the KV capacity a spec implies is sim/kv/sizing.py.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
 from cbsim.core.errors import ConfigError
-from cbsim.core.schema import option, parse, require
+from cbsim.core.schema import option, require
 
 DEFAULT_MODEL = "llama-3-8b"  # the model of an experiment (or a cost model, a calibration) that names none
 TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # beyond 8: across nodes (roofline gpus_per_node)
@@ -338,66 +337,6 @@ MODEL_PRESETS = MappingProxyType({
 })
 
 
-def _model_key(name: str) -> str:
-    """Normalise a Hugging Face id or spelling: 'meta-llama/Meta-Llama-3-8B-Instruct' -> 'llama-3-8b'."""
-    key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
-    key = key.replace("meta-llama-", "llama-")
-    for suffix in ("-hf", "-instruct", "-chat", "-it"):
-        key = key.removesuffix(suffix)
-    return key
-
-
-def _window_layers(given: dict, merged: dict) -> dict:
-    """`merged` with sliding_layers filled in when `given` sets sliding_window alone: every layer
-    for a window, none for 0."""
-    window = given.get("sliding_window")
-    if "sliding_layers" in given or not isinstance(window, int) or isinstance(window, bool):
-        return merged
-    layers = merged.get("num_layers")
-    return {**merged, "sliding_layers": layers if window > 0 and isinstance(layers, int) else 0}
-
-
-def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
-    """A model by name, a config.json path, or a mapping.
-
-    A name is a preset (llama-2-7b, llama-3-8b, ...; Hugging Face ids accepted) or a catalog file
-    (sim/costmodels/catalog/models/<name>.json: `cbsim models` lists them); a path is a Hugging Face config.json
-    or a folder holding one. A mapping gives every ModelSpec field (head_dim may be left out: it
-    defaults to hidden // num_heads), or `config:` (any of the above) with fields laid over it:
-    {config: llama-3.1-8b, weight_dtype: fp8, kv_dtype: fp8}.
-    """
-    from cbsim.sim.costmodels.catalog.hf_config import catalog_key, catalog_names, catalog_spec, read_hf_config
-
-    if isinstance(name_or_mapping, ModelSpec):
-        return name_or_mapping
-    if isinstance(name_or_mapping, str):
-        key = _model_key(name_or_mapping)
-        if key in MODEL_PRESETS:
-            return MODEL_PRESETS[key]
-        if catalog_key(key):
-            return catalog_spec(catalog_key(key))
-        if Path(name_or_mapping).exists():
-            return read_hf_config(name_or_mapping)
-        raise ConfigError(path, "a model preset (" + ", ".join(MODEL_PRESETS) + "), a catalog model ("
-                          + ", ".join(catalog_names()) + "), a path to a config.json, or a mapping of its fields",
-                          name_or_mapping)
-    if not isinstance(name_or_mapping, dict):
-        raise ConfigError(path, "a model preset name or a mapping of its fields", name_or_mapping)
-    mapping = dict(name_or_mapping)
-    if "config" in mapping:
-        base = mapping.pop("config")
-        if not isinstance(base, str):
-            raise ConfigError(f"{path}.config", "a model name or a path to a config.json", base)
-        base_spec = model_spec(base, f"{path}.config")
-        merged = {**{f.name: getattr(base_spec, f.name) for f in fields(ModelSpec)}, **mapping}
-        return parse(ModelSpec, _window_layers(mapping, merged), path)
-    mapping = _window_layers(mapping, mapping)
-    hidden, heads = mapping.get("hidden"), mapping.get("num_heads")
-    if "head_dim" not in mapping and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        mapping["head_dim"] = hidden // heads
-    return parse(ModelSpec, mapping, path)
-
-
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator: memory, dense peaks, memory bandwidth, and how it talks to its neighbours."""
@@ -458,77 +397,3 @@ GPU_ALIASES = MappingProxyType({
     "h100-sxm": "h100", "h100-80gb": "h100", "h100-sxm5-80gb": "h100",
     "h200-sxm": "h200", "h200-141gb": "h200",
 })
-
-
-def gpu_spec(name, path: str = "gpu") -> GPUSpec:
-    """A GPU by name (case-insensitive: a preset, an alias such as 'a100-80gb', or a catalog GPU:
-    `cbsim gpus`), or a mapping of GPUSpec fields."""
-    from cbsim.sim.costmodels.catalog.gpus import GPU_CATALOG
-
-    if isinstance(name, GPUSpec):
-        return name
-    if isinstance(name, dict):
-        return parse(GPUSpec, name, path)
-    key = name.strip().lower() if isinstance(name, str) else None
-    key = GPU_ALIASES.get(key, key)
-    if key in GPU_PRESETS:
-        return GPU_PRESETS[key]
-    if key in GPU_CATALOG:
-        return GPU_CATALOG[key]
-    raise ConfigError(path, "a GPU (" + ", ".join([*GPU_PRESETS, *GPU_ALIASES, *GPU_CATALOG])
-                      + ") or a mapping of its fields", name)
-
-
-def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int, gpu_memory_utilization: float,
-                    activation_reserve_bytes: int = 2 * GiB, pp: int = 1, data_parallel: int = 1) -> int:
-    """KV blocks that fit on each GPU, vLLM-style.
-
-    memory * utilization, minus this GPU's weights, minus a reserve for activations, the CUDA
-    context and graphs (2 GiB by default: an assumption, of the size vLLM's profiling run finds for
-    7-8B models), divided by the bytes of one block. Raises ConfigError if not one block fits.
-
-    With `pp` stages each GPU holds its stage's layers (weights and KV; stage_layers of
-    costmodels/pipeline.py) and the replica gets the fewest blocks any stage fits: vLLM sizes each
-    worker's cache and keeps the smallest count (vllm/v1/core/kv_cache_utils.py
-    unify_kv_cache_configs: "changes the num_blocks of each worker to the smallest among all
-    workers"). With `data_parallel` ranks sharing the experts, each GPU holds 1/data_parallel of
-    its TP share of the routed experts. pp = data_parallel = 1 is the one-stage formula, bit for bit.
-    """
-    model.check_tp(tp, "cluster.tp")
-    require(block_size > 0, "cluster.kv_cache.block_size", "a positive integer", block_size)
-    require(0.0 < gpu_memory_utilization <= 1.0, "cluster.kv_cache.gpu_memory_utilization",
-            "a fraction in (0, 1]", gpu_memory_utilization)
-    if pp == 1 and data_parallel == 1:
-        stages = [(model.weight_bytes(tp), model.kv_bytes_per_token(tp))]
-    else:
-        stages = _stage_footprints(model, tp, pp, data_parallel)
-    budget = gpu.memory_bytes * gpu_memory_utilization
-    blocks = None
-    for weights, kv in stages:
-        free = budget - weights - activation_reserve_bytes
-        fits = int(free // (block_size * kv)) if free > 0 else 0
-        blocks = fits if blocks is None else min(blocks, fits)
-    if blocks < 1:
-        heaviest = max(weights for weights, _ in stages)
-        layout = f"TP{tp}" + (f" PP{pp}" if pp > 1 else "") + (f" DP{data_parallel}" if data_parallel > 1 else "")
-        raise ConfigError("cluster.kv_cache.num_blocks",
-                          f"room for at least one KV block: {model.name} at {layout} needs "
-                          f"{heaviest / GiB:.1f} GiB of weights per GPU, {gpu.name} offers "
-                          f"{budget / GiB:.1f} GiB at this utilization",
-                          blocks)
-    return blocks
-
-
-def _stage_footprints(model: ModelSpec, tp: int, pp: int, data_parallel: int) -> list[tuple[int, int]]:
-    """(weight bytes, KV bytes per token) of one GPU of each pipeline stage."""
-    from cbsim.sim.costmodels.pipeline import check_pipeline, stage_layers
-
-    check_pipeline(model.num_layers, pp)
-    per_layer = model.kv_bytes_per_token(tp) // model.num_layers
-    out, start = [], 0
-    layers = stage_layers(model.num_layers, pp)
-    for s, n in enumerate(layers):
-        weights = model.stage_weight_bytes(tp, start, n, s == 0, s == len(layers) - 1, data_parallel)
-        out.append((weights, per_layer * n))
-        start += n
-    return out
