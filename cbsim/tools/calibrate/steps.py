@@ -3,8 +3,8 @@
 For every measured step the base cost model (BASE.yaml's `model:` and `cost_model:`, evaluated at
 the row's TP with a zero engine, i.e. kernels only) prices the kernels: gpu_i, and, for a roofline,
 the seconds of each kernel class in it (GEMMs, attention, collectives, MoE experts: the change of
-gpu_i when that class's factor goes from 1 to 2; the roofline is linear in each), so a class factor
-f_c prices the kernels at gpu_i + sum_c (f_c - 1) t_ic. The engine model (sim/costmodels/engine.py)
+gpu_i when that class's factor goes from 1 to 2; one pipeline stage's roofline is linear in each),
+so a class factor f_c prices the kernels at gpu_i + sum_c (f_c - 1) t_ic. The engine model (sim/costmodels/engine.py)
 turns that and the step's shape into a step time. The terms named in `fit` minimise
 sum_i w_i * log(predicted_i / measured_i)^2  (relative error, as symmetric for too fast as for too
 slow), by bounded least squares (scipy's trust-region reflective) within each term's physical range
@@ -203,18 +203,17 @@ def calibrate_steps(steps: list[MeasuredStep], model, cost_model: dict, fit=DEFA
     base = load_engine(base_engine if base_engine is not None else "none", "engine")
     base_terms = base.terms if base is not NO_ENGINE else EngineTerms()
     rows = kernel_rows(steps, model, cost_model)
-    refused = _refused(rows, names, cost_model, model)
-    names = tuple(n for n in names if n not in refused)
-    if not names:
-        raise ConfigError("fit", "at least one term the measured steps can identify", ", ".join(refused))
+    refused = _refused(rows, names, cost_model)
     while True:
+        names = tuple(n for n in names if n not in refused)
+        if not names:
+            raise ConfigError("fit", "at least one term the measured steps can identify", ", ".join(refused))
         terms, best = solve(rows, base_terms, names, seed)
         found = identification(best.jac, names, best.x, best.cost, *zip(*(bounds(n) for n in names)))
         drop = droppable(found, names) if drop_unidentified else {}
         if not drop:
             break
         refused.update(drop)
-        names = tuple(n for n in names if n not in drop)
     found["refused"] = refused
     found["warnings"] = [f"{n}: refused: {why}" for n, why in refused.items()] + warnings_of(found)
     errors = {"in_sample": error_table(rows, predict(rows, terms)),
@@ -229,7 +228,7 @@ def calibrate_steps(steps: list[MeasuredStep], model, cost_model: dict, fit=DEFA
             "errors": errors, "identification": found, "domain": domain_of([r.step for r in rows], model)}
 
 
-def _refused(rows: list[KernelRow], names, cost_model: dict, model) -> dict:
+def _refused(rows: list[KernelRow], names, cost_model: dict) -> dict:
     """{class factor: why} for the factors among `names` no row has kernels of (terms.class_refusals, or
     every row's seconds in that class zero)."""
     out = class_refusals(names, cost_model.get("type"), True, max(r.tp for r in rows))  # the rows say the rest
