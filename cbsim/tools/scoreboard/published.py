@@ -70,6 +70,15 @@ H800 = {"name": "h800", "memory_bytes": 80 * GiB, "bf16_flops": 989e12, "fp8_flo
 DEEPEP_LL = {8: (77e-6, 114e-6), 16: (118e-6, 195e-6), 32: (155e-6, 273e-6), 64: (173e-6, 314e-6),
              128: (192e-6, 369e-6), 256: (194e-6, 360e-6)}  # EP: (dispatch, combine) seconds, 128 tokens per rank
 
+# --- vLLM's custom all-reduce on H100, outside CUDA graphs -------------------------------------------
+CUSTOM_AR = ("sgl-project/sglang PR #2904 (2025-01-15), 'unit test performance in H100 (without cuda graph)', "
+             "the vllm table; sizes are float32 element counts (its test's perf worker: torch.randint(..., (sz,), "
+             "dtype=torch.float32)), wall time of 50-100 back-to-back calls")
+CUSTOM_AR_MS = {  # float32 elements -> latency ms at TP 2, 4, 8, as published
+    512: (0.0095, 0.0091, 0.0101), 4096: (0.0088, 0.0085, 0.0093), 32768: (0.0087, 0.0092, 0.0118),
+    262144: (0.0129, 0.0206, 0.0241), 524288: (0.0177, 0.0269, 0.0304), 1048576: (0.0266, 0.0402, 0.0450),
+}
+
 # --- int4 AWQ (Marlin) decode on an L4, vLLM 0.16.0 ----------------------------------------------------
 INT4_L4 = "bereketlemma/llm-inference-bench@e3c51199 results/Data/awq_marlin_results.csv"
 INT4_PROMPT_TOKENS = 26  # estimate: one English sentence of 18 words and punctuation, plus BOS

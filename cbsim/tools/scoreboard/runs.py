@@ -3,7 +3,7 @@ that stands for the engine's benchmark. One copy, used by the scoreboard and by 
 """
 from __future__ import annotations
 
-from cbsim.tools.scoreboard.published import DEEPEP_LL, H800, INT4_MODEL, INT4_PROMPT_TOKENS
+from cbsim.tools.scoreboard.published import CUSTOM_AR_MS, DEEPEP_LL, H800, INT4_MODEL, INT4_PROMPT_TOKENS
 
 
 def offline_throughput(model, cost: dict, isl: int, osl: int, n: int, *, replicas: int = 1,
@@ -58,6 +58,25 @@ def int4_run_ms(batch: int, output_tokens: int, model=INT4_MODEL, gpu: str = "l4
                      "output_len": {"type": "fixed", "value": output_tokens}},
         "output": {"plots": False, "trace": False}})
     return float(result.requests["completion_time"].max()) * 1e3
+
+
+def custom_allreduce_rows() -> list[tuple]:
+    """(TP, bytes, published s, predicted s) for vLLM's custom all-reduce table (published.CUSTOM_AR_MS):
+    one all-reduce as the roofline charges it on an H100 node under the vllm-v1 engine (its collective
+    time over its all-reduces, for a Llama-3-8B step of as many tokens as the message holds)."""
+    from cbsim.sim.costmodels import load_cost_model
+    from cbsim.sim.costmodels.catalog.lookup import model_spec
+
+    model = model_spec("llama-3-8b")
+    per_token = float(model.hidden * model.dtype_bytes)
+    rows = []
+    for i, tp in enumerate((2, 4, 8)):
+        cost = load_cost_model({"type": "roofline", "gpu": "h100", "tp": tp, "engine": "vllm-v1"}, model)
+        for elements, published in CUSTOM_AR_MS.items():
+            size = 4.0 * elements  # float32
+            predicted = cost.collective_time(size / per_token) / (2.0 * model.num_layers + 1.0)
+            rows.append((tp, int(size), published[i] * 1e-3, predicted))
+    return rows
 
 
 def alltoall_rows() -> list[tuple]:

@@ -9,6 +9,8 @@
   every model file against the roofline's GEMM curve, the single-node all-reduces against its
   collective model (kernel times, no engine).
 - deepep: DeepEP's low-latency all-to-all against the roofline's dispatch and combine.
+- vllm-custom-allreduce: vLLM's custom all-reduce on H100 (sglang PR #2904's table) against one
+  all-reduce as the roofline charges it under the vllm-v1 engine.
 - trtllm-fp8, trtllm-0.17: TensorRT-LLM's published offline throughput against whole cbsim runs
   (roofline, engine trtllm), at 1 / RUN_SCALE of the published request counts (module constant;
   the throughput of a queue that large is set by its steady state, and the board stays quick).
@@ -48,7 +50,7 @@ class Row:
 
 
 CITATIONS = {"splitwise": pub.SPLITWISE, "vidur-gemm": pub.VIDUR + " (mlp.csv)",
-             "vidur-allreduce": pub.VIDUR + " (all_reduce.csv)", "deepep": pub.DEEPEP, "trtllm-fp8": pub.TRTLLM,
+             "vidur-allreduce": pub.VIDUR + " (all_reduce.csv)", "deepep": pub.DEEPEP, "vllm-custom-allreduce": pub.CUSTOM_AR, "trtllm-fp8": pub.TRTLLM,
              "trtllm-0.17": pub.TRTLLM_017, "int4-l4": pub.INT4_L4}
 STEP_MODELS = {  # label -> (cost model mapping, the only TP it prices or None for the row's)
     "roofline": ({"type": "roofline", "gpu": "a100"}, None),
@@ -131,6 +133,16 @@ def deepep(data: Path | None) -> tuple[list[Row], str | None]:
             for ep, kind, measured, predicted in alltoall_rows()], None
 
 
+def custom_allreduce(data: Path | None) -> tuple[list[Row], str | None]:
+    """The roofline's all-reduce (engine vllm-v1) on vLLM's custom all-reduce on H100 (published.CUSTOM_AR_MS),
+    small messages (< 1 MiB) and large apart."""
+    from cbsim.tools.scoreboard.runs import custom_allreduce_rows
+
+    return [Row("vllm-custom-allreduce", "roofline+vllm-v1", "h100", "-", tp, "allreduce<1MiB" if size < 1 << 20
+                else "allreduce>=1MiB", "kernel_s", measured, predicted)
+            for tp, size, measured, predicted in custom_allreduce_rows()], None
+
+
 def trtllm_fp8(data: Path | None) -> tuple[list[Row], str | None]:
     """Whole runs against TensorRT-LLM's FP8 table (published.TRTLLM_FP8)."""
     from cbsim.tools.scoreboard.runs import trtllm_fp8_throughput
@@ -177,5 +189,5 @@ def _model_name(folder: str) -> str:
 
 
 SOURCES = {"splitwise": splitwise, "vidur-gemm": vidur_gemm, "vidur-allreduce": vidur_allreduce, "deepep": deepep,
-           "trtllm-fp8": trtllm_fp8, "trtllm-0.17": trtllm_017, "int4-l4": int4_l4}
+           "vllm-custom-allreduce": custom_allreduce, "trtllm-fp8": trtllm_fp8, "trtllm-0.17": trtllm_017, "int4-l4": int4_l4}
 
