@@ -1,6 +1,7 @@
 """Held-out TP check of `cbsim calibrate --steps`: fit on Splitwise's TP2 + TP8 steps, predict TP4.
 
     python validation/calibrate_heldout_tp.py --csv perf_model.csv [--gpu a100|h100] [--engine ENGINE]
+                                              [--drop-unidentified] [--robust]
 
 The CSV is Splitwise's whole profiling database (Mutinifni/splitwise-sim data/perf_model.csv @3780880,
 MIT; Llama-2-70B at TP2, TP4 and TP8 on A100-80GB and H100-80GB under vLLM as of 2023): the project
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, required=True)
     parser.add_argument("--gpu", default="a100")
     parser.add_argument("--engine", default="none", help="base engine: its uncalibrated errors are printed first")
+    parser.add_argument("--robust", action="store_true", help="the robust loss (calibrate --robust)")
     parser.add_argument("--drop-unidentified", action="store_true", help="refit without the terms the data does "
                         "not identify (calibrate --drop-unidentified)")
     args = parser.parse_args()
@@ -54,7 +56,7 @@ def main() -> None:
             (label, None) for label in SETS]:
         if table is None:
             report = calibrate_steps(train, "llama-2-70b", cost, SETS[label], args.engine,
-                                     drop_unidentified=args.drop_unidentified)
+                                     drop_unidentified=args.drop_unidentified, robust=args.robust)
             from cbsim.sim.costmodels.engine import EngineTerms
             table = held_out(rows, predict(rows, EngineTerms(**report["terms"])))
             warn = report["identification"]["warnings"]

@@ -49,6 +49,8 @@ def register(app: typer.Typer) -> None:
                                                    "the terms the data does not identify (no step depends on "
                                                    "them, or only a combination with an earlier --fit term is "
                                                    "seen); they keep the base engine's values"),
+            robust: bool = typer.Option(False, "--robust", help="steps mode: a robust loss (soft_l1 at a 5 percent log "
+                                        "error), so a few anomalous steps do not drag the terms"),
             engine: Optional[str] = typer.Option(None, "--engine", help="base engine (preset or file) whose other "
                                                  "terms are kept (overlap, CUDA graphs); default none"),
             max_evals: int = typer.Option(60, "--max-evals", help="serving mode: simulations the search may run"),
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError("calibrate", "either --steps (with --cost-model) or --serving", has_got=False)
         names = _fit_names(fit, fit_kernel_scale, fit_kernel_classes, "steps" if steps else "serving")
         _check_out(out)
-        report = _from_steps(steps, cost_model, names, engine, drop_unidentified) if steps else \
+        report = _from_steps(steps, cost_model, names, engine, drop_unidentified, robust) if steps else \
             _from_serving(serving, holdout or [], names, engine, max_evals)
         out.write_text(json.dumps(report, indent=2) + "\n")
         typer.echo(_summary(report))
@@ -130,7 +132,8 @@ def read_step_tables(paths) -> tuple[list, list, list[str]]:
     return steps, data, notes
 
 
-def _from_steps(paths, cost_model: Path | None, names, engine, drop_unidentified: bool = False) -> dict:
+def _from_steps(paths, cost_model: Path | None, names, engine, drop_unidentified: bool = False,
+                robust: bool = False) -> dict:
     from cbsim.tools.calibrate.steps import calibrate_steps  # lazy (module docstring)
     from cbsim.config import read_yaml
 
@@ -144,7 +147,7 @@ def _from_steps(paths, cost_model: Path | None, names, engine, drop_unidentified
     steps, data, notes = read_step_tables(paths)
     try:
         report = calibrate_steps(steps, base.get("model", DEFAULT_MODEL), base["cost_model"], names, engine,
-                                 drop_unidentified=drop_unidentified)
+                                 drop_unidentified=drop_unidentified, robust=robust)
     except ConfigError as err:
         raise err.in_file(str(cost_model)) if err.file is None and err.path.startswith(("cost_model", "model")) \
             else err

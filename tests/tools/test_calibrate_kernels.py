@@ -161,3 +161,17 @@ def test_predictions_outside_the_calibrated_domain_warn(tmp_path):
            "output": {"plots": False, "trace": False}}
     with pytest.warns(ExtrapolationWarning, match="context up to 9004"):
         run_experiment(run)
+
+
+def test_robust_fit_is_not_dragged_by_an_anomalous_step():
+    truth = {"host_per_step_s": 2e-3, "host_per_seq_s": 40e-6}
+    steps = synthetic(truth)
+    steps[0] = dataclasses.replace(steps[0], time_s=steps[0].time_s * 3.0)  # a step that did not fit in memory
+    fit = ("host_per_step_s", "host_per_seq_s")
+    cost = {"type": "roofline", "gpu": "a100"}
+    plain = calibrate_steps(steps, "llama-2-70b", cost, fit)
+    robust = calibrate_steps(steps, "llama-2-70b", cost, fit, robust=True)
+    assert robust["loss"]["loss"] == "soft_l1" and plain["loss"] == {"loss": "linear"}
+    off = {name: abs(report["terms"]["host_per_step_s"] / truth["host_per_step_s"] - 1)
+           for name, report in (("plain", plain), ("robust", robust))}
+    assert off["robust"] < 0.1 < 1.0 < off["plain"], off

@@ -52,6 +52,9 @@ FITTABLE = tuple(n for n in TERM_NAMES if n not in ("overlap", "cuda_graph_max_b
 START_RANGE = {**{name: (0.7, 1.5) for name in SCALE_TERMS}, "host_per_seq_s": (0, 100), "host_per_token_s": (0, 10),
                "launch_per_layer_s": (0, 0.5), "collective_launch_s": (0, 0.1), "collective_per_rank_s": (0, 0.05)}
 STARTS = 8
+# the robust fit's loss: soft_l1 with its knee at a 5 % log error, about the run-to-run spread of measured
+# step medians (a choice made before scoring any held-out data, not tuned on it)
+ROBUST = {"loss": "soft_l1", "f_scale": 0.05}
 
 
 @dataclass
@@ -115,13 +118,17 @@ def _terms(base: EngineTerms, names, x) -> EngineTerms:
     return dataclasses.replace(base, **{n: float(v) * unit(n) for n, v in zip(names, x)})
 
 
-def fit_terms(rows: list[KernelRow], base: EngineTerms, names: tuple[str, ...], seed: int = 0) -> EngineTerms:
-    """The terms `names` minimising the weighted squared log error over `rows`."""
-    return solve(rows, base, names, seed)[0]
+def fit_terms(rows: list[KernelRow], base: EngineTerms, names: tuple[str, ...], seed: int = 0,
+              robust: bool = False) -> EngineTerms:
+    """The terms `names` minimising the weighted squared log error over `rows` (robust: see `solve`)."""
+    return solve(rows, base, names, seed, robust)[0]
 
 
-def solve(rows: list[KernelRow], base: EngineTerms, names: tuple[str, ...], seed: int = 0) -> tuple:
-    """(fitted terms, scipy's result at the best end point); ConfigError when the fit cannot run."""
+def solve(rows: list[KernelRow], base: EngineTerms, names: tuple[str, ...], seed: int = 0,
+          robust: bool = False) -> tuple:
+    """(fitted terms, scipy's result at the best end point); ConfigError when the fit cannot run. With
+    `robust`, scipy's soft_l1 loss at ROBUST_SCALE: a log error well beyond it counts about linearly,
+    not squared, so a few anomalous steps (a batch that did not fit in memory) do not drag the terms."""
     if len(rows) < len(names):
         raise ConfigError("fit", f"at least as many measured steps as terms ({len(names)})", len(rows))
     measured = np.array([r.step.time_s for r in rows])
@@ -142,7 +149,7 @@ def solve(rows: list[KernelRow], base: EngineTerms, names: tuple[str, ...], seed
     best = None
     for x0 in starts:
         res = least_squares(residual, np.clip(x0, lower, np.minimum(upper, 1e12)), bounds=(lower, upper),
-                            method="trf", x_scale=1.0)
+                            method="trf", x_scale=1.0, **(ROBUST if robust else {}))
         if best is None or res.cost < best.cost:
             best = res
     return _terms(base, names, best.x), best
@@ -164,19 +171,21 @@ def error_table(rows: list[KernelRow], predicted: np.ndarray) -> dict:
     return out
 
 
-def cross_validated(rows: list[KernelRow], base: EngineTerms, names, folds: int = 5, seed: int = 0) -> np.ndarray:
+def cross_validated(rows: list[KernelRow], base: EngineTerms, names, folds: int = 5, seed: int = 0,
+                    robust: bool = False) -> np.ndarray:
     """Out-of-fold predictions: each row predicted by terms fitted without its fold."""
     order = np.random.default_rng(seed).permutation(len(rows))
     out = np.empty(len(rows))
     for k in range(min(folds, len(rows))):
         test = order[k::folds]
         train = np.setdiff1d(order, test)
-        terms = fit_terms([rows[i] for i in train], base, names, seed)
+        terms = fit_terms([rows[i] for i in train], base, names, seed, robust)
         out[test] = predict([rows[i] for i in test], terms)
     return out
 
 
-def leave_one_tp_out(rows: list[KernelRow], base: EngineTerms, names, seed: int = 0) -> np.ndarray | None:
+def leave_one_tp_out(rows: list[KernelRow], base: EngineTerms, names, seed: int = 0,
+                     robust: bool = False) -> np.ndarray | None:
     """Each TP's rows predicted by terms fitted on the other TPs (None with one TP)."""
     tps = sorted({r.tp for r in rows})
     if len(tps) < 2:
@@ -184,16 +193,16 @@ def leave_one_tp_out(rows: list[KernelRow], base: EngineTerms, names, seed: int 
     out = np.empty(len(rows))
     for tp in tps:
         test = [i for i, r in enumerate(rows) if r.tp == tp]
-        terms = fit_terms([r for r in rows if r.tp != tp], base, names, seed)
+        terms = fit_terms([r for r in rows if r.tp != tp], base, names, seed, robust)
         out[test] = predict([rows[i] for i in test], terms)
     return out
 
 
 def calibrate_steps(steps: list[MeasuredStep], model, cost_model: dict, fit=DEFAULT_FIT,
-                    base_engine=None, seed: int = 0, drop_unidentified: bool = False) -> dict:
+                    base_engine=None, seed: int = 0, drop_unidentified: bool = False, robust: bool = False) -> dict:
     """Fit the engine terms `fit` to `steps`; returns the engine file's content (terms, errors). With
     `drop_unidentified`, the terms the fit leaves unidentified (identify.droppable) are refused and the
-    rest refitted, until every fitted term moves some step on its own."""
+    rest refitted, until every fitted term moves some step on its own; `robust`: the soft_l1 loss (solve)."""
     names = tuple(dict.fromkeys(fit))
     bad = [n for n in names if n not in FITTABLE]
     if bad:
@@ -208,7 +217,7 @@ def calibrate_steps(steps: list[MeasuredStep], model, cost_model: dict, fit=DEFA
         names = tuple(n for n in names if n not in refused)
         if not names:
             raise ConfigError("fit", "at least one term the measured steps can identify", ", ".join(refused))
-        terms, best = solve(rows, base_terms, names, seed)
+        terms, best = solve(rows, base_terms, names, seed, robust)
         found = identification(best.jac, names, best.x, best.cost, *zip(*(bounds(n) for n in names)))
         drop = droppable(found, names) if drop_unidentified else {}
         if not drop:
@@ -218,14 +227,16 @@ def calibrate_steps(steps: list[MeasuredStep], model, cost_model: dict, fit=DEFA
     found["warnings"] = [f"{n}: refused: {why}" for n, why in refused.items()] + warnings_of(found)
     errors = {"in_sample": error_table(rows, predict(rows, terms)),
               "kernels_only": error_table(rows, np.array([r.gpu for r in rows])),
-              "cross_validated_5fold": error_table(rows, cross_validated(rows, base_terms, names, seed=seed))}
-    loo = leave_one_tp_out(rows, base_terms, names, seed)
+              "cross_validated_5fold": error_table(rows, cross_validated(rows, base_terms, names, seed=seed,
+                                                                         robust=robust))}
+    loo = leave_one_tp_out(rows, base_terms, names, seed, robust)
     if loo is not None:
         errors["leave_one_tp_out"] = error_table(rows, loo)
     return {"type": "engine", "terms": dataclasses.asdict(terms), "fitted": list(names),
             "base_engine": base.name, "base_cost_model": {"model": model if isinstance(model, str) else str(model),
                                                           "cost_model": cost_model},
-            "errors": errors, "identification": found, "domain": domain_of([r.step for r in rows], model)}
+            "errors": errors, "identification": found, "domain": domain_of([r.step for r in rows], model),
+            "loss": ROBUST if robust else {"loss": "linear"}}
 
 
 def _refused(rows: list[KernelRow], names, cost_model: dict) -> dict:
