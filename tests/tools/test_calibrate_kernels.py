@@ -175,3 +175,15 @@ def test_robust_fit_is_not_dragged_by_an_anomalous_step():
     off = {name: abs(report["terms"]["host_per_step_s"] / truth["host_per_step_s"] - 1)
            for name, report in (("plain", plain), ("robust", robust))}
     assert off["robust"] < 0.1 < 1.0 < off["plain"], off
+
+
+def test_identification_of_a_fit_with_fewer_values_than_terms():
+    from cbsim.tools.calibrate.identify import identification, warnings_of
+
+    jac = np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 2.0]])
+    found = identification(jac, ("a", "b", "c"), np.ones(3), 0.0, [0.0] * 3, [np.inf] * 3)
+    assert "2 measured values for 3 terms" in found["underdetermined"]
+    assert {t["status"] for t in found["terms"].values()} == {"confounded"}
+    assert warnings_of(found)[0] == found["underdetermined"]
+    clean = identification(np.eye(3), ("a", "b", "c"), np.ones(3), 0.0, [0.0] * 3, [np.inf] * 3)
+    assert "underdetermined" not in clean and {t["status"] for t in clean["terms"].values()} == {"identified"}

@@ -46,7 +46,10 @@ def identification(jac: np.ndarray, names, x: np.ndarray, cost: float, lower, up
                      if j != i and names[j] not in dict(partners)]
         terms[name] = {"status": _status(i, x, se, moved, partners, lower, upper), "se": float(se[i]),
                        "correlated": partners}
-    return {"condition_number": condition, "terms": terms}
+    out = {"condition_number": condition, "terms": terms}
+    if m < p:
+        out["underdetermined"] = f"{m} measured values for {p} terms: at most {m} combinations of them are identified"
+    return out
 
 
 def _flat_directions(jac: np.ndarray, norms: np.ndarray, moved: np.ndarray) -> tuple[float, list]:
@@ -54,7 +57,8 @@ def _flat_directions(jac: np.ndarray, norms: np.ndarray, moved: np.ndarray) -> t
     index = np.flatnonzero(moved)
     if not index.size:
         return float("inf"), []
-    _, singular, vt = np.linalg.svd(jac[:, index] / norms[index], full_matrices=False)
+    _, singular, vt = np.linalg.svd(jac[:, index] / norms[index], full_matrices=True)
+    singular = np.concatenate([singular, np.zeros(len(index) - len(singular))])  # fewer rows than terms: flat
     condition = float(singular[0] / singular[-1]) if singular[-1] > 0 else float("inf")
     flat = [[int(index[j]) for j in np.flatnonzero(np.abs(v) > MEMBER)]
             for s, v in zip(singular, vt) if s < FLAT_RATIO * singular[0]]
@@ -87,7 +91,7 @@ def _status(i: int, x, se, moved, partners, lower, upper) -> str:
 
 def warnings_of(report: dict) -> list[str]:
     """One line per term that is not identified, naming why."""
-    out = []
+    out = [report["underdetermined"]] if "underdetermined" in report else []
     for name, t in report["terms"].items():
         if t["status"] == "identified":
             continue
