@@ -24,6 +24,7 @@ from cbsim.sim.costmodels.domain import ExtrapolationWarning, outside
 from cbsim.sim.costmodels.engine import CLASS_TERMS, EngineTerms
 from cbsim.sim.shape import StepShape
 from cbsim.tools.calibrate.steps import DEFAULT_FIT, calibrate_steps
+from test_engine import TINY
 
 LLAMA = model_spec("llama-2-70b")
 SHAPES = [StepShape.from_batch(decode=[600 + 50 * b] * b) for b in (1, 4, 16, 64)] + \
@@ -129,13 +130,7 @@ def test_serving_fit_of_a_kernel_factor_stays_in_range_and_recovers_it():
     from cbsim.tools.calibrate.serving import calibrate_serving, simulate_metrics
     from cbsim.tools.compare.measured import MeasuredRun
 
-    tiny = {"model": "llama-3-8b", "cost_model": {"type": "roofline", "gpu": "h100", "engine": "none"},
-            "policy": {"name": "sarathi", "token_budget": 512},
-            "workload": {"num_requests": 40, "arrival": {"type": "poisson", "rate": 20},
-                         "prompt_len": {"type": "uniform", "min": 100, "max": 1500},
-                         "output_len": {"type": "fixed", "value": 20}},
-            "output": {"plots": False, "trace": False}}
-    cfg = load_config(tiny)
+    cfg = load_config(TINY)  # the engine tests' small sarathi run
     sim = simulate_metrics(cfg, {"gemm_scale": 0.7})
     run = MeasuredRun({k: sim[k] for k in ("ttft_mean", "itl_mean", "e2e_mean")}, source="truth")
     report = calibrate_serving([(cfg, run, [])], fit=("gemm_scale", "moe_scale", "collective_scale"), max_evals=40)
