@@ -6,8 +6,8 @@ None when every request arrives at once: a batch, not a rate), `capacity_request
 replicas complete in steady state) and `load_vs_capacity` (their ratio).
 
 The capacity is the steady state of each replica's own cost model at its batch limit for this run's
-mean request (prompt P, output O, read from the requests): B = min(max_num_seqs, KV tokens / (P + O/2))
-sequences at the mean context P + O/2; each request takes O decode slots of B in a decode step of B
+mean request (prompt P, output O, read from the requests): B = min(max_num_seqs, token_budget, KV tokens /
+(P + O/2)) sequences at the mean context P + O/2; each request takes O decode slots of B in a decode step of B
 sequences, plus what its prefill adds to a step it joins:
 
     1 / capacity = O * t(B decodes) / B + (t(B decodes + a P-token prefill) - t(B decodes))
@@ -29,10 +29,17 @@ def load_summary(pool, requests, mode: str = "colocated") -> dict:
     capacity = None
     if mode != "pd" and len(requests):
         prompt, output = float(requests["prompt_len"].mean()), float(requests["output_len"].mean())
-        capacity = sum(replica_capacity(r.cost, r.kv.num_blocks * r.kv.unit_tokens,
-                                        getattr(r.policy.config, "max_num_seqs", None), prompt, output) for r in pool)
+        capacity = sum(replica_capacity(r.cost, r.kv.num_blocks * r.kv.unit_tokens, _batch_cap(r.policy.config),
+                                        prompt, output) for r in pool)
     ratio = None if offered is None or not capacity else offered / capacity
     return {"offered_requests_per_s": offered, "capacity_requests_per_s": capacity, "load_vs_capacity": ratio}
+
+
+def _batch_cap(config) -> int | None:
+    """The most decode sequences a step of this policy holds: max_num_seqs, and the token budget (one
+    token each), whichever is set and smaller."""
+    caps = [c for c in (getattr(config, "max_num_seqs", None), getattr(config, "token_budget", None)) if c]
+    return min(caps) if caps else None
 
 
 def offered_rate(arrivals) -> float | None:
@@ -43,12 +50,12 @@ def offered_rate(arrivals) -> float | None:
     return (len(arrivals) - 1) / span if span > 0 else None
 
 
-def replica_capacity(cost, kv_tokens: int, max_num_seqs: int | None, prompt: float, output: float) -> float:
+def replica_capacity(cost, kv_tokens: int, max_batch: int | None, prompt: float, output: float) -> float:
     """Requests per second one replica completes in steady state (module docstring)."""
     resident = prompt + output / 2.0
     batch = max(1, int(kv_tokens // max(resident, 1.0)))
-    if max_num_seqs:
-        batch = min(batch, int(max_num_seqs))
+    if max_batch:
+        batch = min(batch, int(max_batch))
     context = max(1, int(round(resident)))
     decode = cost.step_time(StepShape.from_batch(decode=[context] * batch))
     joined = cost.step_time(StepShape.from_batch(prefill=[(max(1, int(round(prompt))), 0)], decode=[context] * batch))
