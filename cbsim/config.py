@@ -7,16 +7,18 @@ validated by their own registries), and raises ConfigError naming the file and t
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from cbsim.server import apply_server, describe
+from cbsim.core.bounds import MAX_YAML_BYTES, load_yaml
 
 from cbsim.core.errors import ConfigError
-from cbsim.policies import make_policy
+from cbsim.policies.registry import parse_policy
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.registry import DEFAULT_COST_MODEL
 from cbsim.sim.costmodels.catalog.lookup import model_spec
@@ -280,22 +282,24 @@ class ExperimentConfig:
     output: OutputConfig = option(OutputConfig(), help="what to write")
     sim: SimConfig = option(SimConfig(), help="simulator switches")
     source: str | None = field(default=None, repr=False, init=False)  # the file it came from
+    sections: Sections | None = field(default=None, repr=False, init=False, compare=False)  # parsed once
 
     def validate(self) -> None:
         check_name(self.name, "name")
         require(self.seed >= 0, "seed", "an integer >= 0 (numpy seeds are non-negative)", self.seed)
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data.pop("source")
-        return data
+        """The experiment as a plain mapping (config.yaml): every field but `source` and `sections`."""
+        return {f.name: asdict(value) if is_dataclass(value) else copy.deepcopy(value)
+                for f in fields(self) if f.name not in ("source", "sections") for value in [getattr(self, f.name)]}
 
 
 def check_name(name: str, path: str) -> None:
     """A run or sweep name becomes a folder under results/: one plain path component."""
     require(name.strip() != "" and name not in (".", "..") and not any(c in name for c in "/\\\0")
-            and name == name.strip(), path, "a folder name: not empty, no '/', '\\' or surrounding spaces, "
-            "not '.' or '..'", name)
+            and name == name.strip() and len(name.encode("utf-8", "surrogatepass")) <= 200, path,
+            "a folder name: not empty, at most 200 bytes (a file system's 255 less the suffixes cbsim adds), "
+            "no '/', '\\' or surrounding spaces, not '.' or '..'", name)
 
 
 MAX_DEPTH = 64  # deepest YAML nesting accepted (experiment files use fewer than 10 levels)
@@ -333,14 +337,18 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def parse_yaml(text: str):
-    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting."""
-    return yaml.load(text, Loader=_StrictLoader)
+    """A YAML document as Python data (safe types only); ConfigError for duplicate keys or deep nesting,
+    YamlBoundsError (a yaml.YAMLError) for a document too large or whose aliases expand too far."""
+    return load_yaml(text, _StrictLoader)
 
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("<file>", "an existing YAML file", str(path))
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise ConfigError("<file>", f"a YAML file of at most {MAX_YAML_BYTES // 2**20} MiB", has_got=False,
+                          file=str(path))
     try:
         data = parse_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -400,11 +408,44 @@ def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
     return config
 
 
+@dataclass(frozen=True)
+class Sections:
+    """The sections a registry owns, parsed once when the config is loaded (load_config): the model's
+    spec, each pool's cost model and policy ("cluster", or "prefill" and "decode"), the workload. The
+    composition root (build.py) builds a run from them instead of parsing the mappings again."""
+
+    key: str  # the mappings they were parsed from, as JSON: a changed mapping is parsed afresh
+    model: object  # ModelSpec
+    cost_models: dict  # pool -> cost model
+    policies: dict  # pool -> PolicySpec (policies/registry.py)
+    workload: object  # WorkloadConfig
+
+
 def validate_sections(config: ExperimentConfig) -> None:
-    """Validate the sections owned by registries by building them once (cheap, no I/O)."""
+    """Validate the sections owned by registries by parsing them, once: config.sections keeps them."""
+    config.sections = _parse_sections(config)
+    if not isinstance(config.metrics, MetricsConfig):
+        config.metrics = parse(MetricsConfig, config.metrics, "metrics")
+
+
+def parsed_sections(config: ExperimentConfig) -> Sections:
+    """The config's parsed sections (parsed now if the config was built or changed after loading)."""
+    if config.sections is None or config.sections.key != _sections_key(config):
+        config.sections = _parse_sections(config)
+    return config.sections
+
+
+def _sections_key(config: ExperimentConfig) -> str:
+    pools = {name: asdict(section) if section is not None else None
+             for name in ("prefill", "decode") for section in [getattr(config.cluster, name, None)]}
+    return json.dumps([config.model, config.cost_model, config.policy, config.workload, config.cluster.mode,
+                       config.cluster.max_model_len, pools], sort_keys=True, default=repr)
+
+
+def _parse_sections(config: ExperimentConfig) -> Sections:
     model = model_spec(config.model, "model")
-    load_cost_model(config.cost_model, model)
-    make_policy(config.policy)
+    cost_models = {"cluster": load_cost_model(config.cost_model, model)}
+    policies = {"cluster": parse_policy(config.policy)}
     if config.cluster.mode == "pd":
         for name in ("prefill", "decode"):
             path = f"cluster.{name}"
@@ -412,15 +453,14 @@ def validate_sections(config: ExperimentConfig) -> None:
             if policy.get("name") == "static":
                 raise ConfigError(f"{path}.policy.name", "an iteration-level policy (static batching holds a "
                                   "batch until its longest member finishes, which a P/D pool cannot do)", "static")
-            make_policy(policy, f"{path}.policy")
+            policies[name] = parse_policy(policy, f"{path}.policy")
             try:
-                load_cost_model(pool_cost_model(config, name), model)
+                cost_models[name] = load_cost_model(pool_cost_model(config, name), model)
             except ConfigError as err:
                 raise err.under(path)
     workload = parse_workload(config.workload, "workload")
     check_lengths(workload, config.cluster.max_model_len or model.max_model_len)
-    if not isinstance(config.metrics, MetricsConfig):
-        config.metrics = parse(MetricsConfig, config.metrics, "metrics")
+    return Sections(_sections_key(config), model, cost_models, policies, workload)
 
 
 def pool_policy(config: ExperimentConfig, pool: str) -> dict:

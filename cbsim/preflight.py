@@ -1,7 +1,7 @@
 """What `cbsim validate` checks beyond the config itself: everything `cbsim run` can reject before
 simulating. It opens every file the experiment reads (trace rows, profiles) and builds what a run
-builds first (the workload when it reads a file, every replica's cost model, KV cache size and cost
-noise), so `validate` says ok only where `run` gets as far as simulating. It also probes the step
+builds first (the workload, whose arrivals must fit the simulated clock; every replica's cost model,
+KV cache size and cost noise), so `validate` says ok only where `run` gets as far as simulating. It also probes the step
 and transfer times a run will schedule at their extremes (sim/durations.py), so a profile or
 bandwidth that `run` would reject at its first step is rejected here. `check_writable` does the
 same for an output folder: a run must not simulate for minutes and then fail to write.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cbsim.api import build_replica_parts, step_noise
+from cbsim.build import build_replica_parts, step_noise
 from cbsim.config import ExperimentConfig
 from cbsim.core.errors import ConfigError
 from cbsim.pools import pool_config
@@ -29,13 +29,11 @@ def preflight(cfg: ExperimentConfig) -> dict[str, int] | None:
     rng = np.random.default_rng(cfg.seed)
     try:
         workload = parse_workload(cfg.workload, "workload")
-        dropped = None
-        if reads_file(workload):
-            base_dir = Path(cfg.source).parent if cfg.source else None
-            _, dropped = build_workload(workload, rng, base_dir)
-        configs = [pool_config(cfg, pool) for pool in ("prefill", "decode")] if cfg.cluster.mode == "pd" else [cfg]
-        for config in configs:
-            model, cost, _, settings = build_replica_parts(config)
+        base_dir = Path(cfg.source).parent if cfg.source else None
+        _, dropped = build_workload(workload, rng, base_dir)  # synthetic too: its arrivals must fit the clock
+        for pool in ("prefill", "decode") if cfg.cluster.mode == "pd" else ("cluster",):
+            config = pool_config(cfg, pool) if pool != "cluster" else cfg
+            model, cost, _, settings = build_replica_parts(cfg, pool)
             step_noise(config, cost, rng)
             probe_step_times(cost, settings.max_model_len)
             longest = settings.max_model_len * kv_bytes_per_gpu(config, model, cost)
@@ -66,12 +64,6 @@ def probe_transfer(key: str, bandwidth: float, latency: float, nbytes: float) ->
     """DurationError at `key` unless moving `nbytes` (one request's whole KV) over a link of
     `bandwidth` bytes/s and `latency` s ends within the simulated clock's range."""
     check_transfer(key, 0.0, latency + nbytes / bandwidth, nbytes, " (probed with one request's whole KV)")
-
-
-def reads_file(workload) -> bool:
-    """Whether a parsed workload reads a trace file (as its source or for empirical lengths)."""
-    lengths = (workload.prompt_len, workload.output_len)
-    return workload.trace is not None or any(getattr(spec, "trace", None) is not None for spec in lengths)
 
 
 def check_writable(folder: str | Path, key: str) -> None:

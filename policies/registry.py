@@ -1,13 +1,16 @@
 """Policies by name: one decorator, `@register("sarathi")`, on a class with a nested `Config`.
 
 Adding a policy touches one file: the class, its Config dataclass (fields made with
-cbsim.core.schema.option, each with help text) and the decorator. `make_policy(mapping)` builds one
-from the experiment's `policy:` mapping; `policy_help()` lists them all for `cbsim policies`.
+cbsim.core.schema.option, each with help text) and the decorator. `parse_policy(mapping)` reads the
+experiment's `policy:` mapping once, where the config is loaded, into a PolicySpec (the class and its
+typed Config); each replica then builds its own policy from it (`spec.build()`). `make_policy(mapping)`
+does both at once; `policy_help()` lists every policy for `cbsim policies`.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass
 
 from cbsim.core.errors import ConfigError
 from cbsim.core.registry import Registry
@@ -26,8 +29,20 @@ def load_all() -> dict[str, type]:
     return POLICIES
 
 
-def make_policy(mapping, path: str = "policy"):
-    """Build the policy a YAML `policy:` mapping names; ConfigError on bad input."""
+@dataclass(frozen=True)
+class PolicySpec:
+    """A `policy:` mapping parsed once: the registered class and its validated, typed Config."""
+
+    cls: type
+    config: object  # cls.Config, every field checked
+
+    def build(self):
+        """A fresh policy (one per replica: a policy may keep per-replica state)."""
+        return self.cls(self.config)
+
+
+def parse_policy(mapping, path: str = "policy") -> PolicySpec:
+    """The PolicySpec a YAML `policy:` mapping names; ConfigError (naming `path`) on bad input."""
     load_all()
     cls = POLICIES.lookup(mapping, path)
     options = {k: v for k, v in mapping.items() if k != "name"}
@@ -36,7 +51,12 @@ def make_policy(mapping, path: str = "policy"):
             if canonical in options:
                 raise ConfigError(f"{path}.{alias}", f"either {alias} or {canonical}, not both", options[alias])
             options[canonical] = options.pop(alias)
-    return cls(parse(cls.Config, options, path))
+    return PolicySpec(cls, parse(cls.Config, options, path))
+
+
+def make_policy(mapping, path: str = "policy"):
+    """Build the policy a YAML `policy:` mapping names; ConfigError on bad input."""
+    return parse_policy(mapping, path).build()
 
 
 def policy_help() -> list[tuple[str, str, list]]:

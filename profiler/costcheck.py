@@ -10,12 +10,12 @@ class (decode, prefill, mixed, long) and overall. Rows default to the held-out o
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 
 from cbsim.sim.costmodels.fitted import FittedCostModel
@@ -56,7 +56,7 @@ def load_model(profile_path):
     """The cost model a profile JSON describes (its 'type': fitted or vidur)."""
     path = Path(profile_path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounds.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as err:  # missing, not UTF-8, not JSON
         raise ConfigError("<file>", "a profile JSON (fitted or vidur)", str(err), file=str(path)) from None
     kind = data.get("type") if isinstance(data, dict) else None

@@ -37,6 +37,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 import cbsim
+from cbsim.core.atomic import write_file_atomic
 from cbsim.core.errors import ConfigError
 
 from cbsim.profiler.costcheck import error_table
@@ -378,4 +379,4 @@ def write_profile(profile: dict, path) -> None:
     """Write a profile as indented JSON."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, indent=1) + "\n")
+    write_file_atomic(path, lambda tmp: tmp.write_text(json.dumps(profile, indent=1) + "\n"))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 
 
@@ -255,7 +256,7 @@ def read_batches(path) -> list[Batch]:
             continue
         key = f"line {number}"
         try:
-            item = json.loads(line)
+            item = bounds.loads(line)
             if not isinstance(item, dict) or set(item) - {"prefill", "decode"}:
                 raise ValueError("keys other than prefill/decode")
             out.append(make_batch(item.get("prefill", []), item.get("decode", []), "heldout"))

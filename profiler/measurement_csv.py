@@ -6,12 +6,12 @@ here, so neither imports the other for it.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 
 REQUIRED_COLUMNS = ("batch_id", "cls", "source", "prefill", "decode", "layer_s_median")
@@ -33,7 +33,10 @@ def load_measurements(csv_path) -> tuple[pd.DataFrame, dict]:
     meta = {}
     for candidate in (path.parent / "metadata.json", path.with_suffix(".json"), path.with_name(path.stem + ".metadata.json")):
         if candidate.exists():
-            meta = json.loads(candidate.read_text())
+            try:
+                meta = bounds.loads(candidate.read_text())
+            except (OSError, ValueError) as err:  # not UTF-8, not JSON, nested too deep
+                raise ConfigError("<file>", "a JSON object of measurement metadata", str(err), file=str(candidate)) from None
             break
     return frame, meta
 

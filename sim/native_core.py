@@ -11,7 +11,8 @@ is (its annotations are what mypyc needs): 10,000 reference requests take ~20 % 
     python -m cbsim.sim.native_core status
 
 `build` compiles a copy of prompt_run.py named `_prompt_run_native`, stamped with the source's
-sha256, into the package's folder (beside prompt_run.py, wherever the package is installed). `core`
+sha256, into the package's folder; each file is written to a temporary name and renamed, then
+`_prompt_run_native.stamp.json` records the source's and every file's sha256, checked before loading (beside prompt_run.py, wherever the package is installed). `core`
 is that compiled copy when it was built from the source as it is now, else prompt_run itself: an edited
 source is never shadowed by an old build (it warns once and runs the plain module). CBSIM_NATIVE=0 turns
 the compiled core off.
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -32,6 +35,8 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from cbsim.core.atomic import OutputError, write_file_atomic
 
 from cbsim.sim import prompt_run
 
@@ -44,8 +49,18 @@ def source_digest(path: Path = SOURCE) -> str:
 
 
 def load():
-    """The prompt-run module to use: the compiled copy, where it exists, is on and fresh; else the plain one."""
+    """The prompt-run module to use: the compiled copy, where it exists, is on, whole and fresh; else the
+    plain one. Its files are checked against their stamp before it is imported: loading a library cut
+    short (an interrupted copy) would end the process with SIGBUS, past any Python error handling."""
     if os.environ.get("CBSIM_NATIVE", "1") == "0":
+        return prompt_run
+    folder = built_folder()
+    if folder is None:
+        return prompt_run
+    problem = check_build(folder)
+    if problem:
+        warnings.warn(f"the compiled core in {folder} {problem}: running the plain module (rebuild: python -m "
+                      f"{__package__}.native_core build)", stacklevel=2)
         return prompt_run
     try:
         native = importlib.import_module(f"{__package__}.{NATIVE}")
@@ -77,8 +92,48 @@ def build(target: Path | None = None) -> list[Path]:
         if done.returncode != 0:
             raise RuntimeError(f"mypyc failed ({' '.join(command)}):\n{done.stdout}{done.stderr}")
         built = sorted(package.glob(f"{NATIVE}*.so")) + sorted(package.glob(f"{NATIVE}*.pyd"))
-        target.mkdir(parents=True, exist_ok=True)
-        return [Path(shutil.copy2(path, target / path.name)) for path in built]
+        return install(built, target)
+
+
+STAMP = f"{NATIVE}.stamp.json"  # beside the compiled files: the source's digest and each file's
+
+
+def install(built: list[Path], target: Path) -> list[Path]:
+    """Copy the compiled files into `target`, each atomically (a running process keeps the library it
+    mapped; a new one never finds a file cut short), then write their stamp, last."""
+    stale = target / STAMP  # first: from here until the new stamp, no process loads a mixture
+    if stale.exists():
+        stale.unlink()
+    written = [write_file_atomic(target / path.name, lambda tmp, path=path: shutil.copy2(path, tmp))
+               for path in built]
+    digests = {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in written}
+    record = json.dumps({"source_sha256": source_digest(), "files": digests}, indent=1) + "\n"
+    return written + [write_file_atomic(target / STAMP, lambda tmp: tmp.write_text(record))]
+
+
+def built_folder() -> Path | None:
+    """The folder holding the compiled copy import would load, found without loading it; None if none."""
+    try:
+        spec = importlib.util.find_spec(f"{__package__}.{NATIVE}")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
+
+
+def check_build(folder: Path) -> str | None:
+    """Why the compiled files in `folder` must not be loaded (no stamp, another source, a file missing or
+    not as built), or None."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text())
+        files = stamp["files"]
+        if stamp["source_sha256"] != source_digest():
+            return "was built from another sim/prompt_run.py"
+        for name, digest in files.items():
+            if hashlib.sha256((folder / name).read_bytes()).hexdigest() != digest:
+                return f"has {name} not as it was built (cut short or changed)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"has no readable {STAMP} (an interrupted build)"
+    return None
 
 
 core = load()
@@ -92,7 +147,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["build"]:
         try:
             written = build()
-        except RuntimeError as err:  # no mypyc, no C compiler: mypyc's own words, no traceback
+        except (RuntimeError, OutputError) as err:  # no mypyc, no C compiler, a full disk: one message, no traceback
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         for path in written:

@@ -114,6 +114,34 @@ def run_pd_cluster(requests, prefill, decode, link=None, check=None, max_time=No
     return recorder, replicas, cluster
 
 
+# A run of a few requests on the linear cost model, in a second: the experiment the CLI tests change.
+TINY_EXPERIMENT = {
+    "name": "tiny", "seed": 3, "cost_model": {"type": "linear", "base": 0.01, "per_token": 1e-4},
+    "cluster": {"kv_cache": {"num_blocks": 400}}, "policy": {"name": "sarathi", "token_budget": 128},
+    "workload": {"num_requests": 5, "arrival": {"type": "poisson", "rate": 20.0},
+                 "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 5}},
+    "output": {"plots": False},
+}
+
+
+def cli(*args):
+    """`cbsim ARGS` in this process (typer's runner), every argument as text."""
+    from typer.testing import CliRunner
+
+    from cbsim.cli.app import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def write_experiment(folder, data: dict, name: str = "exp.yaml"):
+    """`data` as a YAML experiment file in `folder`; its path."""
+    import yaml
+
+    path = folder / name
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    return path
+
+
 def assert_user_error(result, *needles):
     """Exit code 2, one line on stderr naming every needle, no traceback."""
     assert result.exit_code == 2, (result.exit_code, result.output, result.exception)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cbsim.core.errors import ConfigError
+from cbsim.sim.durations import CLOCK_LIMIT
 from cbsim.sim.request import Request
 from cbsim.sim.request_table import RequestTable
 
@@ -80,6 +81,8 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
     else:
         *columns, groups = _synthetic(cfg, rng, base_dir, path)
         requests, sessions = make(*columns), _renumber(groups, columns[0])
+    if cfg.source != "requests":
+        _check_clock(columns[0], f"{path}.trace" if cfg.source == "trace" else f"{path}.arrival")
     clients = _clients(cfg, requests, sessions, rng)
     if cfg.tenants:
         _draw_tenants(cfg.tenants, requests, rng)
@@ -97,6 +100,16 @@ def _draw_tenants(mix: dict, requests: list[Request], rng: np.random.Generator) 
     weights = np.array([float(mix[n]) for n in names])
     for req, k in zip(requests, rng.choice(len(names), size=len(requests), p=weights / weights.sum())):
         req.tenant = str(names[k])
+
+
+def _check_clock(arrivals: np.ndarray, key: str) -> None:
+    """ConfigError at `key` unless every arrival is within the simulated clock's range (sim/durations.py):
+    a rate or time scale of 1e-300, or a trace row in year 9999, would otherwise pass and fail at the first
+    step, blamed on the cost model."""
+    last = float(np.max(arrivals)) if len(arrivals) else 0.0
+    if not last < CLOCK_LIMIT:
+        raise ConfigError(key, f"arrivals within the simulated clock's range ({CLOCK_LIMIT:.3g} s, 136 years; "
+                          "check the rate, time scale or timestamps)", f"an arrival at {last:.3g} s")
 
 
 def _draw_adapters(mix: dict, requests: list[Request], rng: np.random.Generator) -> None:

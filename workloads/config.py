@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from cbsim.core.errors import ConfigError, missing
 from cbsim.core.schema import coerce, option, parse, require
+from cbsim.sim.durations import CLOCK_LIMIT
 
 from cbsim.workloads.arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
 from cbsim.workloads.lengths import LENGTHS, LengthConfig
@@ -48,7 +49,8 @@ class ExplicitRequest:
                                                "...], sorted, within the prompt (policies/encoder.py); null: none")
 
     def validate(self):
-        require(self.arrival >= 0, "arrival", "a time >= 0", self.arrival)
+        require(0 <= self.arrival < CLOCK_LIMIT, "arrival", f"a time >= 0 and below {CLOCK_LIMIT:.3g} s (the "
+                "simulated clock's range, sim/durations.py)", self.arrival)
         require(self.prompt_len >= 1, "prompt_len", "a length >= 1", self.prompt_len)
         require(self.output_len >= 1, "output_len", "a length >= 1", self.output_len)
         if self.mm_inputs is not None:
@@ -252,10 +254,10 @@ def _check_synthetic(cfg: WorkloadConfig, path: str) -> None:
                                 "'prompt_len' and 'output_len'", has_got=False)
     if cfg.num_requests is None and not isinstance(cfg.arrival, StagesArrival):
         raise missing(f"{path}.num_requests", "int >= 1 (optional only with arrival type stages)")
-    if cfg.num_requests is None:
+    if isinstance(cfg.arrival, StagesArrival):  # with num_requests too: the process draws the stages' arrivals
         require(cfg.arrival.expected <= MAX_REQUESTS, f"{path}.arrival.stages",
                 f"stages holding at most {MAX_REQUESTS:,} arrivals (sum of rate * duration)", cfg.arrival.expected)
-    else:
+    if cfg.num_requests is not None:
         require(1 <= cfg.num_requests <= MAX_REQUESTS, f"{path}.num_requests",
                 f"an integer >= 1 and <= {MAX_REQUESTS:,}", cfg.num_requests)
     for name in ("arrival", "prompt_len", "output_len"):

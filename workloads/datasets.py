@@ -28,12 +28,12 @@ missing column, a malformed row) is a ConfigError naming the file, the key and t
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 
 from cbsim.workloads.multimodal import check_mm_inputs, parse_mm_inputs
@@ -156,7 +156,7 @@ def _csv_hashes(cell, line: int, key: str, path: Path) -> tuple[int, ...]:
         return ()
     text = str(cell).strip()
     try:
-        values = json.loads(text) if text.startswith("[") else text.split()
+        values = bounds.loads(text) if text.startswith("[") else text.split()
         return tuple(int(v) for v in values)
     except (ValueError, TypeError):
         raise ConfigError(f"{key} (line {line}).prefix_hashes", "integers separated by spaces, or a JSON list",
@@ -221,7 +221,7 @@ def read_vllm_bench(path: Path, key: str, counter=None) -> TraceData:
 def _load_json(path: Path, key: str, expected: str):
     try:
         with open(path, "rb") as handle:
-            return json.load(handle)
+            return bounds.loads(handle.read())
     except (ValueError, OSError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ConfigError(key, expected, str(err), file=str(path)) from None
 

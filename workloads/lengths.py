@@ -57,6 +57,7 @@ class LognormalLength:
     def validate(self):
         require(self.median > 0, "median", "a median > 0", self.median)
         require(self.sigma >= 0, "sigma", "a sigma >= 0", self.sigma)
+        self.sigma = abs(self.sigma)  # -0.0 passes >= 0, but numpy's lognormal refuses its sign bit
         _check_bounds(self.min, self.max)
         inside = _lognormal_mass(self)
         require(inside >= MIN_INSIDE_MASS, "max" if self.max is not None else "min",

@@ -18,12 +18,12 @@ that one encoder input fills (policies/encoder.py schedules them). Three sources
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, require
 from cbsim.sim.request import Request
@@ -78,7 +78,7 @@ def parse_mm_inputs(cell, where: str) -> MMInputs | None:
     if isinstance(cell, str):
         text = cell.strip()
         try:
-            pairs = json.loads(text) if text.startswith("[") else [[int(v) for v in item.split(":")]
+            pairs = bounds.loads(text) if text.startswith("[") else [[int(v) for v in item.split(":")]
                                                                      for item in text.split()]
         except ValueError:
             raise ConfigError(where, "a JSON list of [offset, length] pairs or 'offset:length' items", cell) from None

@@ -3,7 +3,6 @@ TraceData rows, the rules that drop rows that cannot be a request (UNREADABLE, e
 CSV, JSON-lines and number parsing that name the file and key on a bad value."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 
 MAX_LENGTH = 2 ** 53  # longer "lengths" are corrupt rows (and no longer exact as floats)
@@ -68,7 +68,7 @@ def read_json_lines(path: Path, key: str, expected: str, parse) -> list:
             try:
                 line = raw.decode("utf-8")
                 if line.strip():
-                    out.append(parse(json.loads(line)))
+                    out.append(parse(bounds.loads(line)))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 raise ConfigError(f"{key} (line {number})", expected, str(err), file=str(path)) from None
     return out

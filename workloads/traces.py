@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cbsim.core.errors import ConfigError
 from cbsim.workloads.datasets import READERS, read_sharegpt_json
 from cbsim.workloads.readers import TraceData, numeric_column, read_csv_columns, read_json_lines, json_number, trace_rows
+from cbsim.core.errors import ConfigError
 
 TIMED_FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "generic_csv", "generic_jsonl")
 LENGTH_ONLY_FORMATS = ("sharegpt", "arxiv", "sharegpt_json", "vllm_bench")

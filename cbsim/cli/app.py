@@ -51,12 +51,16 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
-                                   "2 s reports every 5 s)")):
+                                   "2 s reports every 5 s)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that holds other files "
+                                       "(cbsim's own earlier results are replaced without it)")):
     """Run one experiment and write its results folder."""
+    from cbsim.sim.metrics import cut_warning
     from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
 
     from cbsim.api import run_experiment
     from cbsim.config import load_config
+    from cbsim.core.atomic import check_target, locked
     from cbsim.preflight import check_writable
 
     cfg = load_config(file, set_)
@@ -65,16 +69,21 @@ def run(file: Path = typer.Argument(..., help="experiment YAML"),
         check_writable(target, "--out" if out else "output.dir" if cfg.output.dir else "name")
     except ConfigError as err:
         raise err.in_file(str(file)) if not out else err
-    results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress())
+    key = "--out" if out else "output.dir" if cfg.output.dir else "name"
+    check_target(target, key, overwrite)  # refused before simulating, and no other writer while it runs
+    with locked(target):
+        results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress(), overwrite=overwrite)
     typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:
         typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
-    for key in ("num_timed_out", "token_lengths"):  # client timeouts; how a text dataset was counted
+    for key in ("num_timed_out", "token_lengths", "rejected_reasons", "cut_at_max_time"):  # beyond the table
         if key in results.summary:
             typer.echo(f"{key:<{width}}  {results.summary[key]}")
+    if cut_warning(results.summary):
+        typer.secho(cut_warning(results.summary), fg=typer.colors.YELLOW, err=True)
     for line in drop_warnings(results.summary.get("dropped_rows")):
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
     from cbsim.sim.metrics.knee import knee_note  # lazy, as the run's other imports (module docstring)

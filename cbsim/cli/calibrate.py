@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import typer
 
+from cbsim.core.atomic import write_file_atomic
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.profiler.converters.step_table import read_steps, step_row
 
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
         _check_out(out)
         report = _from_steps(steps, cost_model, names, engine, drop_unidentified, robust) if steps else \
             _from_serving(serving, holdout or [], names, engine, max_evals)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_file_atomic(out, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
         typer.echo(_summary(report))
         for line in report.get("identification", {}).get("warnings", []):
             typer.echo(f"warning: {line}", err=True)
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
 
         rows, notes = read_splitwise(csv)
         _check_out(out)
-        out.write_text("".join(json.dumps(step_row(r)) + "\n" for r in rows))
+        write_file_atomic(out, lambda tmp: tmp.write_text("".join(json.dumps(step_row(r)) + "\n" for r in rows)))
         for note in notes:
             typer.echo(f"note: {note}", err=True)
         typer.echo(f"{len(rows)} steps: {out}")

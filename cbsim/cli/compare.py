@@ -25,13 +25,19 @@ def register(app: typer.Typer) -> None:
                         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: "
                                                            "results/<name>-compare)"),
                         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: "
-                                                                 "policy.token_budget=1024")):
+                                                                 "policy.token_budget=1024"),
+                        overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that "
+                                                       "holds other files")):
         """Run an experiment and compare its TTFT, TPOT, ITL, E2E and throughput with a measured benchmark."""
         from cbsim.tools.compare.compare import compare, write
 
+        from cbsim.core.atomic import check_target
+
+        if out is not None:  # refused before simulating
+            check_target(out, "--out", overwrite)
         result = compare(experiment, measured, overrides=set_)
         target = out or Path("results") / f"{result.results.config.name}-compare"
-        write(result, target)
+        write(result, target, overwrite)
         typer.echo(f"measured: {result.measured.source} ({result.measured.format})")
         for note in result.notes:
             typer.echo(f"note: {note}")

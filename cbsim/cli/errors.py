@@ -7,18 +7,26 @@ import functools
 
 import typer
 
-from cbsim.core.errors import ConfigError
+from cbsim.core.atomic import OutputError
+
+from cbsim.core.errors import ConfigError, RunAborted
 
 
 def user_errors(func):
-    """Turn ConfigError (and a missing file) into a clean message and exit code 2."""
+    """Turn ConfigError (and a missing file), OutputError (a results folder that cannot be written as
+    asked: cbsim/core/atomic.py), RunAborted (a worker died) and any other OSError (a full disk, no
+    permission) into a one-line message and exit code 2."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except ConfigError as err:
+        except (ConfigError, OutputError, RunAborted) as err:
             typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+        except OSError as err:  # the machine, not the input: a full disk, a name too long, no permission
+            where = f"{err.filename}: " if err.filename else ""
+            typer.secho(f"error: {where}{err.strerror or err}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
 
     return wrapper

@@ -54,7 +54,9 @@ def fit_command(
         profile = fit_profile(frame, meta, csv_path=csv, num_layers=num_layers, tp=tp, hidden=hidden, model=model,
                               gpu=gpu, step_overhead=step_overhead, graph=graph, folds=folds, network=network,
                               allreduce_bandwidth=allreduce_bandwidth, tiles=tiles.split(","))
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except ConfigError as err:  # what the fit found missing in the measurements names their file
+        _fail(err.in_file(str(csv)))
+    except (ValueError, FileNotFoundError) as err:
         _fail(err)
     write_profile(profile, out)
     val = profile["validation"]

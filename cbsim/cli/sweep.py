@@ -14,6 +14,7 @@ import typer
 import yaml
 
 from cbsim.cli.errors import user_errors
+from cbsim.core.atomic import write_file_atomic
 from cbsim.core.errors import ConfigError
 from cbsim.sim.outputs.progress import Progress
 
@@ -36,6 +37,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bars
 
+    from cbsim.core.atomic import locked
     from cbsim.preflight import check_writable
     from cbsim.tools.sweep.sweep import load_sweep, run_sweep
 
@@ -44,7 +46,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Bars(*columns, transient=False) as progress:
+    with locked(target), Bars(*columns, transient=False) as progress:  # one sweep writes a folder at a time
         task = progress.add_task(spec.name, total=None)
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
@@ -89,6 +91,8 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     limits = {}
     for item in slo:
         name, _, value = item.partition("=")
+        if name.strip() in limits:  # the second would silently replace the first
+            raise ConfigError("--slo", f"each metric once (a second limit on {name.strip()})", item)
         try:
             limits[name.strip()] = float(value)
         except ValueError:
@@ -113,7 +117,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     if out is not None:
         frames = [r.points.assign(policy=label) for label, r in results.items()]
         out.parent.mkdir(parents=True, exist_ok=True)
-        pd.concat(frames, ignore_index=True).to_csv(out, index=False)
+        write_file_atomic(out, lambda tmp: pd.concat(frames, ignore_index=True).to_csv(tmp, index=False))
         typer.echo(f"probes: {out}")
 
 

@@ -28,6 +28,7 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
     rerun resumes."""
     import time
 
+    from cbsim.core.atomic import locked
     from cbsim.preflight import check_writable
     from cbsim.cli.sweep import check_parallel_options
     from cbsim.tools.tune.tune import load_tune, run_tune
@@ -53,9 +54,10 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
                        f"{len(outcome.candidates)} candidates): {outcome.why}")
 
     typer.echo(f"tune {spec.name}: stages in their fixed order (docs/howto/tune-sla.md)")
-    result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
-                      retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
-    files = write_outputs(result, target, plots=plots)
+    with locked(target):  # one tune writes a folder at a time (cbsim/core/atomic.py)
+        result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
+                          retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
+        files = write_outputs(result, target, plots=plots)
     best = result.best.record
     rate, gpus = best.get("rate"), best["num_gpus"]
     capacity = "none" if rate is None else f"{rate:.4g} req/s on {gpus} GPUs ({rate / gpus:.4g} per GPU)"

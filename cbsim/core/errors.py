@@ -2,6 +2,8 @@
 without a traceback and exits with code 2."""
 from __future__ import annotations
 
+from cbsim.core.bounds import short_repr
+
 
 class ConfigError(ValueError):
     def __init__(self, path: str, expected: str, got=None, file: str | None = None, has_got: bool = True):
@@ -14,7 +16,7 @@ class ConfigError(ValueError):
 
     def _message(self) -> str:
         where = f"{self.file}: " if self.file else ""
-        got = f", got {self.got!r}" if self.has_got else ""
+        got = f", got {short_repr(self.got)}" if self.has_got else ""  # one line of it, however large
         return f"{where}{self.path}: expected {self.expected}{got}"
 
     def in_file(self, file: str | None) -> "ConfigError":
@@ -29,6 +31,11 @@ class ConfigError(ValueError):
         """The same error with its key path nested under `prefix`."""
         path = f"{prefix}.{self.path}" if self.path != "<root>" else prefix
         return ConfigError(path, self.expected, self.got, self.file, self.has_got)
+
+
+class RunAborted(Exception):
+    """A run that cannot go on for a reason outside its input (a worker process died); the message is one
+    line saying what happened and how to resume. The CLI prints it like a ConfigError (exit code 2)."""
 
 
 def missing(path: str, expected: str) -> ConfigError:

@@ -67,6 +67,8 @@ def apply_server(data: dict) -> tuple[dict, Resolution | None]:
     merged.setdefault("cost_model", copy.deepcopy(DEFAULT_COST_MODEL))  # its GPU sets defaults; the engine goes in
     context = _context(merged, flags.get(model_flag), _version(version) if version else None)
     settings, explicit = module.resolve(flags, context, "server.args")
+    if hasattr(module, "check_startup"):  # what the engine itself refuses to start with
+        module.check_startup(settings, settings.get("cluster.max_model_len") or context.max_model_len, "server.args")
     for key, value in settings.items():
         _merge(merged, key, value, key in explicit)
     return merged, Resolution(engine, version, settings, frozenset(explicit), tuple(ignored))
@@ -79,7 +81,7 @@ def _check(server) -> tuple[str, str | None, object]:
         if key not in KEYS:
             raise ConfigError(f"server.{key}", "one of the keys " + ", ".join(KEYS), has_got=False)
     engine = server.get("engine")
-    if engine not in ENGINES:
+    if not isinstance(engine, str) or engine not in ENGINES:  # a mapping or list is no engine name (nor hashable)
         raise ConfigError("server.engine", "one of " + ", ".join(ENGINES), engine)
     version = server.get("version")
     if version is not None:

@@ -43,6 +43,7 @@ ARG_UTILS = "vllm/engine/arg_utils.py @99d7eb5d"
 SCHED = "vllm/config/scheduler.py @01230b40"
 CACHE = "vllm/config/cache.py @01230b40"
 PARALLEL = "vllm/config/parallel.py @01230b40"
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # CACHE: BlockSize = Literal[1, 8, 16, 32, 64, 128, 256], the flag's choices
 MODEL = "vllm/config/model.py"
 LORA = "vllm/config/lora.py"
 GMU_092_FROM = (0, 25)  # gpu_memory_utilization 0.92 by v0.25.0 (vllm/config/cache.py @002f10e0)
@@ -167,9 +168,27 @@ def _check_supported(flags: dict, path: str) -> None:
     if flags.get("scheduling-policy", "fcfs") != "fcfs":
         raise ConfigError(f"{path} --scheduling-policy", "fcfs (cbsim's sarathi has no priority-ordered waiting "
                           "queue yet)", flags["scheduling-policy"])
+    if flags.get("block-size", 16) not in BLOCK_SIZES:
+        raise ConfigError(f"{path} --block-size", f"one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's choices: "
+                          f"BlockSize in {CACHE})", flags["block-size"])
     if flags.get("kv-cache-dtype", "auto") not in ("auto", "bfloat16"):
         raise ConfigError(f"{path} --kv-cache-dtype", "auto or bfloat16 (cbsim's KV cache is 16-bit here)",
                           flags["kv-cache-dtype"])
+
+
+def check_startup(settings: dict, max_len: int, path: str) -> None:
+    """What vLLM refuses at startup among resolved settings (SchedulerConfig.verify_max_model_len,
+    vllm/config/scheduler.py @01230b40): a token budget below max_num_seqs, or without chunked prefill
+    below max_model_len. Checked on a user's `server:` block (apply_server); render.py's flags for a
+    cbsim config are not held to it (a cbsim budget below max_num_seqs renders as vLLM would refuse)."""
+    budget, seqs = settings["policy.token_budget"], settings["policy.max_num_seqs"]
+    chunked = settings["policy.name"] == "sarathi"
+    if budget < seqs:
+        raise ConfigError(f"{path} --max-num-batched-tokens", f"at least --max-num-seqs ({seqs}): vLLM refuses a "
+                          "smaller budget", budget)
+    if not chunked and budget < max_len:
+        raise ConfigError(f"{path} --max-num-batched-tokens", f"at least max_model_len ({max_len}) without chunked "
+                          "prefill: vLLM refuses a smaller budget", budget)
 
 
 def _batch_defaults(context, max_len: int, chunked: bool) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cbsim.core import bounds
 from cbsim.api import run_experiment
 from cbsim.config import load_config, read_yaml
 from cbsim.core.errors import ConfigError
@@ -159,7 +160,7 @@ def read_baseline(suite_dir: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text())
+        data = bounds.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError("<file>", f"valid JSON ({err})", has_got=False, file=str(path)) from None
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from cbsim.core.errors import ConfigError
@@ -40,9 +41,10 @@ def read_splitwise(path) -> tuple[list[MeasuredStep], list[str]]:
     if missing:
         raise ConfigError(missing[0], "a Splitwise perf_model column (" + ", ".join(COLUMNS) + ")", has_got=False,
                           file=str(path))
+    table, notes = _usable_rows(table, path)
     keys = ["model", "hardware", "tensor_parallel", "prompt_size", "batch_size"]
     med = table.groupby(keys, sort=True)[["prompt_time", "token_time", "e2e_time"]].median().reset_index()
-    steps, notes = [], []
+    steps = []
     for row in med.itertuples(index=False):
         model, gpu = MODELS.get(row.model, row.model), GPUS.get(row.hardware, row.hardware)
         tp, prompt, batch = int(row.tensor_parallel), int(row.prompt_size), int(row.batch_size)
@@ -57,6 +59,20 @@ def read_splitwise(path) -> tuple[list[MeasuredStep], list[str]]:
         context = prompt + int(round((iterations + 1) / 2))
         steps.append(MeasuredStep(StepShape.from_batch(decode=[context] * batch), row.token_time / 1e3, **common))
     return steps, notes
+
+
+def _usable_rows(table: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The rows whose sizes and times are finite numbers > 0 (sizes whole), and a note counting the rest
+    (a NaN or negative time would otherwise enter the medians, or end a run with a traceback)."""
+    numbers = table[list(COLUMNS[2:])].apply(pd.to_numeric, errors="coerce")
+    sizes = numbers[["prompt_size", "batch_size", "tensor_parallel"]]
+    good = (np.isfinite(numbers) & (numbers > 0)).all(axis=1) & (sizes == sizes.round()).all(axis=1)
+    kept = table.loc[good].assign(**{c: numbers.loc[good, c] for c in numbers.columns})
+    if kept.empty:
+        raise ConfigError("<rows>", "at least one row whose sizes and times are finite numbers > 0", has_got=False,
+                          file=str(path))
+    dropped = int((~good).sum())
+    return kept, [f"{dropped} row(s) left out: a size or time missing, not a number, infinite, or <= 0"] if dropped else []
 
 
 def _prefill_ok(med: pd.DataFrame, row) -> bool:

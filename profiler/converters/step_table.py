@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 from cbsim.sim.shape import StepShape
 
@@ -39,6 +40,8 @@ class MeasuredStep:
         return "prefill" if self.shape.prefill else "decode"
 
 
+MAX_STEP_S = 600.0  # a forward pass of any served model takes milliseconds to seconds; a longer "step" is a unit slip
+
 def read_steps(path) -> list[MeasuredStep]:
     """Every row of a step table; ConfigError naming file, line and key on a bad row or an empty file."""
     path = Path(path)
@@ -62,7 +65,7 @@ def _row(line: str, where: str, file: str) -> MeasuredStep:
         raise ConfigError(f"{where}: {key}", expected, got, file=file, has_got=has_got)
 
     try:
-        obj = json.loads(line)
+        obj = bounds.loads(line)
     except json.JSONDecodeError as err:
         fail("row", f"a JSON object ({err.msg})", has_got=False)
     if not isinstance(obj, dict):
@@ -71,8 +74,8 @@ def _row(line: str, where: str, file: str) -> MeasuredStep:
     if unknown:
         fail(unknown[0], "one of the keys " + ", ".join(KEYS), "an unknown key", has_got=False)
     time_s = obj.get("time_s")
-    if not _number(time_s) or not time_s > 0:
-        fail("time_s", "a finite number of seconds > 0", time_s)
+    if not _number(time_s) or not 0 < time_s <= MAX_STEP_S:
+        fail("time_s", f"a number of seconds > 0 and <= {MAX_STEP_S:g} (one forward pass)", time_s)
     prefill, decode = obj.get("prefill", []), obj.get("decode", [])
     if not isinstance(prefill, list) or not all(isinstance(p, list) and len(p) == 2 and _count(p[0], 1)
                                                  and _count(p[1], 0) for p in prefill):

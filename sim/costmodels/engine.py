@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, parse, require
 
@@ -262,7 +263,7 @@ def read_engine_file(file: Path, path: str = "engine", name: str | None = None) 
     `{value, source, note}`; a null value is a term without data (0: not modelled)."""
     try:
         text = file.read_text(encoding="utf-8")
-        data = json.loads(text) if file.suffix == ".json" else yaml.load(text, Loader=SAFE_LOADER)
+        data = bounds.loads(text) if file.suffix == ".json" else bounds.load_yaml(text, SAFE_LOADER)
     except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(path, f"a readable engine file ({type(err).__name__})", str(file), file=str(file)) from None
     if not isinstance(data, dict) or not isinstance(data.get("terms"), dict):

@@ -18,7 +18,6 @@ a bad one is a ProfileError naming its file and key, never a KeyError or a NaN s
 """
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, require
 from cbsim.sim.cost import CostModel
@@ -114,7 +114,7 @@ class FittedCostModel(CostModel):
         """Load a fitted profile JSON; errors name the file."""
         path = Path(path)
         try:
-            profile = json.loads(path.read_text())
+            profile = bounds.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError("profile", "an existing fitted profile JSON", str(path)) from None
         except ValueError as err:  # not JSON, or not UTF-8 text

@@ -132,9 +132,15 @@ def check_fitted(profile: dict, file: str | None = None) -> None:
     tp = c.tp(profile, optional=True)
     knots = c.numbers(profile, "knots", increasing=True).tolist()
     tile = None
+    if fmt == 2 and "tile" not in profile:  # without it the padded slopes would be dropped, silently
+        c.fail("tile", "the tile step's token count, or null where the fit has none (cbsim fit writes it in "
+               "every format-2 profile)", has_got=False)
     if profile.get("tile") is not None:
         tile = c.integer(profile, "tile", "", 1)
     coef, path = c.mapping(profile, "coefficients")
+    padded = [name for name in coef if str(name).startswith(PADDED_PREFIX)] if isinstance(coef, dict) else []
+    if tile is None and padded:
+        c.fail("tile", f"a token count: the coefficients hold tile-step slopes ({padded[0]}, ...)", None)
     names = [segment_name(knots, k) for k in range(len(knots))]
     names += [segment_name(knots, k, PADDED_PREFIX) for k in padded_segments(knots, tile)]
     names += list(LINEAR_FEATURES if fmt == 2 else FORMAT_1_LINEAR)

@@ -16,13 +16,13 @@ is checked when loaded (profile_check.py): a bad one is a ProfileError naming it
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, require
 from cbsim.sim.cost import CostModel
@@ -128,7 +128,7 @@ class VidurCostModel(CostModel):
         """Load a converted profile; errors name the file."""
         path = Path(path)
         try:
-            profile = json.loads(path.read_text())
+            profile = bounds.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(key, "an existing vidur profile JSON", str(path)) from None
         except ValueError as err:  # not JSON, or not UTF-8 text

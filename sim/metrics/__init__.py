@@ -21,6 +21,7 @@ its own file, loaded when first used:
 - tenant_metrics.py   per-tenant latency and fairness
 - client_view.py      what the client sees (front-end delays moved onto the times)
 - bench_result.py     bench.json in vllm bench serve's schema
+- unfinished.py       rejections by reason, and what sim.max_time cut
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ _HOME = {
     "request_frame": "request_metrics",
     "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",
+    "cut_warning": "unfinished", "mark_cut": "unfinished", "rejection_summary": "unfinished",
     "TokenRuns": "token_runs", "run_arrays": "token_runs", "token_runs": "token_runs", "token_times": "token_runs",
 }
 

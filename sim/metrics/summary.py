@@ -136,9 +136,9 @@ def _finite(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.nda
     """The values and weights where both are finite and the weight positive (the arrays themselves
     where that is everywhere); None where it is nowhere."""
     ok = np.isfinite(values) & np.isfinite(weights) & (weights > 0)
-    if ok.all():
-        return values, weights
-    return (values[ok], weights[ok]) if ok.any() else None
+    if not ok.any():  # no step at all (every request rejected) included
+        return None
+    return (values, weights) if ok.all() else (values[ok], weights[ok])
 
 
 def _weighted_mean(values: np.ndarray, weights: np.ndarray):

@@ -45,6 +45,8 @@ def run_side_by_side(here: Job, jobs: list[Job], parallel: bool | None = None) -
     finally:
         reports = [_join(pid, pipe) for pid, pipe in children]
     for report in reports:
+        if report.get("os_error"):
+            raise OSError(*report["os_error"])
         if not report["ok"]:
             raise RuntimeError("writing an output file failed in a worker process:\n" + report["error"])
     return paths + [Path(p) for report in reports for p in report["paths"]]
@@ -61,6 +63,8 @@ def _fork(job: Job) -> tuple[int, int]:
         os.close(read)
         try:
             report = {"ok": True, "paths": [str(p) for p in job()]}
+        except OSError as err:  # the disk, not the code (full, read-only): the parent raises it as such
+            report = {"ok": False, "error": traceback.format_exc(), "os_error": [err.errno, err.strerror, err.filename]}
         except BaseException:  # noqa: BLE001 - everything goes back to the parent
             report = {"ok": False, "error": traceback.format_exc()}
         data = json.dumps(report).encode()

@@ -207,7 +207,7 @@ def test_10_capacity_slos_must_be_finite_and_positive(tmp_path, limit):
 def test_11_unwritable_output_folder_fails_before_simulating(tmp_path, monkeypatch):
     import cbsim.api
 
-    monkeypatch.setattr(cbsim.api, "_simulate", lambda *a: pytest.fail("simulated before checking --out"))
+    monkeypatch.setattr(cbsim.api, "simulate_run", lambda *a: pytest.fail("simulated before checking --out"))
     assert_user_error(cli("run", write(tmp_path, TINY), "--out", "/dev/null/x"), "--out", "/dev/null/x")
     blocker = tmp_path / "file"
     blocker.write_text("")

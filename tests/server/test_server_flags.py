@@ -112,7 +112,8 @@ def test_sglang_flags():
 
 
 def test_server_block_errors():
-    for server, key in (({"engine": "trt"}, "server.engine"), ({"engine": "vllm", "flags": ""}, "server.flags"),
+    for server, key in (({"engine": "trt"}, "server.engine"), ({"engine": {}}, "server.engine"),
+                        ({"engine": ["vllm"]}, "server.engine"), ({"engine": "vllm", "flags": ""}, "server.flags"),
                         ({"engine": "vllm", "version": "0.6.3"}, "server.version"), ("vllm", "server")):
         with pytest.raises(ConfigError, match=key):
             load_config({"server": server, "workload": WORKLOAD})
@@ -144,3 +145,16 @@ def test_vllm_lora_flags_limit_adapters_per_step():
     assert "max_loras" not in resolved("--max-loras 4").policy  # without --enable-lora vLLM serves no adapters
     with pytest.raises(ConfigError, match="--enable-lora"):
         resolved("--enable-lora --no-enable-chunked-prefill")
+
+
+@pytest.mark.parametrize("args, needle", [
+    ("--max-num-batched-tokens 16 --max-num-seqs 256", "at least --max-num-seqs (256)"),
+    ("--max-num-batched-tokens 2000 --max-num-seqs 8 --no-enable-chunked-prefill --max-model-len 4096",
+     "at least max_model_len (4096)"),
+    ("--block-size 7", "one of 1, 8, 16, 32, 64, 128, 256"),
+])
+def test_flags_vllm_refuses_at_startup_are_refused(args, needle):
+    """vllm/config/scheduler.py @01230b40 verify_max_model_len and cache.py's BlockSize choices (issue 26)."""
+    with pytest.raises(ConfigError, match="server.args --") as err:
+        load_config({"server": {"engine": "vllm", "args": args}, "workload": WORKLOAD})
+    assert needle in str(err.value)

@@ -27,6 +27,11 @@ def test_off_missing_or_stale_the_plain_module_runs(monkeypatch):
     monkeypatch.setenv("CBSIM_NATIVE", "0")
     assert native_core.load() is prompt_run
     monkeypatch.delenv("CBSIM_NATIVE")
+    monkeypatch.setattr(native_core, "built_folder", lambda: None)  # none built: nothing imported
+    monkeypatch.setattr(native_core.importlib, "import_module", lambda name: 1 / 0)
+    assert native_core.load() is prompt_run
+    monkeypatch.setattr(native_core, "built_folder", lambda: sim_package.__path__[0])  # built, its stamp as built
+    monkeypatch.setattr(native_core, "check_build", lambda folder: None)
 
     def missing(name):
         raise ImportError(name)
@@ -110,3 +115,28 @@ def test_a_failed_build_says_what_mypyc_said(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="No module named mypyc"):
         native_core.build(tmp_path)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_an_interrupted_or_damaged_build_is_never_loaded(tmp_path, monkeypatch):
+    """install() writes each file atomically and the stamp last; check_build refuses a folder whose
+    stamp is missing or whose file was cut short, before anything is imported (a truncated library
+    ends the process with SIGBUS at import, issue 26 defect 8)."""
+    built = tmp_path / "built"
+    built.mkdir()
+    library = built / f"{native_core.NATIVE}.cpython-311-x86_64-linux-gnu.so"
+    library.write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
+    target = tmp_path / "target"
+    target.mkdir()
+    written = native_core.install([library], target)
+    assert [p.name for p in written] == [library.name, native_core.STAMP]
+    assert native_core.check_build(target) is None
+    assert not [p for p in target.iterdir() if p.name.endswith(".tmp")]
+    copy = target / library.name
+    copy.write_bytes(copy.read_bytes()[:1000])  # an interrupted copy under the final name
+    assert "cut short" in native_core.check_build(target)
+    (target / native_core.STAMP).unlink()
+    assert "interrupted build" in native_core.check_build(target)
+    monkeypatch.setattr(native_core, "built_folder", lambda: target)
+    monkeypatch.setattr(native_core.importlib, "import_module", lambda name: 1 / 0)  # never reached
+    with pytest.warns(UserWarning, match="interrupted build"):
+        assert native_core.load() is prompt_run

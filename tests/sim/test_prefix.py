@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cbsim.api import build_replica_parts
+from cbsim.build import build_replica_parts
 from cbsim.config import load_config
 from cbsim.core.errors import ConfigError
 from cbsim.policies import make_policy

@@ -2,7 +2,8 @@
 cbsim/replica_gpus.py resolves it, and a swap moves one GPU's share of a request's KV."""
 from __future__ import annotations
 
-from cbsim.api import build_replica_parts, run_experiment
+from cbsim.api import run_experiment
+from cbsim.build import build_replica_parts
 from cbsim.config import load_config
 from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.sim.kv.sizing import kv_cache_blocks

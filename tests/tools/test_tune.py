@@ -4,6 +4,7 @@ files name the file and key (CLI exit 2); the chosen config runs and its flags r
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -109,6 +110,8 @@ def test_resume_runs_nothing_and_writes_the_same_bytes(tmp_path):
     write_outputs(first, out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert {"tune.csv", "tune.parquet", "best.yaml", "best_flags.txt", "report.md", "pareto.png"} <= set(before)
+    assert json.loads(before[".cbsim-complete"])["files"] == sorted(  # the marker, written last (issue 26)
+        ["tune.csv", "tune.parquet", "best.yaml", "best_flags.txt", "report.md", "pareto.png"])
     second = run_tune(path, out, workers=1)
     write_outputs(second, out)
     assert first.ran >= 3 and second.ran == 0

@@ -92,6 +92,9 @@ def calibrate_serving(cases, fit=DEFAULT_FIT, base_engine=None, max_evals: int =
     bad = [n for n in names if n not in TERM_NAMES or n in ("overlap", "cuda_graph_max_batch", "output_lag_steps")]
     if bad:
         raise ConfigError("fit", "numeric engine terms (" + ", ".join(TERM_NAMES) + ")", bad[0])
+    if max_evals <= len(names) + 1:  # fewer than one simplex: the search would not run at all
+        raise ConfigError("--max-evals", f"more than {len(names) + 1} evaluations (one Nelder-Mead simplex of "
+                          f"{len(names)} terms)", max_evals)
     base = load_engine(base_engine if base_engine is not None else "none", "engine")
     base_terms = dataclasses.asdict(base.terms)
     refused = _refused(cases, names)

@@ -77,14 +77,18 @@ def compare(experiment, measured, out_dir: str | Path | None = None,
     return result
 
 
-def write(result: CompareResult, out_dir: str | Path) -> Path:
+def write(result: CompareResult, out_dir: str | Path, overwrite: bool = False) -> Path:
     """The run's results folder plus compare.json and (with per-request data) compare_cdf.png."""
     from cbsim.tools.compare.plots import plot_compare_cdf
 
-    out = result.results.write(out_dir)
-    (out / "compare.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    if result.measured.ttfts is not None or result.measured.itls is not None:
-        plot_compare_cdf(result, out / "compare_cdf.png")
+    def also(folder: Path) -> list[Path]:  # written before the folder is marked complete
+        (folder / "compare.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        if result.measured.ttfts is None and result.measured.itls is None:
+            return [folder / "compare.json"]
+        plot_compare_cdf(result, folder / "compare_cdf.png")
+        return [folder / "compare.json", folder / "compare_cdf.png"]
+
+    out = result.results.write(out_dir, overwrite=overwrite, also=also)
     result.out_dir = out
     return out
 

@@ -22,6 +22,7 @@ from typing import Literal
 
 import numpy as np
 
+from cbsim.core import bounds
 from cbsim.sim.metrics import column_percentiles
 
 from cbsim.core.errors import ConfigError
@@ -137,12 +138,12 @@ def _read_record(path: Path) -> tuple[dict, str]:
     if not text.strip():
         raise ConfigError("<file>", "a JSON object of measured results (the file is empty)", has_got=False, file=file)
     try:
-        record, where = json.loads(text), file
+        record, where = bounds.loads(text), file
     except json.JSONDecodeError as whole:
         lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
         for k, (number, line) in enumerate(lines):
             try:
-                record = json.loads(line)
+                record = bounds.loads(line)
             except json.JSONDecodeError as err:
                 if k == 0:  # not JSON lines either: report the whole file's error
                     raise ConfigError("<file>", f"valid JSON ({whole})", has_got=False, file=file) from None

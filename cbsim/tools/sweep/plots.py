@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from cbsim.core.atomic import write_file_atomic
+
 LABELS = {
     "ttft_p50": "TTFT p50 (s)", "ttft_p99": "TTFT p99 (s)", "tpot_p50": "TPOT p50 (s)", "tpot_p99": "TPOT p99 (s)",
     "itl_p50": "ITL p50 (s)", "itl_p99": "ITL p99 (s)", "e2e_p50": "E2E p50 (s)", "e2e_p99": "E2E p99 (s)",
@@ -121,6 +123,11 @@ def plot_paired_ratios(table: pd.DataFrame, x: str | list[str], metrics: list[st
     knob_name = xlabel or knob_series(table.head(0), x).name
     for ax, metric in zip(axes.flat, metrics):
         ratios, reference = paired_ratios(table, x, metric, hue)
+        if ratios.empty:  # the reference runs' metric is 0 (no preemption at the first budget) or missing
+            ax.text(0.5, 0.5, f"no ratio: {metric} is 0 or missing\nin every reference run ({reference})",
+                    ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.set_title(label(metric).split(" (")[0] + f" vs {knob_name}")
+            continue
         positions, ticks = _positions(ratios["_knob"])
         for i, (key, rows) in enumerate(_hue_groups(ratios, hue)):
             mean = rows.groupby("_knob", sort=False)["ratio"].mean()
@@ -322,8 +329,7 @@ def write_sweep_plots(table: pd.DataFrame, out_dir: str | Path, x: str | list[st
                "itl_vs_throughput.png": plot_latency_throughput(table, x, title=title)}
     paths = []
     for name, fig in figures.items():
-        fig.savefig(out / name, dpi=110)
-        paths.append(out / name)
+        paths.append(write_file_atomic(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=110, format="png")))
     return paths
 
 

@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -33,9 +34,12 @@ from typing import Any, Callable, Literal
 import pandas as pd
 import yaml
 
+from cbsim.core import bounds
+from cbsim.core.atomic import mark_complete, mark_incomplete, write_file_atomic
+
 from cbsim.api import run_experiment
 from cbsim.config import ExperimentConfig, check_name, load_config, read_yaml
-from cbsim.core.errors import ConfigError
+from cbsim.core.errors import ConfigError, RunAborted
 from cbsim.core.schema import option, parse, require
 
 DEFAULT_METRICS = ["ttft_p50", "itl_p99", "throughput_tokens_per_s", "dec_at_p_mean", "short_p_mean"]
@@ -210,6 +214,8 @@ def run_sweep(spec_or_path, out_dir: str | Path | None = None, workers: int | No
     spec = load_sweep(spec_or_path, root)
     points = sweep_points(spec)
     points_dir = Path(out_dir) / "points" if out_dir is not None else None
+    if out_dir is not None:  # complete again only once its results table is written (save_table)
+        mark_incomplete(Path(out_dir))
     records = load_finished(points, points_dir, retry_failed)
     todo = [p for p in points if p.id not in records]
     done = len(points) - len(todo)
@@ -249,9 +255,13 @@ def _run_local(items: list, func, workers: int | None, collect, address=None) ->
         for item in items:
             collect(func(item))
         return
-    with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        for future in as_completed([pool.submit(func, item) for item in items]):
-            collect(future.result())
+    try:
+        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+            for future in as_completed([pool.submit(func, item) for item in items]):
+                collect(future.result())
+    except BrokenProcessPool:  # func never raises: only a worker's death (a kill, the OOM killer) gets here
+        raise RunAborted("a worker process died (killed, or out of memory) before its point finished; the points "
+                         "finished so far are kept: rerun the same command to resume") from None
 
 
 def die_with_parent(parent: int, interval: float = 0.5) -> None:
@@ -305,25 +315,32 @@ def _run_ray(items: list, func, workers: int | None, collect, address: str | Non
 
 def load_finished(points: list, points_dir: Path | None, retry_failed: bool) -> dict[str, dict]:
     """Records of points (anything with an `id`) already finished under points_dir/<id>.json (ok
-    ones, and failed ones unless retried); sweeps and tunes share it."""
+    ones, and failed ones unless retried); sweeps and tunes share it. A file that is not such a record
+    (damaged or edited by hand: the sweep writes each one whole) counts as not finished: the rerun runs
+    that point again and replaces it."""
     if points_dir is None or not points_dir.is_dir():
         return {}
     records = {}
     for point in points:
-        file = points_dir / f"{point.id}.json"
-        if file.is_file():
-            record = json.loads(file.read_text())
-            if record["status"] == "ok" or not retry_failed:
-                records[point.id] = record
+        record = _read_record(points_dir / f"{point.id}.json", point.id)
+        if record is not None and (record["status"] == "ok" or not retry_failed):
+            records[point.id] = record
     return records
+
+
+def _read_record(file: Path, point: str) -> dict | None:
+    """Point `point`'s record, or None where the file is missing or not its record."""
+    try:
+        record = bounds.loads(file.read_bytes())
+    except (OSError, ValueError):
+        return None
+    good = isinstance(record, dict) and record.get("point_id") == point and record.get("status") in ("ok", "failed")
+    return record if good else None
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write JSON to a temporary sibling, then os.replace it: readers see all of it or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_file_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, default=str) + "\n"))
 
 
 def results_table(spec: SweepSpec, points: list[Point], records: dict[str, dict]) -> pd.DataFrame:
@@ -355,16 +372,18 @@ def results_table(spec: SweepSpec, points: list[Point], records: dict[str, dict]
 
 
 def save_table(table: pd.DataFrame, out_dir: str | Path) -> Path:
-    """Write results.csv and results.parquet (grid columns of mixed types are stored as text)."""
+    """Write results.csv and results.parquet (grid columns of mixed types are stored as text), then the
+    folder's completion marker (cbsim/core/atomic.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "results.csv", index=False)
+    write_file_atomic(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     stored = table.copy()
     for column in stored.columns[stored.dtypes == object]:
         kinds = {type(v) for v in stored[column] if v is not None and v is not pd.NA and v == v}
         if len(kinds) > 1 or kinds & {dict, list}:
             stored[column] = stored[column].map(lambda v: None if v is None else str(v))
-    stored.to_parquet(out / "results.parquet", index=False)
+    write_file_atomic(out / "results.parquet", lambda tmp: stored.to_parquet(tmp, index=False))
+    mark_complete(out, ["results.csv", "results.parquet"])
     return out
 
 

@@ -54,6 +54,6 @@ def pareto_plot(table: pd.DataFrame, slo: dict[str, float], path: Path, title: s
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(f"{title}: goodput per GPU vs SLO metrics" if title else "goodput per GPU vs SLO metrics")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
+    fig.savefig(path, dpi=110, format="png", metadata={"Software": None})  # by its format: a temporary name has no .png
     plt.close(fig)
     return path

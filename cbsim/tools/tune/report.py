@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from cbsim.core.atomic import mark_complete, mark_incomplete, write_file_atomic
+
 from cbsim.tools.sweep.capacity import num_gpus
 from cbsim.config import ExperimentConfig, pool_policy
 from cbsim.tools.tune.tune import Candidate, TuneResult, rank_key
@@ -107,8 +109,8 @@ def worst(record: dict, metric: str):
 
 
 def save_table(table: pd.DataFrame, out: Path) -> None:
-    table.to_csv(out / "tune.csv", index=False)
-    table.to_parquet(out / "tune.parquet", index=False)
+    write_file_atomic(out / "tune.csv", lambda tmp: table.to_csv(tmp, index=False))
+    write_file_atomic(out / "tune.parquet", lambda tmp: table.to_parquet(tmp, index=False))
 
 
 def best_yaml(result: TuneResult) -> str:
@@ -234,19 +236,23 @@ def _num(value) -> str:
 
 
 def write_outputs(result: TuneResult, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
-    """Write tune.csv/.parquet, best.yaml, best_flags.txt, report.md and (plots) pareto.png."""
+    """Write tune.csv/.parquet, best.yaml, best_flags.txt, report.md and (plots) pareto.png, each atomically,
+    then the folder's completion marker (cbsim/core/atomic.py); the tune's points are kept beside them."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    mark_incomplete(out)
     table = ranked_table(result)
     save_table(table, out)
     files = {"table": out / "tune.parquet", "best": out / "best.yaml", "flags": out / "best_flags.txt",
              "report": out / "report.md"}
-    files["best"].write_text(best_yaml(result))
-    files["flags"].write_text(flags_text(result.best.point.config))
-    files["report"].write_text(report_markdown(result, table))
+    texts = {"best": best_yaml(result), "flags": flags_text(result.best.point.config),
+             "report": report_markdown(result, table)}
+    for key, text in texts.items():
+        write_file_atomic(files[key], lambda tmp, text=text: tmp.write_text(text))
     if plots:
         from cbsim.tools.tune.plots import pareto_plot
 
-        files["pareto"] = pareto_plot(table, result.spec.slo, out / "pareto.png", title=result.spec.name,
-                                      stages=[o.stage.name for o in result.stages])
+        files["pareto"] = write_file_atomic(out / "pareto.png", lambda tmp: pareto_plot(
+            table, result.spec.slo, tmp, title=result.spec.name, stages=[o.stage.name for o in result.stages]))
+    mark_complete(out, sorted(["tune.csv", *(path.name for path in files.values())]))
     return files

@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
+from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 
 from cbsim.sim.costmodels.catalog.specs import PER_CHANNEL, ModelSpec
@@ -98,7 +99,7 @@ def read_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     try:
-        data = json.loads(file.read_text())
+        data = bounds.loads(file.read_text())
     except FileNotFoundError:
         raise ConfigError("model", "a config.json file or a folder holding one", str(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -161,7 +162,7 @@ def _precision(r: _Reader) -> dict:
     the checkpoint quantises it."""
     key = "torch_dtype" if "torch_dtype" in r.data else "dtype"
     torch_dtype = r.data.get(key, "bfloat16")
-    if torch_dtype not in TORCH_DTYPES:
+    if not isinstance(torch_dtype, str) or torch_dtype not in TORCH_DTYPES:  # a list or mapping is not hashable
         raise r.error(key, "bfloat16, float16 or float32", torch_dtype)
     weight = kv = TORCH_DTYPES[torch_dtype]
     quant = r.data.get("quantization_config")

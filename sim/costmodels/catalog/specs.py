@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
+from cbsim.core.bounds import MODEL_LIMITS
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, require
 
@@ -86,6 +87,9 @@ class ModelSpec:
 
     def validate(self) -> None:
         """Raise ConfigError (relative key path) unless the geometry is consistent."""
+        for key, limit in MODEL_LIMITS.items():  # first: before any per-layer work (cbsim/core/bounds.py)
+            require(getattr(self, key) <= limit, key, f"at most {limit:,} (far above any released model)",
+                    getattr(self, key))
         for key in ("hidden", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate",
                     "vocab", "max_model_len", "norms_per_layer", "moe_every"):
             require(getattr(self, key) > 0, key, "a positive integer", getattr(self, key))

@@ -238,7 +238,7 @@ def test_08_pd_link_bandwidth_1e_300_is_named_by_validate_and_run(tmp_path):
 # 13. GPUs per replica: one rule for KV sizing and per-GPU goodput
 
 def test_13_a_tp2_profile_counts_two_gpus_per_replica_and_sizes_kv_with_two():
-    from cbsim.api import build_replica_parts
+    from cbsim.build import build_replica_parts
     from cbsim.tools.sweep.capacity import num_gpus
     from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
     from cbsim.sim.kv.sizing import kv_cache_blocks
@@ -361,3 +361,19 @@ def test_a_guarded_duration_during_a_run_names_the_experiment_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         _run(str(path))
     assert err.value.file == str(path) and err.value.path.startswith("cluster.link")
+
+
+def test_a_fitted_profile_without_its_tile_is_an_error_naming_file_and_key(tmp_path):
+    """A format-2 profile whose `tile` key is missing (or null beside tile-step slopes) would run with
+    those slopes dropped: TTFT p50 2,451 -> 1,242 ms, silently (issue 26, defect 9)."""
+    from cbsim.sim.costmodels.fitted import FittedCostModel
+
+    shipped = Path(__file__).resolve().parents[1] / "profiler/profiles/fitted/a100-llama-2-70b-tp2-published.json"
+    profile = json.loads(shipped.read_text())
+    assert profile["tile"] == 128
+    for broken in ({k: v for k, v in profile.items() if k != "tile"}, {**profile, "tile": None}):
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(broken))
+        with pytest.raises(ConfigError) as err:
+            FittedCostModel.from_file(path)
+        assert "p.json" in str(err.value) and "tile" in str(err.value)

@@ -13,7 +13,10 @@ import cbsim.cli.app
 import cbsim.cli.sweep
 from cbsim.sim.metrics import densified
 from cbsim.api import run_experiment
+import cbsim.cli
+import cbsim.cli.sweep
 from cbsim.cli.app import app
+from cbsim.core.atomic import MARKER
 from cbsim.sim.outputs.progress import Progress
 
 runner = CliRunner()
@@ -57,7 +60,7 @@ def test_default_run_writes_parquet_and_no_csv_or_trace(tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {"config.yaml", "requests.parquet", "steps.parquet", "summary.json"} <= names
     assert not any(name.endswith(".csv") for name in names) and "trace.json" not in names
-    assert res.files == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert res.files == {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.name != MARKER}
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "requests.parquet"), res.requests)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), densified(res.steps))
     assert isinstance(res.steps["preemptions"].dtype, pd.SparseDtype)  # in memory: its non-zero rows only
@@ -236,3 +239,21 @@ def test_a_run_without_plots_never_imports_matplotlib(tmp_path):
             "assert r.exit_code == 0, r.output; print(sorted(m for m in sys.modules if m.startswith('matplotlib'))[:3])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_a_full_disk_while_a_worker_draws_is_an_os_error_and_no_folder(tmp_path, monkeypatch):
+    """A figure that cannot be written (ENOSPC) in a forked worker raises the OSError itself in the parent,
+    which the CLI reports in one line (issue 26, defect 11); the results folder is not written at all."""
+    import errno
+
+    import cbsim.sim.outputs.plots as plots
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "latency_cdf.png")
+
+    monkeypatch.setattr(plots, "plot_latency_cdf", full)
+    res = run_experiment({**TINY, "output": {"plots": True}})
+    for parallel in (True, False):
+        with pytest.raises(Exception, match="No space left on device") as err:
+            res.write(tmp_path / str(parallel), parallel=parallel)
+        assert err.type.__name__ == "OutputError" and not (tmp_path / str(parallel)).exists()

@@ -217,3 +217,17 @@ def test_paired_ratios_without_hue_use_the_first_knob_value():
     ratios, reference = paired_ratios(table, "policy.token_budget", "itl_p99", [])
     assert reference == "policy.token_budget = 256"
     assert np.allclose(ratios.groupby("_knob")["ratio"].mean().tolist(), [1.0, 2.0, 5.0])
+
+
+def test_a_metric_zero_at_every_reference_run_keeps_every_figure(tmp_path):
+    """A chunk-size sweep plotting num_preemptions, 0 at the first budget: that panel says there is no
+    ratio, and the sweep keeps every figure (issue 26, defect 14: a ValueError lost them all)."""
+    from cbsim.tools.sweep.plots import write_sweep_plots
+
+    table = pd.DataFrame({"policy.token_budget": [64, 128, 256] * 2, "seed": [0, 0, 0, 1, 1, 1],
+                          "num_preemptions": [0, 3, 5, 0, 2, 4], "ttft_p50": [0.1, 0.2, 0.3, 0.1, 0.2, 0.4],
+                          "throughput_tokens_per_s": [10.0, 20, 30, 11, 21, 31], "itl_p50": [0.01] * 6, "itl_p99": [0.02] * 6,
+                          "status": ["ok"] * 6})
+    paths = write_sweep_plots(table, tmp_path, "policy.token_budget", ["num_preemptions", "ttft_p50"])
+    assert [p.name for p in paths] == ["metrics_vs_knob.png", "paired_ratios.png", "itl_vs_throughput.png"]
+    assert all(p.stat().st_size > 0 for p in paths)

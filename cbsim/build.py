@@ -1,0 +1,157 @@
+"""The composition root: an experiment's config turned into the parts of a run (cost models, KV caches,
+replica settings, policies, P/D links) and the simulation of its requests over them. Everything here
+reads the sections the config parsed once when it was loaded (config.parsed_sections); run_experiment
+(api.py) is build -> simulate -> measure -> write on top of it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from cbsim.config import ExperimentConfig, parsed_sections
+from cbsim.core.errors import ConfigError
+from cbsim.pools import pool_config
+from cbsim.replica_gpus import kv_bytes_per_gpu, replica_kv_blocks
+from cbsim.sim.costmodels.registry import engine_of
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.kv.window import cache_window
+from cbsim.sim.metrics.client_view import frontend_delays, shift_arrivals
+from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
+from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.request_table import RequestTable
+from cbsim.sim.simulation import simulate
+
+
+def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
+    """Model spec, cost model, KV-cache factory and replica settings for a config (for P/D pool `pool`,
+    the pool's view of it: pools.pool_config); the model and cost model as the config parsed them."""
+    sections = parsed_sections(cfg)
+    model, cost = sections.model, sections.cost_models[pool]
+    cfg = pool_config(cfg, pool) if pool != "cluster" else cfg
+    cluster = cfg.cluster
+    kv_cfg = cluster.kv_cache
+    num_blocks = replica_kv_blocks(cfg, model, cost)  # the replica's layout: tp, pp stages, DP ranks
+    bytes_per_token = kv_bytes_per_gpu(cfg, model, cost)  # what a swap moves per GPU
+    settings = ReplicaSettings(
+        preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
+        swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
+        max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
+        record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
+        admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens,
+        pp_chunk_pipelining=cluster.pp_chunk_pipelining, **preemption_admission_settings(cfg))
+
+    hash_block = None
+    if kv_cfg.prefix_caching:
+        hash_block = kv_cfg.hash_block_size or parsed_sections(cfg).workload.hash_block_size
+
+    window = cache_window(model, kv_cfg.block_size, kv_cfg.hybrid_kv_cache_manager, kv_cfg.prefix_caching,
+                          cluster.mode == "pd")
+    units = num_blocks * (window.units_per_block if window is not None else 1)  # a window counts g layer-pages
+
+    def make_kv():
+        return KVCache(units, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * units)),
+                       kv_cfg.reserve_full_prompt, bytes_per_token,
+                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block, window=window)
+
+    return model, cost, make_kv, settings
+
+
+def preemption_admission_settings(cfg: ExperimentConfig) -> dict:
+    """ReplicaSettings fields of preemption.swap_space_gib/swapped_queue and the per-step admission signals."""
+    pre, adm = cfg.preemption, cfg.admission
+    if pre.swapped_queue == "vllm_v0" and cfg.policy.get("name") == "sglang":
+        # its adder stops at the first request it cannot add: a reordered queue would block on a new prompt
+        raise ConfigError("preemption.swapped_queue", "head with policy sglang (SGLang has no swapped queue: it "
+                          "retracts by recompute; vllm_v0 is vLLM V0's)", "vllm_v0")
+    step_cap = None
+    if adm.tpot_slack is not None:
+        tpot = cfg.metrics.slo.tpot if hasattr(cfg.metrics, "slo") else None
+        if tpot is None:
+            raise ConfigError("admission.tpot_slack", "metrics.slo.tpot set (the cap is tpot_slack x slo.tpot)",
+                              adm.tpot_slack)
+        step_cap = adm.tpot_slack * tpot
+    return dict(swap_space=None if pre.swap_space_gib is None else pre.swap_space_gib * 2**30,
+                swapped_queue=pre.swapped_queue, decode_reserve=adm.decode_reserve,
+                schedule_conservativeness=adm.schedule_conservativeness,
+                clip_max_new_tokens=adm.clip_max_new_tokens, step_cap=step_cap, pd_backpressure=adm.pd_backpressure,
+                max_queued_requests=adm.max_queued_requests)
+
+
+def step_noise(cfg: ExperimentConfig, cost, rng: np.random.Generator):
+    """The per-step time factor for `sim.cost_noise`, drawn from its own child generator."""
+    if not cfg.sim.cost_noise:
+        return None
+    if not hasattr(cost, "sample_factor"):
+        raise ConfigError("sim.cost_noise", "a cost model with fitted residuals (type: fitted)",
+                          cfg.cost_model.get("type"))
+    noise_rng = rng.spawn(1)[0]
+    return lambda: cost.sample_factor(noise_rng)
+
+
+def pool_parts(cfg: ExperimentConfig, pool: str, rng: np.random.Generator):
+    """(model, PoolParts) of P/D pool `pool`; only the prefill pool, where requests arrive, applies
+    admission control."""
+    model, cost, make_kv, settings = build_replica_parts(cfg, pool)
+    if pool == "decode":
+        settings = replace(settings, max_predicted_ttft=None)
+    policy = parsed_sections(cfg).policies[pool]
+    return model, PoolParts(getattr(cfg.cluster, pool).replicas, policy.build, cost, make_kv,
+                            settings, step_noise(pool_config(cfg, pool), cost, rng))
+
+
+def pd_settings(cfg: ExperimentConfig, model):
+    """The links and hand-off rules of a P/D cluster (bandwidths in bytes/s)."""
+    link, cluster = cfg.cluster.link, cfg.cluster
+    return PDSettings(link_mode=link.mode, latency=link.latency_s, bandwidth=link.bandwidth_gb_s * 1e9,
+                      lanes=link.lanes, pool_bandwidth=(link.pool_bandwidth_gb_s or link.bandwidth_gb_s) * 1e9,
+                      first_token_on=cluster.first_token_on, decode_router=cluster.decode_router,
+                      bytes_per_token=float(model.kv_bytes_per_token(1)))
+
+
+def simulate_run(cfg: ExperimentConfig, requests, rng: np.random.Generator, progress=None, clients=None):
+    """(recorder, replicas, pools, P/D cluster or None) of one run of `requests` under `cfg`;
+    `clients`: the workload's timeouts and closed-loop clients (workloads/clients.py), colocated only."""
+    try:
+        if cfg.cluster.mode == "pd":
+            model, prefill = pool_parts(cfg, "prefill", rng)
+            _, decode = pool_parts(cfg, "decode", rng)
+            links = pd_settings(cfg, model)
+        else:
+            _, cost, make_kv, settings = build_replica_parts(cfg)
+            noise = step_noise(cfg, cost, rng)
+    except ConfigError as err:
+        raise err.in_file(cfg.source)
+    try:  # a step or transfer time the guard refuses (sim/durations.py) names the experiment file too
+        if cfg.cluster.mode == "pd":
+            if clients is not None:
+                raise ConfigError("workload.max_concurrency" if clients.closed_loop else "workload.timeout",
+                                  "null with cluster.mode pd (clients and timeouts run on colocated clusters)",
+                                  clients.max_concurrency if clients.closed_loop else clients.timeout, file=cfg.source)
+            recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
+                                                      max_time=cfg.sim.max_time, progress=progress)
+            pools = {"prefill": list(range(prefill.replicas)),
+                     "decode": list(range(prefill.replicas, prefill.replicas + decode.replicas))}
+            return recorder, replicas, pools, cluster
+        recorder, replicas = simulate(requests, parsed_sections(cfg).policies["cluster"].build, cost, make_kv, settings,
+                                      replicas=cfg.cluster.replicas, router=cfg.cluster.router,
+                                      max_time=cfg.sim.max_time, noise=noise, progress=progress, clients=clients)
+        return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
+    except ConfigError as err:
+        raise err.in_file(cfg.source)
+
+
+def client_frontend(cfg: ExperimentConfig, requests):
+    """(engine, client arrivals or None, requests in scheduler-arrival order): with an engine front
+    end, each request reaches the scheduler later than the client sent it (sim/metrics/client_view.py)."""
+    try:
+        engine = engine_of(cfg.cost_model)
+    except ConfigError as err:
+        raise err.in_file(cfg.source)
+    if not engine.has_frontend:
+        return engine, None, requests
+    if isinstance(requests, RequestTable):  # its rows stay in id order; it delivers them by the new times
+        return engine, requests.shift_arrivals(frontend_delays(requests.column("prompt_len"), engine.terms)), requests
+    client = shift_arrivals(requests, engine.terms)
+    return engine, client, sorted(requests, key=lambda r: r.arrival)
