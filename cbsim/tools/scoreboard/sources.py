@@ -12,8 +12,9 @@
 - vllm-custom-allreduce: vLLM's custom all-reduce on H100 (sglang PR #2904's table) against one
   all-reduce as the roofline charges it under the vllm-v1 engine.
 - trtllm-fp8, trtllm-0.17: TensorRT-LLM's published offline throughput against whole cbsim runs
-  (roofline, engine trtllm), at 1 / RUN_SCALE of the published request counts (module constant;
-  the throughput of a queue that large is set by its steady state, and the board stays quick).
+  (roofline, engine trtllm): the FP8 table at its published request counts (seconds), v0.17's at
+  1 / RUN_SCALE of them (the full table takes minutes; a smaller queue drains sooner, so these cells
+  read a few points lower than the full-size rows validation/validate_moe.py prints).
 - int4-l4: vLLM's AWQ (Marlin) decode runs on an L4 against whole cbsim runs (default engine).
 
 A source whose data files are absent (CBSIM_DATA unset and no shared/data) yields no rows and says
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from cbsim.tools.scoreboard import published as pub
 
-RUN_SCALE = 5  # whole runs use 1 / RUN_SCALE of the published request counts (the scripts' `quick`)
+RUN_SCALE = 5  # v0.17's whole runs use 1 / RUN_SCALE of the published request counts (the scripts' `quick`)
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def trtllm_fp8(data: Path | None) -> tuple[list[Row], str | None]:
     rows = []
     for (model, gpu, tp, ep), table in pub.TRTLLM_FP8.items():
         for (isl, osl), published in table.items():
-            n = pub.TRTLLM_FP8_REQUESTS[(isl, osl)] // RUN_SCALE
+            n = pub.TRTLLM_FP8_REQUESTS[(isl, osl)]
             rows.append(Row("trtllm-fp8", "roofline+trtllm", gpu, model, tp, _run_phase(isl, osl), "tokens_per_s",
                             float(published), trtllm_fp8_throughput(model, gpu, tp, ep, isl, osl, n)))
     return rows, None
