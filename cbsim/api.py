@@ -19,6 +19,8 @@ import yaml
 
 from cbsim.core.atomic import results_folder
 from cbsim.sim.costmodels import load_cost_model as load
+from cbsim.sim.costmodels.domain import warn_run_outside
+from cbsim.sim.metrics.knee import load_summary
 from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.sim import metrics
@@ -221,6 +223,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     if handoffs is not None:
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
     summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
+    summary.update(load_summary(pool, table, cfg.cluster.mode))  # offered load against capacity (the knee)
     kvs = [replica.kv for replica in pool]
     summary.update(usage)  # KV usage, MFU for sweeps
     if any(kv.prefix is not None for kv in kvs):  # prefix caching on: hit columns and summary keys
@@ -234,6 +237,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     if workload.clients is not None and workload.clients.timeout is not None:
         summary["num_timed_out"] = int(table["reject_reason"].str.startswith("timeout").sum())
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
+    warn_run_outside([replica.cost for replica in pool], steps, table)  # a calibrated engine's domain
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
                       kv_unit_tokens=pool[0].kv.unit_tokens)

@@ -4,8 +4,8 @@
 
 Prints the fitted constants of sim/costmodels/gemm_efficiency.py (CONSTANTS) and
 collectives.py (CALIBRATION) and their errors; with --check, only the errors of the constants in
-those modules (what their docstrings report). The row readers are used by
-tests/sim/costmodels/test_gemm_collectives.py.
+those modules (what their docstrings report). The row readers live in
+cbsim/tools/scoreboard/vidur_tables.py (the scoreboard scores the same rows).
 """
 from __future__ import annotations
 
@@ -20,33 +20,8 @@ from scipy.optimize import least_squares
 from cbsim.sim.costmodels import collectives, gemm_efficiency as ge
 from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.profiler.converters.vidur_data import data_dir
-
-GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-NODES = {("a100", "nvswitch"): "a100_dgx", ("h100", "nvswitch"): "h100_dgx",
-         ("a100", "nvlink_pairwise"): "a100_pairwise_nvlink", ("h100", "nvlink_pairwise"): "h100_pairwise_nvlink"}
-
-
-def gemm_rows(data: Path, gpu: str) -> pd.DataFrame:
-    """One row per (model file, TP, num_tokens, GEMM): M, N, K per GPU and the median seconds."""
-    out = []
-    for path in sorted((data / "data" / "profiling" / "compute" / gpu).glob("*/*/mlp.csv")):
-        frame = pd.read_csv(path)
-        tp = frame["num_tensor_parallel_workers"]
-        hd = frame["n_embd"] // frame["n_head"]
-        q = frame["n_head"] // tp * hd
-        kv = np.maximum(1, frame["n_kv_head"] // tp) * hd
-        ffn = frame["n_expanded_embd"] // tp
-        up = ffn * np.where(frame["use_gated_mlp"].astype(bool), 2, 1)
-        shapes = {"attn_pre_proj": (frame["n_embd"], q + 2 * kv), "attn_post_proj": (q, frame["n_embd"]),
-                  "mlp_up_proj": (frame["n_embd"], up), "mlp_down_proj": (ffn, frame["n_embd"])}
-        for op, (k, n) in shapes.items():
-            column = f"time_stats.{op}.median"
-            if column not in frame:
-                continue
-            part = pd.DataFrame({"model": path.parent.name, "tp": tp, "op": op, "M": frame["num_tokens"],
-                                 "K": k, "N": n, "seconds": frame[column] * 1e-3})
-            out.append(part.dropna())
-    return pd.concat(out, ignore_index=True)
+from cbsim.tools.scoreboard.vidur_tables import (GEMM_OPS, NODES, allreduce_errors, allreduce_rows,  # noqa: F401
+                                                 gemm_errors, gemm_rows)
 
 
 def gemm_predict(rows: pd.DataFrame, t0: float, c: float, e_mem: float, spec) -> np.ndarray:
@@ -56,34 +31,11 @@ def gemm_predict(rows: pd.DataFrame, t0: float, c: float, e_mem: float, spec) ->
     return t0 + np.maximum(compute, memory)
 
 
-def gemm_errors(rows: pd.DataFrame, gpu: str) -> np.ndarray:
-    """|predicted / measured - 1| of the shipped curve, one per row (uses GemmCurve.seconds)."""
-    curve = ge.gemm_curve(gpu_spec(gpu))
-    pred = np.array([curve.seconds(m, n, k) for m, n, k in rows[["M", "N", "K"]].itertuples(index=False)])
-    return np.abs(pred / rows["seconds"].to_numpy() - 1)
-
-
 def fit_gemm(rows: pd.DataFrame, gpu: str) -> tuple[float, float, float]:
     spec, y = gpu_spec(gpu), rows["seconds"].to_numpy()
     res = least_squares(lambda p: np.log(gemm_predict(rows, p[0] * 1e-6, p[1], p[2], spec) / y),
                         [5.0, 0.7, 0.8], bounds=([0, 0.1, 0.1], [50, 1.0, 1.0]))
     return res.x[0] * 1e-6, res.x[1], res.x[2]
-
-
-def allreduce_rows(data: Path, node: str) -> pd.DataFrame:
-    """Single-node all-reduce medians: columns n, bytes, seconds (duplicates: median, as vidur_data)."""
-    frame = pd.read_csv(data / "data" / "profiling" / "network" / node / "all_reduce.csv")
-    frame = frame[frame["devices_per_node"] == frame["num_workers"]]
-    med = frame.groupby(["num_workers", "size"])["time_stats.all_reduce.median"].median().dropna()
-    return pd.DataFrame({"n": med.index.get_level_values(0), "bytes": med.index.get_level_values(1),
-                         "seconds": med.to_numpy() * 1e-3})
-
-
-def allreduce_errors(rows: pd.DataFrame, gpu: str, topology: str) -> np.ndarray:
-    link = collectives.link_model(gpu, topology)
-    pred = np.array([collectives.allreduce_seconds(float(s), int(n), link, topology)
-                     for n, s in rows[["n", "bytes"]].itertuples(index=False)])
-    return pred / rows["seconds"].to_numpy() - 1
 
 
 def fit_allreduce(rows: pd.DataFrame, topology: str) -> collectives.LinkModel:

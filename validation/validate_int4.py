@@ -16,31 +16,8 @@ Run: python validation/validate_int4.py
 """
 from __future__ import annotations
 
-from cbsim.api import run_experiment
-
-SOURCE = "bereketlemma/llm-inference-bench@e3c51199 results/Data/awq_marlin_results.csv"
-PROMPT_TOKENS = 26  # estimate: one English sentence of 18 words and punctuation, plus BOS
-MODEL = {"config": "mistral-7b", "weight_dtype": "int4", "weight_group_size": 128, "max_model_len": 2048}
-# (batch, output tokens) -> mean_latency_ms of one run, as published (10 runs each)
-PUBLISHED_MS = {
-    (1, 128): 2084.076759099844, (1, 256): 4200.395622800352, (1, 512): 8459.656260000338,
-    (4, 128): 2179.9132934003865, (4, 256): 4393.515665900122, (4, 512): 8990.099085800466,
-    (8, 128): 2264.0909331006696, (8, 256): 4589.831577201039, (8, 512): 9545.16661609996,
-}
-
-
-def run_ms(batch: int, output_tokens: int, model=MODEL, gpu: str = "l4") -> float:
-    """cbsim's time for one offline run: `batch` requests at once, fixed prompt and output lengths."""
-    result = run_experiment({
-        "name": "validate_int4", "seed": 0, "model": model,
-        "cost_model": {"type": "roofline", "gpu": gpu, "tp": 1},
-        "cluster": {"replicas": 1, "kv_cache": {"num_blocks": "auto", "gpu_memory_utilization": 0.9}},
-        "policy": {"name": "sarathi", "token_budget": 2048, "max_num_seqs": 256},
-        "workload": {"num_requests": batch, "arrival": {"type": "all_at_once"},
-                     "prompt_len": {"type": "fixed", "value": PROMPT_TOKENS},
-                     "output_len": {"type": "fixed", "value": output_tokens}},
-        "output": {"plots": False, "trace": False}})
-    return float(result.requests["completion_time"].max()) * 1e3
+from cbsim.tools.scoreboard.published import INT4_L4 as SOURCE, INT4_L4_MS as PUBLISHED_MS, INT4_MODEL as MODEL
+from cbsim.tools.scoreboard.runs import int4_run_ms as run_ms
 
 
 def rows() -> list[tuple[int, int, float, float, float]]:

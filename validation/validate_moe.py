@@ -32,76 +32,13 @@ from __future__ import annotations
 import sys
 import time
 
-from cbsim.sim.costmodels import load_cost_model
-from cbsim.sim.costmodels.collectives import alltoall_seconds
-from cbsim.sim.costmodels.catalog.lookup import model_spec
-from cbsim.sim.costmodels.catalog.specs import GiB
-from validate_trtllm_fp8 import offline_throughput  # the shared trtllm-bench setup (same folder)
+from cbsim.tools.scoreboard.published import (DEEPEP_LL, DENSE_017, H800, MIXTRAL_017, QWEN3_DP, TRTLLM,  # noqa: F401
+                                              TRTLLM_017, TRTLLM_REQUESTS)
+from cbsim.tools.scoreboard.runs import alltoall_rows, offline_throughput
+from cbsim.tools.scoreboard.runs import trtllm_017_throughput as simulate_tp
 
-# H800 SXM: H100 silicon with NVLink cut to 400 GB/s (200 GB/s one way; DeepEP: "~160 GB/s NVLink maximum
-# bandwidth" measured) and, in DeepEP's cluster, one 400 Gb/s NIC per GPU.
-H800 = {"name": "h800", "memory_bytes": 80 * GiB, "bf16_flops": 989e12, "fp8_flops": 1979e12, "hbm_bandwidth": 3.35e12,
-        "link_bandwidth": 200e9, "topology": "nvswitch", "inter_node_bandwidth": 50e9, "pcie_bandwidth": 64e9}
-DEEPEP_LL = {8: (77e-6, 114e-6), 16: (118e-6, 195e-6), 32: (155e-6, 273e-6), 64: (173e-6, 314e-6),
-             128: (192e-6, 369e-6), 256: (194e-6, 360e-6)}  # EP: (dispatch, combine) latency
-TRTLLM = "NVIDIA/TensorRT-LLM perf-overview.md @00f37686"
-QWEN3 = {("h200", (128, 128)): 30429, ("h200", (128, 2048)): 42821, ("h200", (128, 4096)): 26852,
-         ("h200", (500, 2000)): 28026, ("h200", (1000, 1000)): 23789, ("h200", (1000, 2000)): 22061,
-         ("h200", (2048, 128)): 3331, ("h200", (2048, 2048)): 16672, ("h200", (5000, 500)): 3623,
-         ("h100", (128, 2048)): 19658, ("h100", (128, 4096)): 12447, ("h100", (500, 2000)): 18351,
-         ("h100", (1000, 1000)): 14898, ("h100", (1000, 2000)): 15136, ("h100", (2048, 2048)): 9924,
-         ("h100", (5000, 500)): 3225}
-REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (1000, 2000): 1500, (2048, 128): 3000,
-            (2048, 2048): 1500, (5000, 500): 1500, (1000, 1000): 3000, (500, 2000): 3000}  # the doc's $num_requests
-
-
-TRTLLM_017 = "NVIDIA/TensorRT-LLM perf-overview.md @258c7540 (v0.17)"
-MIXTRAL = {  # (model, gpu, tp) -> {(isl, osl): output tokens/s}
-    ("mixtral-8x7b", "h200", 1): {(128, 2048): 15095.21, (1000, 1000): 10371.36, (2048, 128): 2009.67, (5000, 500): 2309.1},
-    ("mixtral-8x7b", "h100", 1): {(128, 2048): 8290.13, (1000, 1000): 6868.52, (2048, 128): 1892.81, (5000, 500): 1764.7},
-    ("mixtral-8x7b", "h200", 2): {(128, 2048): 29584.05, (1000, 1000): 19151.19, (2048, 128): 3383.16, (5000, 500): 4223.68},
-    ("mixtral-8x7b", "h100", 2): {(128, 2048): 22830.08, (1000, 1000): 15770.89, (2048, 128): 3333.68, (5000, 500): 3646.09},
-    ("mixtral-8x7b", "a100", 2): {(128, 2048): 4169.78, (1000, 1000): 3154.52, (2048, 128): 649, (5000, 500): 724.44},
-    ("mixtral-8x7b", "h200", 4): {(128, 2048): 52291.78, (1000, 1000): 33580.9, (2048, 128): 5467.62, (5000, 500): 7084.94},
-    ("mixtral-8x7b", "h100", 4): {(128, 2048): 41164.73, (1000, 1000): 27784.74, (2048, 128): 5234.98, (5000, 500): 6401.56},
-    ("mixtral-8x7b", "a100", 4): {(128, 2048): 10911.86, (1000, 1000): 7122.84, (2048, 128): 1237.62, (5000, 500): 1500.55},
-    ("mixtral-8x7b", "h200", 8): {(128, 2048): 68608.45, (1000, 1000): 44705.48, (2048, 128): 7554.38, (5000, 500): 10271.8},
-    ("mixtral-8x7b", "h100", 8): {(128, 2048): 61607.7, (1000, 1000): 40631.71, (2048, 128): 6988.18, (5000, 500): 9210.11},
-    ("mixtral-8x7b", "a100", 8): {(128, 2048): 20277.88, (1000, 1000): 12851.44, (2048, 128): 2165.52, (5000, 500): 2761.28},
-    ("mixtral-8x22b", "h200", 8): {(128, 2048): 32415.81, (1000, 1000): 19712.35, (2048, 128): 2899.84, (5000, 500): 4031.79},
-    ("mixtral-8x22b", "h100", 8): {(128, 2048): 25150.03, (1000, 1000): 16573.24, (2048, 128): 2794.97, (5000, 500): 3645.27},
-}
-
-DENSE_017 = {  # the same table's dense rows, the baseline the MoE rows are read against
-    ("llama-3.1-70b", "h100", 4): {(128, 2048): 11511.93, (1000, 1000): 7430.99, (2048, 128): 1302.6, (5000, 500): 1602.78},
-    ("llama-3.1-70b", "h100", 8): {(128, 2048): 17061.82, (1000, 1000): 11451.16, (2048, 128): 1923.41,
-                                   (5000, 500): 2457.42},
-    ("llama-3.1-70b", "a100", 4): {(128, 2048): 2811.27, (1000, 1000): 1921.77, (2048, 128): 325.15, (5000, 500): 392.62},
-    ("llama-3.1-8b", "h100", 1): {(128, 2048): 21109.38, (1000, 1000): 15244.78, (2048, 128): 3556.73, (5000, 500): 3559.36},
-    ("mistral-7b", "h100", 1): {(128, 2048): 23496.42, (1000, 1000): 16035.66, (2048, 128): 3642.48, (5000, 500): 3591.33},
-}
-
-
-def simulate_tp(model: str, gpu: str, tp: int, isl: int, osl: int, n: int, routing: str = "mean") -> float:
-    """Output tokens/s of one TP replica (experts split tp ways) in the v0.17 setup; A100 at 16 bits."""
-    spec = model if gpu == "a100" else {"config": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}
-    cost = {"type": "roofline", "gpu": gpu, "tp": tp, "engine": "trtllm", "moe_routing": routing}
-    return offline_throughput(spec, cost, isl, osl, n)
-
-
-def alltoall_rows() -> list[tuple]:
-    """(EP, kind, published s, predicted s) for DeepEP's low-latency table (128 tokens per rank)."""
-    model = model_spec("deepseek-v3")  # hidden 7168, top-8, fp8 experts: FP8 dispatch (7,392 bytes a token)
-    rows = []
-    for ep, (dispatch, combine) in DEEPEP_LL.items():
-        cost = load_cost_model({"type": "roofline", "gpu": H800, "tp": 1, "expert_parallel": True,
-                                "data_parallel": ep, "engine": "none"}, model)
-        n, per_node = ep, cost.gpus_per_node
-        sizes = cost._a2a_bytes  # per token and GPU: (dispatch, combine)
-        for kind, size, published in (("dispatch", sizes[0], dispatch), ("combine", sizes[1], combine)):
-            predicted = alltoall_seconds(size * 128, n, per_node, cost._link, cost.topology, 50e9)
-            rows.append((ep, kind, published, predicted))
-    return rows
+QWEN3, REQUESTS = QWEN3_DP, TRTLLM_REQUESTS
+MIXTRAL = MIXTRAL_017
 
 
 def simulate(model: dict, gpu: str, isl: int, osl: int, n: int, data_parallel: bool, routing: str = "mean",

@@ -23,6 +23,7 @@ from cbsim.cli import compare as compare_commands
 from cbsim.cli import fit as fit_commands
 from cbsim.cli import profile as profile_commands
 from cbsim.cli import regress as regress_commands
+from cbsim.cli import scoreboard as scoreboard_commands
 from cbsim.cli import sweep as sweep_commands
 from cbsim.cli import tune as tune_commands
 from cbsim.cli import workloads as workload_commands
@@ -114,8 +115,10 @@ def print_summary(cfg, results, target: Path) -> None:
     from cbsim.sim.metrics import cut_warning
     from cbsim.workloads import drop_warnings
 
-    cut = cut_warning(results.summary)
-    warn(([cut] if cut else []) + drop_warnings(results.summary.get("dropped_rows")))
+    from cbsim.sim.metrics.knee import knee_note
+
+    notes = [cut_warning(results.summary), knee_note(results.summary)]  # a max_time cut; a load near the knee
+    warn([note for note in notes if note] + drop_warnings(results.summary.get("dropped_rows")))
     sys.stderr.flush()
     typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
@@ -216,7 +219,7 @@ def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite
 # Every command family, imported by name: a reader (and the import graph) sees each command here.
 # Each module keeps its heavy imports inside its commands, so `cbsim --help` stays fast.
 for _commands in (profile_commands, fit_commands, workload_commands, sweep_commands, regress_commands,
-                  compare_commands, calibrate_commands, catalog_commands, tune_commands):
+                  compare_commands, calibrate_commands, catalog_commands, tune_commands, scoreboard_commands):
     _commands.register(app)
 
 

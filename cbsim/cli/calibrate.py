@@ -40,21 +40,33 @@ def register(app: typer.Typer) -> None:
                                               "host_per_step_s,host_per_seq_s,host_per_token_s,launch_per_layer_s,"
                                               "collective_per_rank_s; serving host_per_step_s,host_per_seq_s,"
                                               "frontend_s)"),
-            fit_kernel_scale: bool = typer.Option(False, "--fit-kernel-scale", help="also fit a correction factor "
-                                                  "on the kernel time (GEMM efficiency)"),
+            fit_kernel_scale: bool = typer.Option(False, "--fit-kernel-scale", help="also fit one correction factor "
+                                                  "on all the kernel time (added to --fit or to the mode's default)"),
+            fit_kernel_classes: bool = typer.Option(False, "--fit-kernel-classes", help="also fit a correction factor "
+                                                    "per kernel class: gemm_scale, attention_scale, collective_scale, "
+                                                    "moe_scale (roofline; in [0.25, 4]; classes the data has no "
+                                                    "kernels of are refused with a warning)"),
+            drop_unidentified: bool = typer.Option(False, "--drop-unidentified", help="steps mode: refit without "
+                                                   "the terms the data does not identify (no step depends on "
+                                                   "them, or only a combination with an earlier --fit term is "
+                                                   "seen); they keep the base engine's values"),
+            robust: bool = typer.Option(False, "--robust", help="steps mode: a robust loss (soft_l1 at a 5 percent log "
+                                        "error), so a few anomalous steps do not drag the terms"),
             engine: Optional[str] = typer.Option(None, "--engine", help="base engine (preset or file) whose other "
                                                  "terms are kept (overlap, CUDA graphs); default none"),
             max_evals: int = typer.Option(60, "--max-evals", help="serving mode: simulations the search may run"),
             out: Path = typer.Option(..., "--out", help="engine file to write (load with cost_model.engine: FILE)")):
         """Fit the engine terms to measured step times (--steps) or serving metrics (--serving)."""
-        names = _fit_names(fit, fit_kernel_scale)
         if bool(steps) == bool(serving):
             raise ConfigError("calibrate", "either --steps (with --cost-model) or --serving", has_got=False)
+        names = _fit_names(fit, fit_kernel_scale, fit_kernel_classes, "steps" if steps else "serving")
         _check_out(out)
-        report = _from_steps(steps, cost_model, names, engine) if steps else \
+        report = _from_steps(steps, cost_model, names, engine, drop_unidentified, robust) if steps else \
             _from_serving(serving, holdout or [], names, engine, max_evals)
         write_file_atomic(out, lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
         typer.echo(_summary(report))
+        for line in report.get("identification", {}).get("warnings", []):
+            typer.echo(f"warning: {line}", err=True)
         typer.echo(f"engine file: {out}  (use it as cost_model.engine: {out})")
 
     @app.command("engines")
@@ -85,13 +97,20 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{len(rows)} steps: {out}")
 
 
-def _fit_names(fit: str | None, kernel_scale: bool) -> tuple[str, ...] | None:
-    names = tuple(n.strip() for n in fit.split(",") if n.strip()) if fit else None
-    if kernel_scale:
-        from cbsim.tools.calibrate.steps import DEFAULT_FIT  # lazy (module docstring)
+def _fit_names(fit: str | None, kernel_scale: bool, kernel_classes: bool, mode: str) -> tuple[str, ...]:
+    """The terms to fit: --fit, else the mode's default (steps or serving), plus what the flags add."""
+    from cbsim.sim.costmodels.engine import CLASS_TERMS  # lazy (module docstring)
 
-        names = (names or DEFAULT_FIT) + ("kernel_scale",)
-    return names
+    if fit:
+        names = tuple(n.strip() for n in fit.split(",") if n.strip())
+    elif mode == "steps":
+        from cbsim.tools.calibrate.steps import DEFAULT_FIT
+        names = DEFAULT_FIT
+    else:
+        from cbsim.tools.calibrate.serving import DEFAULT_FIT
+        names = DEFAULT_FIT
+    extra = ("kernel_scale",) * kernel_scale + CLASS_TERMS * kernel_classes
+    return tuple(dict.fromkeys(names + extra))
 
 
 def _check_out(out: Path) -> None:
@@ -114,8 +133,9 @@ def read_step_tables(paths) -> tuple[list, list, list[str]]:
     return steps, data, notes
 
 
-def _from_steps(paths, cost_model: Path | None, names, engine) -> dict:
-    from cbsim.tools.calibrate.steps import DEFAULT_FIT, calibrate_steps  # lazy (module docstring)
+def _from_steps(paths, cost_model: Path | None, names, engine, drop_unidentified: bool = False,
+                robust: bool = False) -> dict:
+    from cbsim.tools.calibrate.steps import calibrate_steps  # lazy (module docstring)
     from cbsim.config import read_yaml
 
     if cost_model is None:
@@ -127,8 +147,8 @@ def _from_steps(paths, cost_model: Path | None, names, engine) -> dict:
                           file=str(cost_model))
     steps, data, notes = read_step_tables(paths)
     try:
-        report = calibrate_steps(steps, base.get("model", DEFAULT_MODEL), base["cost_model"], names or DEFAULT_FIT,
-                                 engine)
+        report = calibrate_steps(steps, base.get("model", DEFAULT_MODEL), base["cost_model"], names, engine,
+                                 drop_unidentified=drop_unidentified, robust=robust)
     except ConfigError as err:
         raise err.in_file(str(cost_model)) if err.file is None and err.path.startswith(("cost_model", "model")) \
             else err
@@ -139,11 +159,11 @@ def _from_steps(paths, cost_model: Path | None, names, engine) -> dict:
 
 
 def _from_serving(serving, holdout, names, engine, max_evals: int) -> dict:
-    from cbsim.tools.calibrate.serving import DEFAULT_FIT, calibrate_serving, load_cases  # lazy (module docstring)
+    from cbsim.tools.calibrate.serving import calibrate_serving, load_cases  # lazy (module docstring)
 
     cases = load_cases(serving, "--serving")
     held = load_cases(holdout, "--holdout")
-    return calibrate_serving(cases, names or DEFAULT_FIT, engine, max_evals, held)
+    return calibrate_serving(cases, names, engine, max_evals, held)
 
 
 def _summary(report: dict) -> str:

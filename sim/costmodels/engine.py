@@ -4,7 +4,9 @@ the front end between the client and the scheduler.
 A cost model prices the GPU kernels of a step (`gpu` seconds). A real engine adds work the kernels
 do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` through one `StepEngine`:
 
-    forward = max(kernel_scale * gpu, floor)
+    forward = max(kernel_scale * gpu, floor)    (the roofline has already scaled its GEMMs, attention,
+                                                collectives and MoE experts by gemm_scale, attention_scale,
+                                                collective_scale and moe_scale: calibrated per-class factors)
         floor = graph_launch_s                      a decode-only step of <= cuda_graph_max_batch
                                                     sequences replays one CUDA graph (with
                                                     cuda_graph_piecewise any step of <= that many
@@ -98,6 +100,12 @@ class EngineTerms:
                                           "first (more worker processes to synchronise)")
     kernel_scale: float = option(1.0, help="correction factor on the cost model's kernel time (calibrate "
                                  "--fit-kernel-scale); 1: the kernels as priced")
+    gemm_scale: float = option(1.0, help="correction factor on the GEMMs' time (linear layers, LM head; calibrate "
+                               "--fit-kernel-classes); roofline only; 1: as priced")
+    attention_scale: float = option(1.0, help="correction factor on the attention kernels' time (roofline only)")
+    collective_scale: float = option(1.0, help="correction factor on the TP all-reduces' (and MoE all-to-alls') time "
+                                     "(roofline only)")
+    moe_scale: float = option(1.0, help="correction factor on the MoE experts' and router's time (roofline only)")
     frontend_s: float = option(0.0, help="client-side seconds before a request reaches the scheduler (HTTP, API "
                                "server, hop to the engine core)")
     frontend_per_prompt_token_s: float = option(0.0, help="client-side seconds per prompt token before the "
@@ -113,10 +121,19 @@ class EngineTerms:
             if isinstance(value, bool):  # overlap, cuda_graph_*, decode_attention_per_query_head
                 continue
             require(math.isfinite(value) and value >= 0, f.name, "a finite number >= 0", value)
-        require(self.kernel_scale > 0, "kernel_scale", "a number > 0", self.kernel_scale)
+        for name in ("kernel_scale", *CLASS_TERMS):
+            require(getattr(self, name) > 0, name, "a number > 0", getattr(self, name))
+
+    @property
+    def class_scales(self) -> tuple[float, float, float, float]:
+        """The per-class kernel factors, in KERNEL_CLASSES order."""
+        return self.gemm_scale, self.attention_scale, self.collective_scale, self.moe_scale
 
 
 TERM_NAMES = tuple(f.name for f in dataclasses.fields(EngineTerms))
+# the kernel classes a cost model that splits its kernels (roofline) scales apart, and their terms
+KERNEL_CLASSES = ("gemm", "attention", "collective", "moe")
+CLASS_TERMS = tuple(f"{c}_scale" for c in KERNEL_CLASSES)
 FRONTEND_TERMS = ("frontend_s", "frontend_per_prompt_token_s", "stream_s", "output_lag_steps")
 
 
@@ -137,8 +154,13 @@ class Engine:
     def has_frontend(self) -> bool:
         return any(getattr(self.terms, key) for key in FRONTEND_TERMS)
 
-    def bind(self, num_layers: int, tp: int) -> "StepEngine":
-        """The per-step combination for a model of `num_layers` layers on `tp` GPUs."""
+    def bind(self, num_layers: int, tp: int, classes: bool = False) -> "StepEngine":
+        """The per-step combination for a model of `num_layers` layers on `tp` GPUs. A cost model that
+        does not apply the per-class kernel factors (`classes` false) refuses an engine that sets them."""
+        if not classes:
+            for name in CLASS_TERMS:
+                require(getattr(self.terms, name) == 1.0, f"engine.{name}", "1 (per-class kernel factors need a "
+                        "cost model that prices kernels by class: roofline; use kernel_scale)", getattr(self.terms, name))
         return StepEngine(self.terms, num_layers, tp, none=self.is_none)
 
     def describe(self) -> dict:

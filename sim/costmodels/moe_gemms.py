@@ -126,7 +126,7 @@ class MoEGemms:
         routed = (self._random_routed(cost, routed_tokens) if self.random
                   else self._mean_routed(cost, routed_tokens))
         router = cost._bf16_gemm_seconds(tokens, *self.router)
-        moe = gemms(self.shared) + routed + router
+        moe = gemms(self.shared) + routed * cost._moe_f + router * cost._moe_f  # a calibrated factor (engine.py)
         return attention, dense, moe
 
     def _mean_routed(self, cost: "RooflineCost", routed_tokens: float) -> float:

@@ -31,9 +31,22 @@ def load_cost_model(mapping: dict, model=None, path: str = "cost_model"):
     if model is None:
         model = model_spec(DEFAULT_MODEL)
     try:
-        return cls.from_config(config, model)
+        cost = cls.from_config(config, model)
     except ConfigError as err:  # keys of the cost model's own section, named from the top
         raise (err if err.path == path or err.path.startswith(path + ".") else err.under(path)) from None
+    _warn_outside_calibration(cost)
+    return cost
+
+
+def _warn_outside_calibration(cost) -> None:
+    """An engine file from `cbsim calibrate` records where it was fitted (domain.py): warn when this
+    cost model's GPU, model or TP lies outside."""
+    engine = getattr(cost, "engine", None)
+    if engine is not None and (engine.provenance or {}).get("domain"):
+        from cbsim.sim.costmodels.domain import warn_outside
+
+        hardware = cost.describe()
+        warn_outside(engine, gpu=hardware.get("gpu"), model=hardware.get("model"), tp=hardware.get("tp"))
 
 
 ROOFLINE_ONLY = {  # parallelism keys some cost models cannot price, and which do

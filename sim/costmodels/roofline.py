@@ -221,7 +221,9 @@ class RooflineCost(CostModel):
         if pp > 1:
             self._pipeline = Pipeline.build(model.num_layers, pp, tp, model.hidden, float(model.dtype_bytes), gpu,
                                             self.topology, link_model(gpu, self.topology), self.gpus_per_node)
-        self._engine = engine.bind(max(self._pipeline.layers) if pp > 1 else model.num_layers, tp)
+        self._engine = engine.bind(max(self._pipeline.layers) if pp > 1 else model.num_layers, tp, classes=True)
+        # calibrated per-class kernel factors (engine.py; 1.0 each unless calibrated: x * 1.0 is x, bit for bit)
+        self._gemm_f, self._attn_f, self._comm_f, self._moe_f = engine.terms.class_scales
         self.factors = {"gemm_efficiency": gemm_efficiency, "attention_efficiency": attention_efficiency,
                         "memory_efficiency": memory_efficiency, "layer_overhead": layer_overhead,
                         "step_overhead": step_overhead, "topology": self.topology}
@@ -331,6 +333,7 @@ class RooflineCost(CostModel):
             windowed = _max(self._attn_flops_per_pair * window[0] / self._attn_rate,
                             self._kv_bytes_per_token * window[1] / self._bw)
             attention = attention * (1.0 - self._window_share) + windowed * self._window_share
+        attention = attention * self._attn_f
         gemm, streaming, lm_head, embed, collective = self._size_terms(tokens, rows)
         if self._staged:  # pipeline stages or data-parallel attention: per stage, GEMMs by layer kind
             rest = attention + streaming + self._layer_overhead
@@ -375,6 +378,7 @@ class RooflineCost(CostModel):
             comm = count * self._allreduce(self._allreduce_bytes_per_token * tokens)
         if self.data_parallel > 1 and moe_layers:
             comm = comm + moe_layers * self.alltoall_time(tokens)
+        comm = comm * self._comm_f
         if self._pipeline is not None:
             comm = comm + self._pipeline.handoff_seconds(tokens, stage)
         return comm
@@ -407,7 +411,7 @@ class RooflineCost(CostModel):
         (sim/metrics/step_efficiency.py)."""
         if self._staged:  # the stage that communicates longest
             return max(self._stage_comm(tokens, s) for s in range(len(self._stages)))
-        return self._num_allreduce * self._allreduce(self._allreduce_bytes_per_token * tokens)
+        return self._num_allreduce * self._allreduce(self._allreduce_bytes_per_token * tokens) * self._comm_f
 
     def _gemm_seconds(self, tokens: float) -> float:
         """One layer's GEMMs at `tokens` rows (a Python float, never an array); for an MoE model the
@@ -423,11 +427,11 @@ class RooflineCost(CostModel):
             gemm = 0.0
             for k, n in shapes:
                 gemm = gemm + curve.seconds(tokens, n, k, b, wb, tile)
-            return gemm
+            return gemm * self._gemm_f
         gemm = 0.0
         for flops, weights, acts in gemms:
             gemm = gemm + _max(flops * tokens / self._gemm_rate, (weights + acts * tokens) / self._bw)
-        return gemm
+        return gemm * self._gemm_f
 
     def _grouped_seconds(self, groups: float, rows: float, busiest: float, k: float, n: float,
                          tile: int = TILE) -> float:
@@ -481,9 +485,9 @@ class RooflineCost(CostModel):
         """The LM head GEMM over the sampled rows (16-bit weights and compute at every precision)."""
         if self._lm_curve is not None:
             k, n = self._lm_shape
-            return self._lm_curve.seconds(rows, n, k, float(self.model.dtype_bytes))
+            return self._lm_curve.seconds(rows, n, k, float(self.model.dtype_bytes)) * self._gemm_f
         flops, weights, acts = self._lm
-        return _max(flops * rows / self._lm_rate, (weights + acts * rows) / self._bw)
+        return _max(flops * rows / self._lm_rate, (weights + acts * rows) / self._bw) * self._gemm_f
 
     def step_time(self, shape: StepShape) -> float:
         if shape.is_empty:

@@ -3,7 +3,9 @@
 Invariant: a row exists for every metric present on both sides (cbsim's names, seconds), with the
 signed relative error (simulated - measured) / measured. The experiment runs exactly as `cbsim run`
 would run it, except when it has no workload: then the measured file's per-request prompt and
-output lengths become an explicit request list (see `measured_workload`), and a note says so.
+output lengths become an explicit request list (see `measured_workload`), and a note says so. A run
+within 10 % of its simulated capacity (sim/metrics/knee.py) gets a note and `meta.near_knee`: there a
+small step-time error is a large latency error.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from cbsim.api import run_experiment
 from cbsim.config import ExperimentConfig, apply_overrides, load_config, read_yaml
 from cbsim.core.errors import ConfigError
 from cbsim.tools.compare.measured import METRICS, MeasuredRun, load_measured, simulated_metrics
+from cbsim.sim.metrics.knee import knee_note
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class CompareResult:
                        "measured_requests": None if self.measured.input_lens is None else len(self.measured.input_lens),
                        "measured_failed": self.measured.num_failed,
                        "simulated_finished": self.results.summary.get("num_finished"),
+                       "load_vs_capacity": self.results.summary.get("load_vs_capacity"),
+                       "near_knee": knee_note(self.results.summary) is not None,
                        "skipped": list(self.measured.skipped), "notes": self.notes}
         return out
 
@@ -63,6 +68,9 @@ def compare(experiment, measured, out_dir: str | Path | None = None,
     rows = {name: Row(run.metrics[name], simulated[name], (simulated[name] - run.metrics[name]) / run.metrics[name])
             for name in METRICS if name in run.metrics and name in simulated}
     notes += _caveats(run, rows)
+    knee = knee_note(results.summary)  # a stage within 10 % of the simulated capacity is flagged
+    if knee:
+        notes.append(knee)
     result = CompareResult(rows, run, results, notes)
     if out_dir is not None:
         write(result, out_dir)

@@ -14,7 +14,7 @@ from cbsim.api import load_cost_model, run_experiment
 from cbsim.tools.calibrate.steps import calibrate_steps, kernel_rows, predict
 from cbsim.cli.app import app
 from cbsim.core.errors import ConfigError
-from cbsim.sim.costmodels.engine import Engine, EngineTerms, load_engine, preset_names
+from cbsim.sim.costmodels.engine import CLASS_TERMS, Engine, EngineTerms, load_engine, preset_names
 from cbsim.profiler.converters.splitwise import read_splitwise
 from cbsim.profiler.converters.step_table import MeasuredStep
 from cbsim.sim.shape import StepShape
@@ -77,8 +77,10 @@ def test_every_preset_loads_and_names_its_sources():
         sources = loaded.provenance.get("term_sources")
         if sources is None:  # a fitted engine file: its data and errors
             assert loaded.provenance["data"] and loaded.provenance["errors"]
-        else:  # a preset: every term says where its value comes from, or that there is no data
-            assert set(sources) == {f.name for f in dataclasses.fields(EngineTerms)}, name
+        else:  # a preset: every term says where its value comes from, or that there is no data; the
+            # per-class kernel factors are calibration results (cbsim calibrate), never a preset's
+            assert set(sources) == {f.name for f in dataclasses.fields(EngineTerms)} - set(CLASS_TERMS), name
+            assert loaded.terms.class_scales == (1.0,) * len(CLASS_TERMS), name
             assert all(entry.get("source") for entry in sources.values()), name
         assert load_cost_model({**ROOFLINE, "engine": name}, "llama-2-70b").step_time(SHAPES[0]) > 0
 
