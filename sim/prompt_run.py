@@ -15,7 +15,8 @@ run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each reques
 replica's reject_reason says which it will turn away); a request waits from the first step that starts
 at or after its arrival. In a step whose running requests all decode, or whose prompt runs its last
 chunk with token budget left (not a long chunk), the run admits the head of the queue if a sequence, a
-token and its first chunk's KV blocks beside the watermark are free, and if the requests behind it, if
+token and its first chunk's KV blocks (with reserve_full_prompt, its whole prompt's: KVCache.admission_tokens)
+beside the watermark are free, and if the requests behind it, if
 any, find no token or sequence left; the new prompt then runs its chunks as the first one did.
 Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
 wait, a second admission into one step, an admission that does not fit) ends the run before that
@@ -112,7 +113,7 @@ def _stated_admission(replica):
     the module docstring), else None."""
     admits = getattr(replica.policy, "steady_admission", None)
     if not (replica.arrivals is not None and admits is not None) or replica.state.swapped_first \
-            or replica.kv.reserve_full_prompt or replica.settings.max_queued_requests is not None:
+            or replica.settings.max_queued_requests is not None:
         return None
     return admits(replica.state)
 
@@ -174,12 +175,13 @@ class _SteadySteps:
         self.left -= chunk
         self._caught_up(0)
 
-    def _start_prompt(self, prompt, first: int, history: int, blocks: int) -> None:
-        """`prompt` runs its chunks from step `first` (history `history`, `blocks` held)."""
+    def _start_prompt(self, prompt, first: int, history: int, blocks: int, reserved: int = 0) -> None:
+        """`prompt` runs its chunks from step `first` (history `history`, `blocks` held; its first chunk
+        takes at least `reserved`, an admission's reservation)."""
         self.prompt, self.first, self.history = prompt, first, history
         self.chunks: list = []
         self.sampled: int | None = None
-        self.computed, self.prompt_blocks = history, blocks
+        self.computed, self.prompt_blocks, self.reserved = history, blocks, reserved
         self.left = prompt.prompt_len + prompt.num_output_tokens - history
 
     def _segment(self) -> PromptSegment:
@@ -285,7 +287,7 @@ class _SteadySteps:
             chunk = min(self.left, room if self.cap is None else min(room, self.cap))
             waiting = self._arrivals(end) if chunk != room else 0  # a chunk short of the budget runs only
             # if nobody waits, or beside the one it admits (a full chunk leaves them nothing)
-            target = -(-(self.computed + chunk) // block_size)
+            target = max(-(-(self.computed + chunk) // block_size), self.reserved)
             grow = self.crossings[j] + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
@@ -400,7 +402,11 @@ class _SteadySteps:
             return None  # too small a first piece beside other rows: the policy admits nobody
         if waiting > 1 and chunk < room and taken + 1 < admission.max_num_seqs:
             return None  # the policy would go on to the next waiting request
-        return (req, chunk) if self.kv.blocks_for(chunk) <= free - self.kv.watermark_blocks else None
+        return (req, chunk) if self._first_blocks(req, chunk) <= free - self.kv.watermark_blocks else None
+
+    def _first_blocks(self, req: Request, chunk: int) -> int:
+        """KV blocks a fresh request holds once admitted with its first chunk (KVCache.admission_tokens)."""
+        return self.kv.blocks_for(self.kv.admission_tokens(req, chunk))
 
     def _join(self, req: Request, j: int) -> None:
         """`req`, the head of the waiting requests, is admitted in step j: it is the prompt from then on."""
@@ -410,7 +416,7 @@ class _SteadySteps:
         else:
             self.routed += 1
         self.admitted.append(req)
-        self._start_prompt(req, j, 0, 0)
+        self._start_prompt(req, j, 0, 0, self._first_blocks(req, 0))
 
     def _queued_request(self) -> Request:
         """The head of the waiting requests (of the replica's queue, or the next arrived here)."""
@@ -437,7 +443,7 @@ class _SteadySteps:
         tokens = chunk
         if beside is not None:
             req, first = beside
-            blocks = self.kv.blocks_for(first)
+            blocks = self._first_blocks(req, first)
             self.free -= blocks
             self._join(req, j)
             self._advance(j, first, blocks)

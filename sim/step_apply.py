@@ -268,6 +268,8 @@ def commit_prompt_run(replica, run) -> None:
     kv = replica.kv
     for req in replica.state.running:  # the blocks of their last step's context
         blocks = -(-req.num_computed_tokens // kv.block_size)
+        if kv.reserve_full_prompt:  # a prompt the run admitted holds its whole prompt's (no more: it is fresh)
+            blocks = max(blocks, kv.blocks_for(req.prompt_len))
         if blocks > req.num_blocks:
             kv.grow(req, blocks)
 

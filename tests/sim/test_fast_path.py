@@ -121,11 +121,12 @@ SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0
 
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(sorted(ADMITTING)), st.sampled_from(["linear", "vidur", "roofline"]), SPREAD,
-       st.integers(12, 160), st.sampled_from([1, 4, 12]), st.sampled_from([1e6, 1e6, 2.0]))
-def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, watermark, max_time):
+       st.integers(12, 160), st.sampled_from([1, 4, 12]), st.sampled_from([1e6, 1e6, 2.0]), st.booleans())
+def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, watermark, max_time, reserve):
     """A prompt run that routes and admits arrivals itself (one replica, open loop: sim/prompt_run.py)
     gives what stepping one by one gives, where the admission fits and where it does not (KV beside the
-    watermark, seats, a budget the decodes fill, two requests waiting, a cut)."""
+    watermark, seats, a budget the decodes fill, two requests waiting, a cut), whether an admission
+    reserves the first chunk's blocks or the whole prompt's (reserve_full_prompt)."""
     def one(fast_forward: bool):
         requests, t = [], 0.0
         for i, (gap, prompt, output) in enumerate(specs):
@@ -133,7 +134,8 @@ def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, w
             requests.append(Request(i, t, prompt, output))
         settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward)
         recorder, _ = simulate(requests, lambda: make_policy(ADMITTING[policy]), cost_model(cost),
-                               lambda: KVCache(num_blocks, 16, watermark, False, 1024.0), settings_, max_time=max_time)
+                               lambda: KVCache(num_blocks, 16, watermark, reserve, 1024.0), settings_,
+                               max_time=max_time)
         return requests, recorder
 
     assert_same_run(one(False), one(True))
@@ -161,9 +163,11 @@ def test_runs_with_arrivals_in_examples(policy, specs):
     assert_same_run(one(False), one(True))
 
 
-def test_a_run_admits_the_arrivals_it_reaches():
+@pytest.mark.parametrize("reserve", [False, True])
+def test_a_run_admits_the_arrivals_it_reaches(reserve):
     """The reference shape (a request at a time, each arriving while the others decode) takes its
-    arrivals inside prompt runs: fewer planned steps than arrivals, and the same tables."""
+    arrivals inside prompt runs: fewer planned steps than arrivals, and the same tables; also where an
+    admission reserves the whole prompt's KV (reserve_full_prompt, Vidur's rule)."""
     specs = [(0.5, 100, 80)] * 30
     requests = [Request(i, 0.5 * i, 100, 80) for i in range(30)]
     planned = []
@@ -174,7 +178,7 @@ def test_a_run_admits_the_arrivals_it_reaches():
         schedule = policy.schedule
         policy.schedule = lambda state: planned.append(1) or schedule(state)
         recorder, _ = simulate(reqs, lambda: policy, cost_model("linear"),
-                               lambda: KVCache(400, 16, 1, False, 1024.0),
+                               lambda: KVCache(400, 16, 1, reserve, 1024.0),
                                ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward))
         return reqs, recorder
 
