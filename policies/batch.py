@@ -278,7 +278,7 @@ class BatchBuilder:
             return False
         if self.prefix is not None:
             return self._admit_with_prefix(req, num_tokens, reserve_tokens)
-        alloc = max(self.kv.admission_tokens(req, req.num_computed_tokens + num_tokens), reserve_tokens)
+        alloc = self.kv.admission_tokens(req, req.num_computed_tokens + num_tokens, reserve_tokens)
         if self.kv.window is None:
             target = self.kv.blocks_for(alloc)
         else:
@@ -295,7 +295,7 @@ class BatchBuilder:
         prefix = self.prefix
         held = req.num_blocks + len(path) * prefix.unit_blocks  # a hit request holds no blocks yet
         num_tokens = min(num_tokens, self.need(req))
-        alloc = max(self.kv.admission_tokens(req, self.computed(req) + num_tokens), reserve_tokens)
+        alloc = self.kv.admission_tokens(req, self.computed(req) + num_tokens, reserve_tokens)
         target = self.kv.blocks_for(alloc)
         refs = self._refs
         claimed = sum(prefix.unit_blocks for node in path if node.refs + refs.get(node, 0) == 0)

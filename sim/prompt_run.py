@@ -49,13 +49,15 @@ class PromptSegment(NamedTuple):  # (a tuple: made once per prompt a run admits,
     """One prompt's part of a run: it runs `chunks[k]` in step first + k (from history `history`) until it
     has caught up, then is a decode row. `first`: 0 for the prompt in progress at the run's start, else
     the step that admits it. It samples its next token in step `sampled` (None: not in this run): its
-    last chunk's, or, when that left one token (a recompute's), its first decode row's."""
+    last chunk's, or, when that left one token (a recompute's), its first decode row's. It holds at least
+    `blocks` KV blocks after its chunks (an admission's reservation may exceed its context)."""
 
     prompt: Request
     first: int
     history: int
     chunks: list[int]
     sampled: int | None
+    blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +187,7 @@ class _SteadySteps:
         self.left = prompt.prompt_len + prompt.num_output_tokens - history
 
     def _segment(self) -> PromptSegment:
-        return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled)
+        return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled, self.prompt_blocks)
 
     def _add_decodes(self, decodes, contexts) -> None:
         """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, two calls a row)."""
@@ -398,6 +400,8 @@ class _SteadySteps:
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
+        if admission.whole_prompts and chunk < req.prompt_len:
+            return None  # the prompt does not fit whole: the policy admits nobody
         if taken and chunk < min(admission.min_chunk, req.prompt_len):
             return None  # too small a first piece beside other rows: the policy admits nobody
         if waiting > 1 and chunk < room and taken + 1 < admission.max_num_seqs:
@@ -406,7 +410,8 @@ class _SteadySteps:
 
     def _first_blocks(self, req: Request, chunk: int) -> int:
         """KV blocks a fresh request holds once admitted with its first chunk (KVCache.admission_tokens)."""
-        return self.kv.blocks_for(self.kv.admission_tokens(req, chunk))
+        reserve = self.admission.reserve if self.admission is not None else None
+        return self.kv.blocks_for(self.kv.admission_tokens(req, chunk, 0 if reserve is None else reserve(req)))
 
     def _join(self, req: Request, j: int) -> None:
         """`req`, the head of the waiting requests, is admitted in step j: it is the prompt from then on."""

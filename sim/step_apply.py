@@ -268,10 +268,11 @@ def commit_prompt_run(replica, run) -> None:
     kv = replica.kv
     for req in replica.state.running:  # the blocks of their last step's context
         blocks = -(-req.num_computed_tokens // kv.block_size)
-        if kv.reserve_full_prompt:  # a prompt the run admitted holds its whole prompt's (no more: it is fresh)
-            blocks = max(blocks, kv.blocks_for(req.prompt_len))
         if blocks > req.num_blocks:
             kv.grow(req, blocks)
+    for segment in run.prompts:  # a reservation beyond the context (reserve_full_prompt, Orca's max length)
+        if segment.blocks > segment.prompt.num_blocks and segment.prompt not in finish:
+            kv.grow(segment.prompt, segment.blocks)
 
 
 def _join(replica, req: Request, start: float, row: int) -> None:

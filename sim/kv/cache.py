@@ -120,11 +120,13 @@ class KVCache:
         req.num_blocks = target
         self._top[req.id] = self.window.top_of(target, req.num_computed_tokens)
 
-    def admission_tokens(self, req: Request, tokens: int) -> int:
+    def admission_tokens(self, req: Request, tokens: int, reserve_tokens: int = 0) -> int:
         """Tokens of KV room an admission of `req` takes, `tokens` being its progress after the step: those,
-        or with reserve_full_prompt at least its whole known input (prompt and outputs so far), as Vidur's
+        or the policy's reservation `reserve_tokens` (Orca's prompt + max output) if larger, and with
+        reserve_full_prompt at least its whole known input (prompt and outputs so far), as Vidur's
         schedulers and a P/D prefill replica reserve it. The one copy of the rule (BatchBuilder.admit,
         prompt runs)."""
+        tokens = max(tokens, reserve_tokens)
         return max(tokens, req.num_tokens) if self.reserve_full_prompt else tokens
 
     def fits_ever(self, tokens: int) -> bool:

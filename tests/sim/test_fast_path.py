@@ -105,7 +105,8 @@ def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
 
 
 # sarathi under budgets, seats and caches that an admission inside a prompt run can hit (a budget the
-# decodes can fill, few seats, a cap, and a watermark the first chunk must leave), and splitfuse's min_chunk
+# decodes can fill, few seats, a cap, and a watermark the first chunk must leave), splitfuse's min_chunk
+# and orca's whole prompts
 ADMITTING = {
     "sarathi": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8},
     "sarathi-tight": {"name": "sarathi", "token_budget": 6, "max_num_seqs": 12},
@@ -113,6 +114,10 @@ ADMITTING = {
     "sarathi-capped": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "long_prefill_token_threshold": 24},
     "sarathi-partials": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "max_num_partial_prefills": 2},
     "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8, "min_chunk": 24},
+    # whole prompts only, KV reserved for prompt + output (or page by page), a budget a prompt may not fit
+    "orca": {"name": "orca", "max_num_seqs": 8},
+    "orca-paged": {"name": "orca", "max_num_seqs": 4, "kv_reservation": "paged"},
+    "orca-budget": {"name": "orca", "max_num_seqs": 8, "token_budget": 96},
 }
 # arrivals spread over the decode steps of the requests before them (a step takes ~0.02-0.2 s)
 SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0.6, 2.0]), st.integers(1, 160),
@@ -163,21 +168,23 @@ def test_runs_with_arrivals_in_examples(policy, specs):
     assert_same_run(one(False), one(True))
 
 
+@pytest.mark.parametrize("policy", ["sarathi", "orca"])
 @pytest.mark.parametrize("reserve", [False, True])
-def test_a_run_admits_the_arrivals_it_reaches(reserve):
+def test_a_run_admits_the_arrivals_it_reaches(policy, reserve):
     """The reference shape (a request at a time, each arriving while the others decode) takes its
     arrivals inside prompt runs: fewer planned steps than arrivals, and the same tables; also where an
-    admission reserves the whole prompt's KV (reserve_full_prompt, Vidur's rule)."""
+    admission reserves the whole prompt's KV (reserve_full_prompt, Vidur's rule) and under Orca (whole
+    prompts, KV for prompt + output)."""
     specs = [(0.5, 100, 80)] * 30
     requests = [Request(i, 0.5 * i, 100, 80) for i in range(30)]
     planned = []
 
     def one(fast_forward: bool):
         reqs = [Request(r.id, r.arrival, r.prompt_len, r.output_len) for r in requests]
-        policy = make_policy(ADMITTING["sarathi"])
-        schedule = policy.schedule
-        policy.schedule = lambda state: planned.append(1) or schedule(state)
-        recorder, _ = simulate(reqs, lambda: policy, cost_model("linear"),
+        planner = make_policy(ADMITTING[policy])
+        schedule = planner.schedule
+        planner.schedule = lambda state: planned.append(1) or schedule(state)
+        recorder, _ = simulate(reqs, lambda: planner, cost_model("linear"),
                                lambda: KVCache(400, 16, 1, reserve, 1024.0),
                                ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward))
         return reqs, recorder
