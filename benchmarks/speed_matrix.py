@@ -26,9 +26,10 @@ round). The spread printed beside it is (max - min) / median over rounds: the ma
     python benchmarks/speed_matrix.py --requests 100000 --rounds 2
     python benchmarks/speed_matrix.py --rows benchmark,sglang_lpm --profile sglang_lpm  # cProfile one row
 
-With Vidur installed beside cbsim (`import vidur` works), each row Vidur can run (sarathi, orca,
-round_robin / least outstanding requests over replicas, pipeline stages) is also run by Vidur's own
-simulator on the same trace and profile, and its ratio printed; otherwise that column is left out.
+Vidur: `--vidur-us N` takes Vidur's own CPU microseconds per request on this list (its benchmark run with
+the same trace, profile and cache, measured beside this script on the same machine) and prints each row's
+ratio to it. The script does not drive Vidur itself (not done: Vidur is not installed here), and says so
+when `import vidur` works.
 """
 from __future__ import annotations
 
@@ -139,14 +140,18 @@ def measure(setup: Setup, rows: list[Row], rounds: int) -> dict[str, list[float]
     return times
 
 
-def report(times: dict[str, list[float]]) -> None:
+def report(times: dict[str, list[float]], vidur_us: float | None = None) -> None:
+    """Each row's median us/request, its spread over rounds, its ratio to the benchmark (the median of the
+    rounds' ratios) and, given Vidur's us/request, how many times less CPU than Vidur it uses."""
     base = times.get("benchmark")
-    print(f"{'configuration':16s} {'us/request':>10s} {'spread':>7s} {'x benchmark':>12s}")
+    vidur = f" {'Vidur / row':>12s}" if vidur_us else ""
+    print(f"{'configuration':16s} {'us/request':>10s} {'spread':>7s} {'x benchmark':>12s}{vidur}")
     for name, values in times.items():
         median = statistics.median(values)
         spread = (max(values) - min(values)) / median
         ratio = statistics.median(v / b for v, b in zip(values, base)) if base else float("nan")
-        print(f"{name:16s} {median * 1e6:10.1f} {spread:7.0%} {ratio:11.2f}x")
+        vidur = f" {vidur_us / (median * 1e6):11.1f}x" if vidur_us else ""
+        print(f"{name:16s} {median * 1e6:10.1f} {spread:7.0%} {ratio:11.2f}x{vidur}")
 
 
 def profile(setup: Setup, row: Row, top: int = 25) -> None:
@@ -164,6 +169,8 @@ def main() -> None:
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all; the benchmark "
                         "always runs, for the ratio)")
     parser.add_argument("--profile", default="", help="print a cProfile of this row instead of timing")
+    parser.add_argument("--vidur-us", type=float, default=None, help="Vidur's CPU us per request on this list, "
+                        "measured beside this script: each row's ratio to it is printed")
     args = parser.parse_args()
     if not (sim_speed.data_root() / sim_speed.TRACE).exists():
         sys.exit(f"trace not found under {sim_speed.data_root()} (set CBSIM_DATA)")
@@ -178,9 +185,9 @@ def main() -> None:
         return
     rows = [by_name["benchmark"], *(by_name[n] for n in wanted if n != "benchmark")] if wanted else ROWS
     print(f"{args.requests:,} requests, {args.rounds} rounds alternated; CPU time of the event loop")
-    report(measure(setup, rows, args.rounds))
-    if vidur_available():
-        print("vidur is importable, but this script does not drive it yet: its column is left out")
+    report(measure(setup, rows, args.rounds), args.vidur_us)
+    if vidur_available() and args.vidur_us is None:
+        print("vidur is importable, but this script does not drive it: give its us/request with --vidur-us")
 
 
 if __name__ == "__main__":

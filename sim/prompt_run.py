@@ -73,20 +73,27 @@ class PromptRun:
     columns: dict
 
 
-def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
-    """Whether the step just begun may start a prompt run: one prompt in progress beside decodes of every
-    other running request, and nothing that changes from step to step or must see each
-    step (noise, recorded shapes, prefix caching, a sliding window, the decode reserve and step cap, TTFT
-    admission, a closed loop or client timeouts, a P/D role, side work)."""
+def replica_leaps_prompts(replica) -> bool:
+    """What of may_leap_prompt holds for the replica's whole life, decided once (Replica.run, before its
+    first step): nothing that changes from step to step or must see each step (noise, recorded shapes,
+    prefix caching, a sliding window, the decode reserve and step cap, TTFT admission, a closed loop or
+    client timeouts, a P/D role)."""
     state = replica.state
-    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
-            and replica.settings.fast_forward and replica.settings.client_timeout is None
-            and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
-                     or plan.hold_finished or state.reserve is not None
-                     or state.step_cap is not None)
+    return (replica.settings.fast_forward and replica.settings.client_timeout is None
+            and state.reserve is None and state.step_cap is None
             and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
             and replica.kv.window is None and replica.admission is None and replica.on_leave is None
             and replica.role.leaps_prompts)
+
+
+def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
+    """Whether the step just begun, on a replica where replica_leaps_prompts holds, may start a prompt run:
+    one prompt in progress beside decodes of every other running request, and no preemption, padding,
+    rejection, swap, side work or held finish in the step."""
+    state = replica.state
+    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
+            and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
+                     or plan.hold_finished))
 
 
 def prompt_run(replica, plan, shape, start: float, duration: float, where) -> PromptRun | None:
