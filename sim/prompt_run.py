@@ -15,9 +15,11 @@ run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each reques
 replica's reject_reason says which it will turn away); a request waits from the first step that starts
 at or after its arrival. In a step whose running requests all decode, or whose prompt runs its last
 chunk with token budget left (not a long chunk), the run admits the head of the queue if a sequence, a
-token and its first chunk's KV blocks (with reserve_full_prompt, its whole prompt's: KVCache.admission_tokens)
-beside the watermark are free, and if the requests behind it, if
-any, find no token or sequence left; the new prompt then runs its chunks as the first one did.
+token (a policy of whole prompts: its whole prompt) and the KV blocks its admission takes beside the
+watermark are free (KVCache.admission_tokens: its first chunk's, its whole prompt's with
+reserve_full_prompt, or what the policy reserves up front: Orca's prompt + max output), and if the
+requests behind it, if any, find no token or sequence left; the new prompt then runs its chunks as the
+first one did.
 Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
 wait, a second admission into one step, an admission that does not fit) ends the run before that
 step, which the policy then plans.
