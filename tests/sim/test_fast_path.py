@@ -31,6 +31,7 @@ POLICIES = {
     "sarathi-wide": {"name": "sarathi", "token_budget": 160, "max_num_seqs": 12},
     "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8},
     "sglang": {"name": "sglang", "max_num_seqs": 8},
+    "sglang-lpm": {"name": "sglang", "max_num_seqs": 8, "schedule_policy": "lpm"},
     "chunked_only": {"name": "chunked_only", "token_budget": 64, "max_num_seqs": 8},
 }
 COSTS = {
@@ -52,29 +53,34 @@ def cost_model(name: str):
     return _COST_MODELS[name]
 
 
-def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool, max_time: float = 1e6):
+def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool, max_time: float = 1e6,
+        kv: tuple[bool, bool] = (False, False)):
+    """`kv`: (reserve_full_prompt, prefix_caching)."""
     requests, t = [], 0.0
     for i, (gap, prompt, output) in enumerate(specs):
         t += gap
         requests.append(Request(i, t, prompt, output))
     settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward, swap_bandwidth=1e9)
     recorder, _ = simulate(requests, lambda: make_policy(POLICIES[policy]), cost_model(cost),
-                           lambda: KVCache(num_blocks, 16, 1, False, 1024.0), settings_, max_time=max_time)
+                           lambda: KVCache(num_blocks, 16, 1, kv[0], 1024.0, prefix_caching=kv[1]), settings_,
+                           max_time=max_time)
     return requests, recorder
 
 
 @settings(max_examples=150)
 @given(st.sampled_from(sorted(POLICIES)), st.sampled_from(sorted(COSTS)), WORKLOADS, st.integers(26, 200),
-       st.sampled_from([0, 8, 64, 10**9]), st.sampled_from([1e6, 1e6, 0.5, 3.0]))
+       st.sampled_from([0, 8, 64, 10**9]), st.sampled_from([1e6, 1e6, 0.5, 3.0]),
+       st.sampled_from([(False, False), (False, False), (True, False), (False, True)]))
 # an idle replica woken by an arrival starts on SimPy's clock, which lands on the arrival from the feed's
 # previous wake: a feed that slept through a prompt run landed an ulp late (6.200000000000001)
-@example("sarathi", "linear", [(0.0, 1, 20), (0.2, 9, 90), (1.0, 1, 1), (5.0, 1, 1)], 26, 0, 1e6)
-def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run, max_time):
-    """Also where the simulation stops mid-run (sim.max_time): a run's steps that ended by then count."""
-    stepped = run(policy, cost, specs, num_blocks, fast_forward=False, max_time=max_time)
+@example("sarathi", "linear", [(0.0, 1, 20), (0.2, 9, 90), (1.0, 1, 1), (5.0, 1, 1)], 26, 0, 1e6, (False, False))
+def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run, max_time, kv):
+    """Also where the simulation stops mid-run (sim.max_time): a run's steps that ended by then count;
+    and with the KV cache's reserve_full_prompt or prefix caching (the matrix's rows)."""
+    stepped = run(policy, cost, specs, num_blocks, fast_forward=False, max_time=max_time, kv=kv)
     with pytest.MonkeyPatch.context() as patch:  # 0: numpy runs only; 10**9: plain-Python runs only
         patch.setattr(fast_forward_module, "SCALAR_RUN", scalar_run)
-        fast = run(policy, cost, specs, num_blocks, fast_forward=True, max_time=max_time)
+        fast = run(policy, cost, specs, num_blocks, fast_forward=True, max_time=max_time, kv=kv)
     assert_same_run(stepped, fast)
 
 
