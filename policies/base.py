@@ -9,6 +9,7 @@ residency (policies/lora.py), and the arrival admission of per-tenant quotas and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from cbsim.core.schema import option, require
 from cbsim.sim.plan import StepPlan
@@ -27,11 +28,15 @@ class SteadyAdmission:
     first chunk is min(its prompt, tokens left, the policy's cap), taken if a sequence (max_num_seqs) and a
     token are left, the chunk is at least min(min_chunk, its prompt) beside other rows, and its KV blocks
     fit beside the watermark; the scan ends at the first that is not taken. Beside a prompt's last chunk
-    only if that chunk is not long (more than long_threshold tokens; None: none is)."""
+    only if that chunk is not long (more than long_threshold tokens; None: none is). `whole_prompts`: a
+    prompt is taken only whole (Orca); `reserve(req)`: the tokens of KV an admission reserves up front
+    (admit_prefills' `reserve`; None: none)."""
 
     max_num_seqs: int
     long_threshold: int | None = None
     min_chunk: int = 1
+    whole_prompts: bool = False
+    reserve: Callable[[Request], int] | None = None
 
 
 @dataclass

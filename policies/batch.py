@@ -278,10 +278,7 @@ class BatchBuilder:
             return False
         if self.prefix is not None:
             return self._admit_with_prefix(req, num_tokens, reserve_tokens)
-        tokens = req.num_computed_tokens + num_tokens
-        if self.kv.reserve_full_prompt:
-            tokens = max(tokens, req.num_tokens)
-        alloc = max(tokens, reserve_tokens)
+        alloc = self.kv.admission_tokens(req, req.num_computed_tokens + num_tokens, reserve_tokens)
         if self.kv.window is None:
             target = self.kv.blocks_for(alloc)
         else:
@@ -298,10 +295,7 @@ class BatchBuilder:
         prefix = self.prefix
         held = req.num_blocks + len(path) * prefix.unit_blocks  # a hit request holds no blocks yet
         num_tokens = min(num_tokens, self.need(req))
-        tokens = self.computed(req) + num_tokens
-        if self.kv.reserve_full_prompt:
-            tokens = max(tokens, req.num_tokens)
-        alloc = max(tokens, reserve_tokens)
+        alloc = self.kv.admission_tokens(req, self.computed(req) + num_tokens, reserve_tokens)
         target = self.kv.blocks_for(alloc)
         refs = self._refs
         claimed = sum(prefix.unit_blocks for node in path if node.refs + refs.get(node, 0) == 0)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from cbsim.core.schema import option
 
-from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.base import Budgets, Policy, SteadyAdmission
 from cbsim.policies.helpers import admit_prefills, fill_decodes
 from cbsim.policies.registry import register
 
@@ -35,6 +35,21 @@ class Orca(Policy):
         cfg = self.config
         b = self.builder(state, self.token_budget(state), cfg.max_num_seqs)
         fill_decodes(b, state.running)
-        reserve = (lambda r: r.prompt_len + r.output_len) if cfg.kv_reservation == "max_len" else None
-        admit_prefills(b, state.waiting, chunk=False, reserve=reserve)
+        admit_prefills(b, state.waiting, chunk=False, reserve=self.reserve())
         return b.build()
+
+    def reserve(self):
+        """The KV tokens an admission reserves up front (None: page by page)."""
+        return _max_length if self.config.kv_reservation == "max_len" else None
+
+    def steady_chunks(self, state):
+        return self.token_budget(state), None  # a prompt runs whole in the step that admits it
+
+    def steady_admission(self, state):
+        if not self.admits_by_budgets(state):
+            return None
+        return SteadyAdmission(self.config.max_num_seqs, whole_prompts=True, reserve=self.reserve())
+
+
+def _max_length(req) -> int:
+    return req.prompt_len + req.output_len

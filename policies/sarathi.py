@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from cbsim.core.schema import option, require
 
 from cbsim.policies.base import Budgets, Policy, SteadyAdmission
+from cbsim.policies.fair_step import FairStep
 from cbsim.policies.fairness import FairConfig, bucket_reject_reason, make_fair
 from cbsim.policies.helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
-                      fill_decodes, make_dynamic)
+                      make_dynamic)
 from cbsim.policies.registry import register
 
 LONG_PREFILL_FRACTION = 0.04  # vLLM SchedulerConfig: threshold = 4 % of max_model_len when unset
@@ -124,29 +125,15 @@ class Sarathi(Policy):
         return cfg.long_prefill_token_threshold
 
     def schedule(self, state):
-        cfg, fair = self.config, self.fair
+        cfg = self.config
         b = self.builder(state, self.token_budget(state), cfg.max_num_seqs)
-        if fair is not None:
-            fair.observe(state)
-            held = fair.hold(b, state)
-        others = fill_decodes(b, state.running)
-        if fair is not None:
-            fair.release(b, held)
-        threshold = self.long_threshold(state.max_model_len)
-        limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills, threshold)
-        cap = self.request_cap()
-        chunk = chunk_limit(self.dynamic, state)
-        skip = not cfg.strict_fcfs
+        step = FairStep(self.fair, b, state)  # fairness around the step (policies/fair_step.py), if on
+        others = step.decodes()
+        limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills,
+                             self.long_threshold(state.max_model_len))
+        cap, chunk, skip = self.request_cap(), chunk_limit(self.dynamic, state), not cfg.strict_fcfs
         continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
-        if b.preempted:  # vLLM V1 schedules no waiting request in a step that preempts (`if not preempted_reqs:`)
-            pass
-        elif fair is None:
-            admit_prefills(b, state.waiting, limit=limit, chunk_size=chunk, cap=cap, skip_blocked=skip)
-        else:
-            fair.admit(b, state.waiting, lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk,
-                                                                            cap=most, skip_blocked=skip), cap)
-        if fair is None:
-            return b.build()
-        if held:
-            fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
-        return fair.track(b.build(), state)
+        if not b.preempted:  # vLLM V1 schedules no waiting request in a step that preempts (`if not preempted_reqs:`)
+            step.admit(lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk, cap=most,
+                                                         skip_blocked=skip), cap)
+        return step.build()

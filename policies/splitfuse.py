@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from cbsim.core.schema import option, require
 
 from cbsim.policies.base import Budgets, Policy, SteadyAdmission
-from cbsim.policies.fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
-from cbsim.policies.helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, make_dynamic
+from cbsim.policies.fair_step import FairStep
+from cbsim.policies.fairness import FairConfig, bucket_reject_reason, make_fair
+from cbsim.policies.helpers import DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, make_dynamic
 from cbsim.policies.registry import register
 
 
@@ -65,22 +66,11 @@ class SplitFuse(Policy):
         return Policy.never_runs(self, req, state) or bucket_reject_reason(self.config, req)
 
     def schedule(self, state):
-        fair = self.fair
         b = self.builder(state, self.token_budget(state), self.config.max_num_seqs)
-        held = 0
-        if fair is not None:
-            fair.observe(state)
-            held = fair.hold(b, state)
-        others = fill_decodes(b, state.running)
-        if held:
-            fair.release(b, held)
+        step = FairStep(self.fair, b, state)  # fairness around the step (policies/fair_step.py), if on
         chunk = chunk_limit(self.dynamic, state)
-        continue_prefills(b, others, chunk=chunk)
+        continue_prefills(b, step.decodes(), chunk=chunk)
         if not b.preempted:  # no newcomer into the room a preemption made (as vLLM V1; MII never preempts)
-            admit_fairly(fair, b, state.waiting, lambda reqs, most: admit_prefills(
-                b, reqs, min_chunk=self.config.min_chunk, chunk_size=chunk, cap=most))
-        if fair is None:
-            return b.build()
-        if held:
-            fill_decodes(b, state.running)  # decodes the quantum's hold-back left out
-        return fair.track(b.build(), state)
+            step.admit(lambda reqs, most: admit_prefills(b, reqs, min_chunk=self.config.min_chunk, chunk_size=chunk,
+                                                         cap=most))
+        return step.build()

@@ -24,19 +24,25 @@ from cbsim.sim.durations import CLOCK_LIMIT, check_run
 SCALAR_RUN = 64  # decode runs bounded by this many steps are fast-forwarded in plain Python, not numpy
 
 
+def replica_leaps(replica) -> bool:
+    """What of may_leap holds for the replica's whole life, decided once (Replica.run, before its first
+    step): fast-forward on, no noise (it changes every step), no sliding window (it frees blocks as it
+    moves: stepped one by one)."""
+    return replica.settings.fast_forward and replica.noise is None and replica.kv.window is None
+
+
 def may_leap(replica, plan, shape, swap_bytes) -> bool:
-    """Whether the step just begun is one a run may repeat: pure decode of every running request,
-    with nothing that changes from step to step (noise, a decaying reserve, an eviction that could
-    unblock a waiting request)."""
+    """Whether the step just begun, on a replica where replica_leaps holds, is one a run may repeat: pure
+    decode of every running request, with nothing that changes from step to step (a decaying reserve, an
+    eviction that could unblock a waiting request)."""
     running = replica.state.running
     waiting = replica.state.waiting
     return not (shape.prefill or plan.admitted or plan.preempted or plan.padding or swap_bytes
-                or len(shape.decode) != len(running) or not running or not replica.settings.fast_forward
-                or replica.noise is not None or (waiting and not replica.policy.steady_when_blocked)
+                or len(shape.decode) != len(running) or not running
+                or (waiting and not replica.policy.steady_when_blocked)
                 or (waiting and replica.state.reserve is not None)  # its ratio decays every step
                 or replica.kv.evicted_in_step  # an eviction can unblock a waiting request (its hit is gone)
-                or plan.extra_seconds  # work beside the decoder (an encoder, LoRA loads) is this step's alone
-                or replica.kv.window is not None)  # a sliding window frees blocks as it moves: stepped one by one
+                or plan.extra_seconds)  # work beside the decoder (an encoder, LoRA loads) is this step's alone
 
 
 def next_deadline(replica) -> float:

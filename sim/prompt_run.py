@@ -15,8 +15,11 @@ run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each reques
 replica's reject_reason says which it will turn away); a request waits from the first step that starts
 at or after its arrival. In a step whose running requests all decode, or whose prompt runs its last
 chunk with token budget left (not a long chunk), the run admits the head of the queue if a sequence, a
-token and its first chunk's KV blocks beside the watermark are free, and if the requests behind it, if
-any, find no token or sequence left; the new prompt then runs its chunks as the first one did.
+token (a policy of whole prompts: its whole prompt) and the KV blocks its admission takes beside the
+watermark are free (KVCache.admission_tokens: its first chunk's, its whole prompt's with
+reserve_full_prompt, or what the policy reserves up front: Orca's prompt + max output), and if the
+requests behind it, if any, find no token or sequence left; the new prompt then runs its chunks as the
+first one did.
 Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
 wait, a second admission into one step, an admission that does not fit) ends the run before that
 step, which the policy then plans.
@@ -48,13 +51,15 @@ class PromptSegment(NamedTuple):  # (a tuple: made once per prompt a run admits,
     """One prompt's part of a run: it runs `chunks[k]` in step first + k (from history `history`) until it
     has caught up, then is a decode row. `first`: 0 for the prompt in progress at the run's start, else
     the step that admits it. It samples its next token in step `sampled` (None: not in this run): its
-    last chunk's, or, when that left one token (a recompute's), its first decode row's."""
+    last chunk's, or, when that left one token (a recompute's), its first decode row's. It holds at least
+    `blocks` KV blocks after its chunks (an admission's reservation may exceed its context)."""
 
     prompt: Request
     first: int
     history: int
     chunks: list[int]
     sampled: int | None
+    blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,20 +75,27 @@ class PromptRun:
     columns: dict
 
 
-def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
-    """Whether the step just begun may start a prompt run: one prompt in progress beside decodes of every
-    other running request, and nothing that changes from step to step or must see each
-    step (noise, recorded shapes, prefix caching, a sliding window, the decode reserve and step cap, TTFT
-    admission, a closed loop or client timeouts, a P/D role, side work)."""
+def replica_leaps_prompts(replica) -> bool:
+    """What of may_leap_prompt holds for the replica's whole life, decided once (Replica.run, before its
+    first step): nothing that changes from step to step or must see each step (noise, recorded shapes,
+    prefix caching, a sliding window, the decode reserve and step cap, TTFT admission, a closed loop or
+    client timeouts, a P/D role)."""
     state = replica.state
-    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
-            and replica.settings.fast_forward and replica.settings.client_timeout is None
-            and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
-                     or plan.hold_finished or state.reserve is not None
-                     or state.step_cap is not None)
+    return (replica.settings.fast_forward and replica.settings.client_timeout is None
+            and state.reserve is None and state.step_cap is None
             and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
             and replica.kv.window is None and replica.admission is None and replica.on_leave is None
             and replica.role.leaps_prompts)
+
+
+def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
+    """Whether the step just begun, on a replica where replica_leaps_prompts holds, may start a prompt run:
+    one prompt in progress beside decodes of every other running request, and no preemption, padding,
+    rejection, swap, side work or held finish in the step."""
+    state = replica.state
+    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
+            and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
+                     or plan.hold_finished))
 
 
 def prompt_run(replica, plan, shape, start: float, duration: float, where) -> PromptRun | None:
@@ -112,7 +124,7 @@ def _stated_admission(replica):
     the module docstring), else None."""
     admits = getattr(replica.policy, "steady_admission", None)
     if not (replica.arrivals is not None and admits is not None) or replica.state.swapped_first \
-            or replica.kv.reserve_full_prompt or replica.settings.max_queued_requests is not None:
+            or replica.settings.max_queued_requests is not None:
         return None
     return admits(replica.state)
 
@@ -174,16 +186,17 @@ class _SteadySteps:
         self.left -= chunk
         self._caught_up(0)
 
-    def _start_prompt(self, prompt, first: int, history: int, blocks: int) -> None:
-        """`prompt` runs its chunks from step `first` (history `history`, `blocks` held)."""
+    def _start_prompt(self, prompt, first: int, history: int, blocks: int, reserved: int = 0) -> None:
+        """`prompt` runs its chunks from step `first` (history `history`, `blocks` held; its first chunk
+        takes at least `reserved`, an admission's reservation)."""
         self.prompt, self.first, self.history = prompt, first, history
         self.chunks: list = []
         self.sampled: int | None = None
-        self.computed, self.prompt_blocks = history, blocks
+        self.computed, self.prompt_blocks, self.reserved = history, blocks, reserved
         self.left = prompt.prompt_len + prompt.num_output_tokens - history
 
     def _segment(self) -> PromptSegment:
-        return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled)
+        return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled, self.prompt_blocks)
 
     def _add_decodes(self, decodes, contexts) -> None:
         """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, two calls a row)."""
@@ -285,7 +298,7 @@ class _SteadySteps:
             chunk = min(self.left, room if self.cap is None else min(room, self.cap))
             waiting = self._arrivals(end) if chunk != room else 0  # a chunk short of the budget runs only
             # if nobody waits, or beside the one it admits (a full chunk leaves them nothing)
-            target = -(-(self.computed + chunk) // block_size)
+            target = max(-(-(self.computed + chunk) // block_size), self.reserved)
             grow = self.crossings[j] + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
@@ -396,11 +409,18 @@ class _SteadySteps:
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
+        if admission.whole_prompts and chunk < req.prompt_len:
+            return None  # the prompt does not fit whole: the policy admits nobody
         if taken and chunk < min(admission.min_chunk, req.prompt_len):
             return None  # too small a first piece beside other rows: the policy admits nobody
         if waiting > 1 and chunk < room and taken + 1 < admission.max_num_seqs:
             return None  # the policy would go on to the next waiting request
-        return (req, chunk) if self.kv.blocks_for(chunk) <= free - self.kv.watermark_blocks else None
+        return (req, chunk) if self._first_blocks(req, chunk) <= free - self.kv.watermark_blocks else None
+
+    def _first_blocks(self, req: Request, chunk: int) -> int:
+        """KV blocks a fresh request holds once admitted with its first chunk (KVCache.admission_tokens)."""
+        reserve = self.admission.reserve if self.admission is not None else None
+        return self.kv.blocks_for(self.kv.admission_tokens(req, chunk, 0 if reserve is None else reserve(req)))
 
     def _join(self, req: Request, j: int) -> None:
         """`req`, the head of the waiting requests, is admitted in step j: it is the prompt from then on."""
@@ -410,7 +430,7 @@ class _SteadySteps:
         else:
             self.routed += 1
         self.admitted.append(req)
-        self._start_prompt(req, j, 0, 0)
+        self._start_prompt(req, j, 0, 0, self._first_blocks(req, 0))
 
     def _queued_request(self) -> Request:
         """The head of the waiting requests (of the replica's queue, or the next arrived here)."""
@@ -437,7 +457,7 @@ class _SteadySteps:
         tokens = chunk
         if beside is not None:
             req, first = beside
-            blocks = self.kv.blocks_for(first)
+            blocks = self._first_blocks(req, first)
             self.free -= blocks
             self._join(req, j)
             self._advance(j, first, blocks)

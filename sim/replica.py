@@ -27,7 +27,7 @@ from cbsim.sim.admission import DecodeReserve, TTFTPredictor, prefill_tokens_ahe
 from cbsim.sim.clock import delay_to
 from cbsim.sim.cost import CostModel
 from cbsim.sim.durations import CLOCK_LIMIT, check_step
-from cbsim.sim.fast_forward import cut_run, decode_run, may_leap
+from cbsim.sim.fast_forward import cut_run, decode_run, may_leap, replica_leaps
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.kv.link import KVLink
 from cbsim.sim.metrics.recorder import Recorder
@@ -249,6 +249,10 @@ class Replica:
     def run(self):
         env = self.env
         state = self.state
+        core = native_core.core
+        # what of the runs' eligibility holds for the replica's whole life, decided once, after its wiring
+        # (a P/D role, closed-loop clients) and before its first step
+        leaps, leaps_prompts = replica_leaps(self), core.replica_leaps_prompts(self)
         while True:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
@@ -277,11 +281,10 @@ class Replica:
                 continue
             shape, swap_bytes = self.begin(plan, start)
             _, duration = self._priced(plan, shape, swap_bytes, start)
-            run = decode_run(self, start, duration, self._step_context) if may_leap(
+            run = decode_run(self, start, duration, self._step_context) if leaps and may_leap(
                 self, plan, shape, swap_bytes) else None
-            core = native_core.core
             prompt = core.prompt_run(self, plan, shape, start, duration, self._step_context) if run is None and \
-                core.may_leap_prompt(self, plan, shape, swap_bytes) else None
+                leaps_prompts and core.may_leap_prompt(self, plan, shape, swap_bytes) else None
             if prompt is not None:
                 end = self.step_end = self.takes_arrivals_until = prompt.ends[-1]
                 yield env.timeout(delay_to(env.now, end))

@@ -270,6 +270,9 @@ def commit_prompt_run(replica, run) -> None:
         blocks = -(-req.num_computed_tokens // kv.block_size)
         if blocks > req.num_blocks:
             kv.grow(req, blocks)
+    for segment in run.prompts:  # a reservation beyond the context (reserve_full_prompt, Orca's max length)
+        if segment.blocks > segment.prompt.num_blocks and segment.prompt not in finish:
+            kv.grow(segment.prompt, segment.blocks)
 
 
 def _join(replica, req: Request, start: float, row: int) -> None:

@@ -120,6 +120,15 @@ class KVCache:
         req.num_blocks = target
         self._top[req.id] = self.window.top_of(target, req.num_computed_tokens)
 
+    def admission_tokens(self, req: Request, tokens: int, reserve_tokens: int = 0) -> int:
+        """Tokens of KV room an admission of `req` takes, `tokens` being its progress after the step: those,
+        or the policy's reservation `reserve_tokens` (Orca's prompt + max output) if larger, and with
+        reserve_full_prompt at least its whole known input (prompt and outputs so far), as Vidur's
+        schedulers and a P/D prefill replica reserve it. The one copy of the rule (BatchBuilder.admit,
+        prompt runs)."""
+        tokens = max(tokens, reserve_tokens)
+        return max(tokens, req.num_tokens) if self.reserve_full_prompt else tokens
+
     def fits_ever(self, tokens: int) -> bool:
         """Whether a request holding `tokens` tokens could run alone on an empty cache."""
         return self.blocks_for(tokens) <= self.num_blocks - self.watermark_blocks

@@ -31,6 +31,7 @@ POLICIES = {
     "sarathi-wide": {"name": "sarathi", "token_budget": 160, "max_num_seqs": 12},
     "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8},
     "sglang": {"name": "sglang", "max_num_seqs": 8},
+    "sglang-lpm": {"name": "sglang", "max_num_seqs": 8, "schedule_policy": "lpm"},
     "chunked_only": {"name": "chunked_only", "token_budget": 64, "max_num_seqs": 8},
 }
 COSTS = {
@@ -52,29 +53,34 @@ def cost_model(name: str):
     return _COST_MODELS[name]
 
 
-def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool, max_time: float = 1e6):
+def run(policy: str, cost: str, specs, num_blocks: int, fast_forward: bool, max_time: float = 1e6,
+        kv: tuple[bool, bool] = (False, False)):
+    """`kv`: (reserve_full_prompt, prefix_caching)."""
     requests, t = [], 0.0
     for i, (gap, prompt, output) in enumerate(specs):
         t += gap
         requests.append(Request(i, t, prompt, output))
     settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward, swap_bandwidth=1e9)
     recorder, _ = simulate(requests, lambda: make_policy(POLICIES[policy]), cost_model(cost),
-                           lambda: KVCache(num_blocks, 16, 1, False, 1024.0), settings_, max_time=max_time)
+                           lambda: KVCache(num_blocks, 16, 1, kv[0], 1024.0, prefix_caching=kv[1]), settings_,
+                           max_time=max_time)
     return requests, recorder
 
 
 @settings(max_examples=150)
 @given(st.sampled_from(sorted(POLICIES)), st.sampled_from(sorted(COSTS)), WORKLOADS, st.integers(26, 200),
-       st.sampled_from([0, 8, 64, 10**9]), st.sampled_from([1e6, 1e6, 0.5, 3.0]))
+       st.sampled_from([0, 8, 64, 10**9]), st.sampled_from([1e6, 1e6, 0.5, 3.0]),
+       st.sampled_from([(False, False), (False, False), (True, False), (False, True)]))
 # an idle replica woken by an arrival starts on SimPy's clock, which lands on the arrival from the feed's
 # previous wake: a feed that slept through a prompt run landed an ulp late (6.200000000000001)
-@example("sarathi", "linear", [(0.0, 1, 20), (0.2, 9, 90), (1.0, 1, 1), (5.0, 1, 1)], 26, 0, 1e6)
-def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run, max_time):
-    """Also where the simulation stops mid-run (sim.max_time): a run's steps that ended by then count."""
-    stepped = run(policy, cost, specs, num_blocks, fast_forward=False, max_time=max_time)
+@example("sarathi", "linear", [(0.0, 1, 20), (0.2, 9, 90), (1.0, 1, 1), (5.0, 1, 1)], 26, 0, 1e6, (False, False))
+def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run, max_time, kv):
+    """Also where the simulation stops mid-run (sim.max_time): a run's steps that ended by then count;
+    and with the KV cache's reserve_full_prompt or prefix caching (the matrix's rows)."""
+    stepped = run(policy, cost, specs, num_blocks, fast_forward=False, max_time=max_time, kv=kv)
     with pytest.MonkeyPatch.context() as patch:  # 0: numpy runs only; 10**9: plain-Python runs only
         patch.setattr(fast_forward_module, "SCALAR_RUN", scalar_run)
-        fast = run(policy, cost, specs, num_blocks, fast_forward=True, max_time=max_time)
+        fast = run(policy, cost, specs, num_blocks, fast_forward=True, max_time=max_time, kv=kv)
     assert_same_run(stepped, fast)
 
 
@@ -105,7 +111,8 @@ def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
 
 
 # sarathi under budgets, seats and caches that an admission inside a prompt run can hit (a budget the
-# decodes can fill, few seats, a cap, and a watermark the first chunk must leave), and splitfuse's min_chunk
+# decodes can fill, few seats, a cap, and a watermark the first chunk must leave), splitfuse's min_chunk
+# and orca's whole prompts
 ADMITTING = {
     "sarathi": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8},
     "sarathi-tight": {"name": "sarathi", "token_budget": 6, "max_num_seqs": 12},
@@ -113,6 +120,10 @@ ADMITTING = {
     "sarathi-capped": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "long_prefill_token_threshold": 24},
     "sarathi-partials": {"name": "sarathi", "token_budget": 64, "max_num_seqs": 8, "max_num_partial_prefills": 2},
     "splitfuse": {"name": "splitfuse", "token_budget": 64, "max_num_seqs": 8, "min_chunk": 24},
+    # whole prompts only, KV reserved for prompt + output (or page by page), a budget a prompt may not fit
+    "orca": {"name": "orca", "max_num_seqs": 8},
+    "orca-paged": {"name": "orca", "max_num_seqs": 4, "kv_reservation": "paged"},
+    "orca-budget": {"name": "orca", "max_num_seqs": 8, "token_budget": 96},
 }
 # arrivals spread over the decode steps of the requests before them (a step takes ~0.02-0.2 s)
 SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0.6, 2.0]), st.integers(1, 160),
@@ -121,11 +132,12 @@ SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0
 
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(sorted(ADMITTING)), st.sampled_from(["linear", "vidur", "roofline"]), SPREAD,
-       st.integers(12, 160), st.sampled_from([1, 4, 12]), st.sampled_from([1e6, 1e6, 2.0]))
-def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, watermark, max_time):
+       st.integers(12, 160), st.sampled_from([1, 4, 12]), st.sampled_from([1e6, 1e6, 2.0]), st.booleans())
+def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, watermark, max_time, reserve):
     """A prompt run that routes and admits arrivals itself (one replica, open loop: sim/prompt_run.py)
     gives what stepping one by one gives, where the admission fits and where it does not (KV beside the
-    watermark, seats, a budget the decodes fill, two requests waiting, a cut)."""
+    watermark, seats, a budget the decodes fill, two requests waiting, a cut), whether an admission
+    reserves the first chunk's blocks or the whole prompt's (reserve_full_prompt)."""
     def one(fast_forward: bool):
         requests, t = [], 0.0
         for i, (gap, prompt, output) in enumerate(specs):
@@ -133,7 +145,8 @@ def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, w
             requests.append(Request(i, t, prompt, output))
         settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward)
         recorder, _ = simulate(requests, lambda: make_policy(ADMITTING[policy]), cost_model(cost),
-                               lambda: KVCache(num_blocks, 16, watermark, False, 1024.0), settings_, max_time=max_time)
+                               lambda: KVCache(num_blocks, 16, watermark, reserve, 1024.0), settings_,
+                               max_time=max_time)
         return requests, recorder
 
     assert_same_run(one(False), one(True))
@@ -161,20 +174,24 @@ def test_runs_with_arrivals_in_examples(policy, specs):
     assert_same_run(one(False), one(True))
 
 
-def test_a_run_admits_the_arrivals_it_reaches():
+@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+@pytest.mark.parametrize("reserve", [False, True])
+def test_a_run_admits_the_arrivals_it_reaches(policy, reserve):
     """The reference shape (a request at a time, each arriving while the others decode) takes its
-    arrivals inside prompt runs: fewer planned steps than arrivals, and the same tables."""
+    arrivals inside prompt runs: fewer planned steps than arrivals, and the same tables; also where an
+    admission reserves the whole prompt's KV (reserve_full_prompt, Vidur's rule) and under Orca (whole
+    prompts, KV for prompt + output)."""
     specs = [(0.5, 100, 80)] * 30
     requests = [Request(i, 0.5 * i, 100, 80) for i in range(30)]
     planned = []
 
     def one(fast_forward: bool):
         reqs = [Request(r.id, r.arrival, r.prompt_len, r.output_len) for r in requests]
-        policy = make_policy(ADMITTING["sarathi"])
-        schedule = policy.schedule
-        policy.schedule = lambda state: planned.append(1) or schedule(state)
-        recorder, _ = simulate(reqs, lambda: policy, cost_model("linear"),
-                               lambda: KVCache(400, 16, 1, False, 1024.0),
+        planner = make_policy(ADMITTING[policy])
+        schedule = planner.schedule
+        planner.schedule = lambda state: planned.append(1) or schedule(state)
+        recorder, _ = simulate(reqs, lambda: planner, cost_model("linear"),
+                               lambda: KVCache(400, 16, 1, reserve, 1024.0),
                                ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward))
         return reqs, recorder
 
