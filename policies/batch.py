@@ -192,6 +192,8 @@ class BatchBuilder:
         The hot path of every step, kept tight: a decode needs a new block only at a block
         boundary, and only a shortage takes the general (preempting) path.
         """
+        if self.state.spec is not None:
+            return self._schedule_spec_decodes(running)
         if self.kv.window is not None:
             return self._schedule_windowed_decodes(running)
         block_size = self.kv.block_size
@@ -247,6 +249,25 @@ class BatchBuilder:
                 others.append(req)
                 continue
             self.schedule_running(req, 1)  # preempts others, or itself
+        return others
+
+    def _schedule_spec_decodes(self, running) -> list[Request]:
+        """schedule_decodes with speculative decoding (state.spec, sim/speculative.py): every decode
+        verifies its k drafts, 1 + k tokens through schedule_running, whose blocks include the k
+        lookahead slots (preempting others, or itself, when KV is short). As vLLM V1's scheduler
+        (vllm/v1/core/sched/scheduler.py `schedule()`): num_new_tokens = num_tokens_with_spec -
+        num_computed_tokens, then min(token_budget) (drafts past the budget are not verified) and at
+        most max_model_len - 1 - num_computed_tokens."""
+        k, max_len = self.state.spec.k, self.state.max_model_len
+        others = []
+        for req in running:
+            if min(self.seqs_left, self.tokens_left) <= 0:
+                return list(running)
+            if (not req.num_output_tokens or req.prompt_len + req.num_output_tokens - req.num_computed_tokens != 1
+                    or req.id in self.scheduled or req.id in self._out):
+                others.append(req)
+                continue
+            self.schedule_running(req, max(1, min(1 + k, self.tokens_left, max_len - 1 - req.num_computed_tokens)))
         return others
 
     def _commit_taken(self, count: int) -> None:
@@ -422,7 +443,7 @@ class BatchBuilder:
         self.tokens_left -= num_tokens
         self.seqs_left -= 1
         self.free -= extra_blocks
-        if num_tokens > 1 or req.num_output_tokens == 0 or req.need > 1:
+        if req.num_output_tokens == 0 or req.need > 1:  # (a decode's verify row, 1 + k tokens, is no prefill)
             self.num_prefills += 1
 
     def _take_extras(self, req: Request) -> None:
