@@ -36,7 +36,9 @@ from __future__ import annotations
 
 from cbsim.core.errors import ConfigError
 
+from cbsim.server import speculative
 from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
+from cbsim.server.speculative import json_object
 
 GiB = 1 << 30
 ARG_UTILS = "vllm/engine/arg_utils.py @99d7eb5d"
@@ -101,6 +103,7 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "dtype": Flag(str, MODEL, choices=("auto", "bfloat16", "float16", "half"), default="auto"),
     "enable-lora": Flag(bool, ARG_UTILS, boolean=True, default=False, key="policy.max_loras", to_flag=_lora_flag),
     "max-loras": Flag(int, LORA, default=1, key="policy.max_loras"),
+    "speculative-config": Flag(json_object, speculative.VLLM_SOURCE, default=None),
 }
 ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size"}
 IGNORED = frozenset({
@@ -155,7 +158,9 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model")
     settings.update({FLAGS[name].key: flags[name] for name in optional if name in flags})
     settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
-    return settings, explicit_keys(FLAGS, flags, settings)
+    spec = speculative.from_vllm(flags["speculative-config"], path) if "speculative-config" in flags else {}
+    settings.update(spec)
+    return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
 
 
 def _check_supported(flags: dict, path: str) -> None:
