@@ -158,7 +158,7 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model")
     settings.update({FLAGS[name].key: flags[name] for name in optional if name in flags})
     settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
-    spec = speculative.from_vllm(flags["speculative-config"], path) if "speculative-config" in flags else {}
+    spec = speculative.from_vllm(flags["speculative-config"], path) if flags.get("speculative-config") else {}
     settings.update(spec)
     return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
 
