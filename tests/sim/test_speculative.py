@@ -14,6 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbsim.api import run_experiment
+from cbsim.config import load_config
+from cbsim.policies import make_policy
+from cbsim.tools.sweep.sweep import load_sweep, sweep_points
 from cbsim.core.errors import ConfigError
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.catalog.lookup import model_spec
@@ -21,7 +24,9 @@ from cbsim.sim.request import Status
 from cbsim.sim.shape import StepShape
 from cbsim.sim.speculative import Speculation, SpeculativeConfig, Speculator, rate_for_length
 
+import factories
 from factories import make_requests, run_policy
+from paths import ROOT
 
 UNIT = load_cost_model({"type": "unit"})
 
@@ -122,8 +127,6 @@ class Budgeted:
 @given(POLICIES, WORKLOADS, st.integers(1, 4), st.sampled_from([0.0, 0.5, 1.0]), st.integers(8, 80),
        st.sampled_from([1, 4, 16]), st.integers(0, 3))
 def test_invariants_with_speculation(policy, specs, k, rate, num_blocks, block_size, seed):
-    from cbsim.policies import make_policy
-    import factories
     t, rows = 0.0, []
     for gap, prompt, output in specs:
         t += gap
@@ -175,8 +178,6 @@ def test_a_decode_verifies_k_plus_one_tokens_and_emits_accepted_plus_one():
 def test_rejected_lookahead_blocks_are_freed():
     """At each step's planning, a request that verified holds only the blocks of its computed tokens:
     the k lookahead slots of the rejected drafts were freed at the end of the step before."""
-    import factories
-    from cbsim.policies import make_policy
     seen = []
 
     class Watch(Budgeted):
@@ -243,3 +244,10 @@ def test_pd_clusters_refuse_speculation():
     pd_cfg = {**EXPERIMENT, "cluster": {"mode": "pd", "prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
     with pytest.raises(ConfigError, match="speculative"):
         run_experiment(pd_cfg)
+
+
+def test_shipped_example_and_crossover_sweep_load():
+    folder = ROOT / "experiments" / "speculative"
+    assert load_config(folder / "eagle3.yaml").speculative.method == "eagle3"
+    points = sweep_points(load_sweep(folder / "batch_crossover.yaml"))
+    assert len(points) == 16  # 8 batches, with and without speculation
