@@ -251,3 +251,24 @@ def test_shipped_example_and_crossover_sweep_load():
     assert load_config(folder / "eagle3.yaml").speculative.method == "eagle3"
     points = sweep_points(load_sweep(folder / "batch_crossover.yaml"))
     assert len(points) == 16  # 8 batches, with and without speculation
+
+
+@pytest.mark.parametrize("extra", [
+    {"preemption": {"mode": "recompute"}},
+    {"preemption": {"mode": "swap"}},
+    {"model": "mistral-7b"},  # a sliding window: the lookahead resizes with the window's units
+    {"policy": {"name": "sglang", "token_budget": 256, "max_num_seqs": 16}},
+    {"policy": {"name": "orca", "max_num_seqs": 16, "kv_reservation": "paged"}},
+])
+def test_short_kv_preempts_and_conserves_tokens(extra):
+    """A KV cache too small for the batch's lookahead slots: decodes preempt others (or themselves), and
+    every request still ends with exactly output_len tokens."""
+    cfg = {**EXPERIMENT, "cluster": {"kv_cache": {"num_blocks": 24, "block_size": 16}}, **extra,
+           "workload": {**EXPERIMENT["workload"], "prompt_len": {"type": "uniform", "min": 16, "max": 120}}}
+    result = run_experiment(cfg)
+    df = result.requests
+    assert (df["status"] == "finished").all() and (df["output_tokens"] == df["output_len"]).all()
+    if "model" not in extra:  # (a windowed model counts layer-pages: sim/kv/window.py)
+        assert (result.steps["kv_blocks_used"] <= 24).all()
+    if "preemption" in extra:
+        assert result.summary["num_preemptions"] > 0
