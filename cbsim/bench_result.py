@@ -39,7 +39,7 @@ def bench_result(results, percentiles=(99,), details: bool = False) -> dict:
     duration = float(results.summary.get("makespan") or 0.0)
     rate = (lambda count: count / duration if duration > 0 else 0.0)
     prompt, output = int(done["prompt_len"].sum()), int(done["output_tokens"].sum())
-    has_slo = any(v is not None for v in (cfg.metrics.slo.ttft, cfg.metrics.slo.tpot, cfg.metrics.slo.itl_max))
+    has_slo = cfg.metrics.slo.is_set()
     out = {
         "backend": "cbsim", "endpoint_type": "cbsim", "label": cfg.name, "model_id": _model_name(cfg),
         "num_prompts": len(df), **_arrival_keys(cfg),

@@ -24,6 +24,7 @@ from cbsim.sim.costmodels.registry import DEFAULT_COST_MODEL
 from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.core.schema import option, parse, require
+from cbsim.core.units import Seconds
 from cbsim.sim.metrics import MetricsConfig
 from cbsim.sim.speculative import parse_speculative
 from cbsim.workloads import parse_workload
@@ -96,7 +97,7 @@ class LinkConfig:
                                           "decode side has reserved room; pool: a hop into a shared KV store "
                                           "(at once, freeing the prefill side), then a hop over the decode "
                                           "replica's link once it has room")
-    latency_s: float = option(0.0001, help="fixed seconds per transfer (per hop)")
+    latency_s: Seconds = option(0.0001, help="fixed seconds per transfer (per hop)")
     bandwidth_gb_s: float = option(25.0, help="GB/s of each prefill replica's link (200 Gb/s RDMA ~ 25)")
     lanes: int = option(1, help="transfers a link carries at once; more wait in FIFO order")
     pool_bandwidth_gb_s: float | None = option(None, help="pool mode: GB/s of each decode replica's link from "
@@ -186,7 +187,7 @@ class AdmissionConfig:
     """Admission signals (sim/admission.py): rejection at arrival (max_predicted_ttft, max_queued_requests)
     and per-step admission limits (decode_reserve, tpot_slack, pd_backpressure); every one off by default."""
 
-    max_predicted_ttft: float | None = option(None, help="reject a request at arrival when its predicted TTFT "
+    max_predicted_ttft: Seconds | None = option(None, help="reject a request at arrival when its predicted TTFT "
                                               "(prefill tokens queued ahead / recent prefill rate) exceeds this "
                                               "many seconds; null: admit everything")
     window_steps: int = option(32, help="steps with prefill work the recent prefill rate averages over "
@@ -232,7 +233,8 @@ class AdmissionConfig:
 @dataclass
 class SimConfig:
     fast_forward: bool = option(True, help="advance runs of identical decode steps at once (same results)")
-    max_time: float | None = option(None, help="stop the simulation at this simulated time (seconds)")
+    max_time: Seconds | None = option(None, help="stop the simulation at this simulated time (a duration: 600, "
+                                      "600s or 10min; a bare number is seconds)")
     cost_noise: bool = option(False, help="multiply each step time by a factor drawn (seeded) from the cost "
                               "model's residuals (fitted models); turns fast-forward off")
 
@@ -408,8 +410,19 @@ def load_config(source, overrides: list[str] | None = None) -> ExperimentConfig:
         config.source = file
         validate_sections(config)
     except ConfigError as err:
-        raise err.in_file(file)
+        raise err.in_file(_blamed(err, file, overrides))
     return config
+
+
+def _blamed(err: ConfigError, file: str | None, overrides: list[str] | None) -> str | None:
+    """Where an error came from: the `--set key=value` that set its key (or a key above or below it),
+    else the file."""
+    for item in reversed(overrides or []):
+        key = item.split("=", 1)[0].strip()
+        path = err.path
+        if path == key or path.startswith((key + ".", key + " ")) or key.startswith(path + "."):
+            return f"--set {item}"
+    return file
 
 
 @dataclass(frozen=True)

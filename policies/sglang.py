@@ -56,6 +56,7 @@ from typing import Literal
 import numpy as np
 
 from cbsim.core.schema import option, require
+from cbsim.core.units import Seconds
 from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 from cbsim.workloads.prefixes import block_hash
@@ -84,12 +85,12 @@ class SGLangConfig(Budgets):
     in_batch_dedupe: bool = option(True, help="lpm/dfs_weight: hold a request whose next uncached prefix block "
                                    "another request is about to compute, until it is cached")
     reorder_window: int | None = option(None, help="only the first N waiting requests are reordered; null = all")
-    aging_seconds: float | None = option(None, help="a request waiting longer than this is served first, in "
+    aging_seconds: Seconds | None = option(None, help="a request waiting longer than this is served first, in "
                                          "queue order; null = no aging")
     seed: int = option(0, help="seed of the random order and of the sjf predictor's errors")
     output_estimate_error: float = option(0.0, help="sjf: sigma of the log of the output-length predictor's "
                                           "multiplicative error; 0 = oracle (the true output length)")
-    ttft_deadline: float = option(1.0, help="edf and deadline_slack: seconds after arrival by which the first "
+    ttft_deadline: Seconds = option(1.0, help="edf and deadline_slack: seconds after arrival by which the first "
                                   "token is due")
     ttft_deadline_per_token: float = option(0.0, help="edf and deadline_slack: extra deadline seconds per prompt token")
     deadline_slack: float | None = option(None, help="a waiting request whose TTFT deadline is less than this many "

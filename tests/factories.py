@@ -165,3 +165,16 @@ def assert_same_run(one, other) -> None:
     for name, column in one[1].run_table().items():  # every token's step, hence its time
         assert np.array_equal(column, other[1].run_table()[name]), name
 
+
+
+# The roofline as priced before issue 28 (NCCL all-reduces, unpadded decode-only CUDA graphs, prefill attention at
+# the full rate): what the tests that pin older step times bit for bit compare against.
+PRE_ISSUE_28 = {"engine": {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0, "cuda_graph_padding": False,
+                           "cuda_graph_piecewise": False}, "prefill_occupancy": False}
+
+
+def pre_issue_28(mapping: dict) -> dict:
+    """A roofline mapping with issue 28's kernel and execution-mode changes switched off (default engine vllm-v1)."""
+    engine = mapping.get("engine", "vllm-v1")
+    assert engine == "vllm-v1", engine
+    return {**mapping, **PRE_ISSUE_28}

@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from cbsim.core.schema import option, require
+from cbsim.core.units import Seconds
 
 
 @dataclass
@@ -69,8 +70,8 @@ class BurstsArrival:
 
     on_rate: float = option(help="arrivals per second during a burst (> 0)")
     off_rate: float = option(0.0, help="arrivals per second between bursts (>= 0; 0 means silence)")
-    on_seconds: float = option(help="length of each burst in seconds (> 0)")
-    off_seconds: float = option(help="length of each quiet period in seconds (>= 0)")
+    on_seconds: Seconds = option(help="length of each burst in seconds (> 0)")
+    off_seconds: Seconds = option(help="length of each quiet period in seconds (>= 0)")
 
     def validate(self):
         require(self.on_rate > 0, "on_rate", "a rate > 0", self.on_rate)
@@ -85,7 +86,7 @@ class DiurnalArrival:
 
     mean_rate: float = option(help="arrivals per second averaged over a period (> 0)")
     amplitude: float = option(0.5, help="relative swing of the rate, 0 (flat) to 1 (drops to zero at the trough)")
-    period: float = option(86400.0, help="length of one cycle in seconds (> 0)")
+    period: Seconds = option(86400.0, help="length of one cycle in seconds (> 0)")
 
     def validate(self):
         require(self.mean_rate > 0, "mean_rate", "a rate > 0", self.mean_rate)
@@ -98,7 +99,7 @@ class Stage:
     """One load stage: a rate held for a duration."""
 
     rate: float = option(help="arrivals per second during the stage (>= 0; 0 is a quiet stage)")
-    duration: float = option(help="length of the stage in seconds (> 0)")
+    duration: Seconds = option(help="length of the stage in seconds (> 0)")
 
     def validate(self):
         require(self.rate >= 0 and math.isfinite(self.rate), "rate", "a finite rate >= 0", self.rate)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from cbsim.core.errors import ConfigError, missing
 from cbsim.core.schema import coerce, option, parse, require
 from cbsim.sim.durations import CLOCK_LIMIT
+from cbsim.core.units import Seconds
 
 from cbsim.workloads.arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
 from cbsim.workloads.lengths import LENGTHS, LengthConfig
@@ -39,7 +40,7 @@ HASHED_FORMATS = ("mooncake", "generic_csv", "generic_jsonl")  # traces whose ro
 class ExplicitRequest:
     """One request of an explicit list."""
 
-    arrival: float = option(help="arrival time in seconds (>= 0)")
+    arrival: Seconds = option(help="arrival time in seconds (>= 0)")
     prompt_len: int = option(help="prompt tokens (>= 1)")
     output_len: int = option(help="output tokens to generate (>= 1)")
     priority: int = option(0, help="scheduling priority; larger is more important")
@@ -93,9 +94,9 @@ class WorkloadConfig:
                    "is sent at its arrival time or when a client is free, whichever is later (without 'arrival': "
                    "all at once, so N clients send back to back); a multi-turn session keeps its client, each turn "
                    "sent after the previous reply; null: open loop")
-    think_time: float = option(0.0, help="closed loop: mean seconds (exponential; 0: none) a client waits after a "
+    think_time: Seconds = option(0.0, help="closed loop: mean seconds (exponential; 0: none) a client waits after a "
                                          "reply before its next request (the session's next turn or a new one)")
-    timeout: float | None = option(None, help="client timeout in seconds: a request not finished this long after it "
+    timeout: Seconds | None = option(None, help="client timeout in seconds: a request not finished this long after it "
                                               "arrived is aborted at the next step boundary and counts as failed "
                                               "(status rejected, reason 'timeout'); null: clients wait forever")
 

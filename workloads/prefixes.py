@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from cbsim.core.schema import option, require
+from cbsim.core.units import Seconds
 
 _MASK = (1 << 64) - 1
 _SYSTEM, _CONVERSATION, _DATASET_SESSION = 1, 2, 3
@@ -43,7 +44,7 @@ class SharedPrefixConfig:
     zipf_a: float = option(1.0, help="Zipf exponent of system-prompt popularity (> 0)")
     hash_block_size: int = option(16, help="tokens per hashed block (match the KV cache block size)")
     turns: int = option(4, help="multi_turn: turns per conversation (>= 1); prompt_len draws each turn's new user tokens")
-    think_time: float = option(10.0, help="multi_turn: mean seconds (exponential) between a turn's arrival and the "
+    think_time: Seconds = option(10.0, help="multi_turn: mean seconds (exponential) between a turn's arrival and the "
                                           "next's (open loop; with max_concurrency turns follow replies and "
                                           "workload.think_time)")
 

@@ -123,6 +123,11 @@ def json_number(row: dict, name: str) -> float:
         return math.inf
 
 
+def _is_json(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(64).lstrip()[:1] in (b"[", b"{")
+
+
 def read_csv_columns(path: Path, key: str, columns: tuple[str, ...]) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
@@ -130,7 +135,8 @@ def read_csv_columns(path: Path, key: str, columns: tuple[str, ...]) -> pd.DataF
         raise ConfigError(key, "a readable CSV file", str(err), file=str(path))
     absent = [c for c in columns if c not in frame.columns]
     if absent:
-        raise ConfigError(key, "a CSV with columns " + ", ".join(columns), list(frame.columns), file=str(path))
+        hint = " (this file is JSON: a ShareGPT JSON dataset is format sharegpt_json)" if _is_json(path) else ""
+        raise ConfigError(key, "a CSV with columns " + ", ".join(columns) + hint, list(frame.columns), file=str(path))
     return frame
 
 

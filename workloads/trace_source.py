@@ -26,6 +26,7 @@ import numpy as np
 from cbsim.core.data import DATA_ENV, data_dir
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, require
+from cbsim.core.units import Seconds
 
 from cbsim.workloads.datasets import NO_REPLY, SHORT_CONVERSATION
 from cbsim.workloads.prefixes import session_chains
@@ -60,16 +61,16 @@ class TraceConfig:
                             "the data folder ($CBSIM_DATA, else shared/data beside the repository), then to "
                             "the current directory")
     time_scale: float = option(1.0, help="replay speed-up: arrivals are divided by it (2.0 replays twice as fast)")
-    start: float = option(0.0, help="start of the replayed window in trace seconds (before time_scale); "
+    start: Seconds = option(0.0, help="start of the replayed window in trace seconds (before time_scale); "
                                     "arrivals are shifted so the window starts at 0")
-    duration: float | None = option(None, help="length of the replayed window in trace seconds; null for the rest")
+    duration: Seconds | None = option(None, help="length of the replayed window in trace seconds; null for the rest")
     max_requests: int | None = option(None, help="keep only the first N requests (after the other options)")
     max_prompt_len: int | None = option(None, help="drop requests whose prompt is longer (counted, not clamped)")
     max_total_len: int | None = option(None, help="drop requests whose prompt + output is longer (counted)")
     sample: int | None = option(None, help="keep N requests drawn at random without replacement (seeded), "
                                            "in trace order; all of them if the trace has fewer")
     hash_block_size: int = option(512, help="tokens per block of the trace's prefix hashes (Mooncake hash_ids: 512)")
-    slot_width: float | None = option(None, help="mooncake: seconds over which each timestamp slot's requests are "
+    slot_width: Seconds | None = option(None, help="mooncake: seconds over which each timestamp slot's requests are "
                                                  "spread; null detects it from the data, 0 keeps raw timestamps")
     tokenizer: str | None = option(None, help="sharegpt_json: a local HuggingFace tokenizer.json (or its folder) "
                                               "counting the text's tokens (needs the 'tokenizers' extra); null, "

@@ -27,64 +27,108 @@ from cbsim.cli import sweep as sweep_commands
 from cbsim.cli import tune as tune_commands
 from cbsim.cli import workloads as workload_commands
 from cbsim.cli.errors import user_errors
+from cbsim.cli.logs import app_options, progress_wanted, warn
 from cbsim.core.errors import ConfigError
+from cbsim.sim.metrics.summary_units import display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
+app.callback()(app_options)  # --version, --log-level, -v, -q (logs.py)
 
 
 SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "makespan", "throughput_tokens_per_s",
                 "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2e_p50",
                 "slo_attainment", "dec_at_p_mean", "short_p_mean", "num_preemptions", "num_stalls",
                 "sim_wall_seconds")
-# how the printed summary shows a key: (unit, factor from summary.json's value); latencies in ms like
-# vllm bench serve, every other time in s; counts bare
-SUMMARY_UNITS = {"makespan": ("s", 1.0), "throughput_tokens_per_s": ("tokens/s", 1.0), "slo_attainment": ("%", 100.0),
-                 "dec_at_p_mean": ("tokens", 1.0), "short_p_mean": ("s", 1.0), "sim_wall_seconds": ("s", 1.0),
-                 **{f"{m}_{q}": ("ms", 1e3) for m in ("ttft", "tpot", "itl", "e2e") for q in ("p50", "p99")}}
+
+
+# what a printed number counts, where its name does not say
+HINTS = {"num_stalls": "  (inter-token gaps over {stall_factor:g}x the run's median ITL)",
+         "dec_at_p_mean": "  (short requests' decode tokens during a long prompt's prefill)"}
 
 
 @app.command()
 @user_errors
-def run(file: Path = typer.Argument(..., help="experiment YAML"),
+def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; without one, the experiment the "
+                                             "vllm bench flags below describe (cbsim/cli/quick_run.py)"),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
                                    "2 s reports every 5 s)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that holds other files "
-                                       "(cbsim's own earlier results are replaced without it)")):
-    """Run one experiment and write its results folder."""
-    from cbsim.sim.metrics import cut_warning
-    from cbsim.workloads import drop_warnings  # lazy, as below: numpy and pandas (module docstring)
-
-    from cbsim.api import run_experiment
+                                       "(cbsim's own earlier results are replaced without it)"),
+        seed: Optional[int] = typer.Option(None, "--seed", min=0, help="the run's seed (the file's `seed`; "
+                                           "default 0)"),
+        model: Optional[str] = typer.Option(None, "--model", help="no file: model preset, catalog name, HF id or "
+                                            "config.json (default llama-3-8b)"),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="no file: GPU of the roofline cost model (default h100)"),
+        tp: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp", help="no file: tensor-parallel "
+                                         "degree (default 1)"),
+        request_rate: Optional[float] = typer.Option(None, "--request-rate", help="no file: requests per second, "
+                                                     "Poisson (default inf: all at once, as vllm bench serve)"),
+        burstiness: Optional[float] = typer.Option(None, "--burstiness", help="no file: gamma shape of the gaps "
+                                                   "(default 1: Poisson)"),
+        num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="no file: requests (default 1000)"),
+        input_len: Optional[int] = typer.Option(None, "--input-len", "--random-input-len", help="no file: prompt "
+                                                "tokens (default 1024)"),
+        output_len: Optional[int] = typer.Option(None, "--output-len", "--random-output-len", help="no file: output "
+                                                 "tokens (default 128)"),
+        range_ratio: Optional[float] = typer.Option(None, "--random-range-ratio", help="no file: lengths uniform in "
+                                                    "len x [1 - r, 1 + r] (default 0)"),
+        dataset_name: Optional[str] = typer.Option(None, "--dataset-name", help="no file: random (the only one)"),
+        policy: Optional[str] = typer.Option(None, "--policy", help="no file: scheduling policy (cbsim policies; "
+                                             "default sarathi)"),
+        max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="no file: at most this many "
+                                                      "requests in flight (closed loop)"),
+        goodput: Optional[List[str]] = typer.Option(None, "--goodput", help="SLO as vllm bench serve: ttft:500 "
+                                                    "tpot:50 (milliseconds; repeatable); sets metrics.slo")):
+    """Run one experiment (a YAML file, or vllm bench serve's flags) and write its results folder."""
+    from cbsim.api import run_experiment  # lazy, as below: numpy and pandas (module docstring)
     from cbsim.config import load_config
     from cbsim.core.atomic import check_target, locked
     from cbsim.preflight import check_writable
 
-    cfg = load_config(file, set_)
+    from cbsim.cli.quick_run import run_source
+
+    flags = dict(model=model, gpu=gpu, tp=tp, rate=request_rate, burstiness=burstiness, num_prompts=num_prompts,
+                 input_len=input_len, output_len=output_len, range_ratio=range_ratio, dataset_name=dataset_name,
+                 policy=policy, max_concurrency=max_concurrency)
+    source, set_ = run_source(file, flags, seed, goodput, set_)
+    cfg = load_config(source, set_)
     target = out or cfg.output.dir or Path("results") / cfg.name
     try:
         check_writable(target, "--out" if out else "output.dir" if cfg.output.dir else "name")
     except ConfigError as err:
-        raise err.in_file(str(file)) if not out else err
+        raise err.in_file(str(file)) if not out and file else err
     key = "--out" if out else "output.dir" if cfg.output.dir else "name"
     check_target(target, key, overwrite)  # refused before simulating, and no other writer while it runs
     with locked(target):
-        results = run_experiment(cfg, out_dir=target, progress=None if quiet else Progress(), overwrite=overwrite)
+        results = run_experiment(cfg, out_dir=target, progress=Progress() if progress_wanted(quiet) else None,
+                                 overwrite=overwrite)
+    print_summary(cfg, results, target)
+
+
+def print_summary(cfg, results, target: Path) -> None:
+    """The run's warnings (logged first: nothing follows the summary on stderr), the resolved settings,
+    the summary in units and the results folder, on stdout."""
+    from cbsim.sim.metrics import cut_warning
+    from cbsim.workloads import drop_warnings
+
+    cut = cut_warning(results.summary)
+    warn(([cut] if cut else []) + drop_warnings(results.summary.get("dropped_rows")))
+    sys.stderr.flush()
     typer.echo(resolved_line(cfg, results.kv_blocks))
     width = max(len(k) for k in SUMMARY_KEYS)
     for key in SUMMARY_KEYS:
-        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}")
+        if key == "slo_attainment" and results.summary.get(key) is None:
+            continue  # no metrics.slo: no attainment to show
+        hint = HINTS.get(key, "").format(stall_factor=cfg.metrics.stall_factor)
+        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}{hint}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
     for key in ("num_timed_out", "token_lengths", "rejected_reasons", "cut_at_max_time"):  # beyond the table
         if key in results.summary:
             typer.echo(f"{key:<{width}}  {results.summary[key]}")
-    if cut_warning(results.summary):
-        typer.secho(cut_warning(results.summary), fg=typer.colors.YELLOW, err=True)
-    for line in drop_warnings(results.summary.get("dropped_rows")):
-        typer.secho(line, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {target} ({describe_files(results.files)})")
 
 
@@ -111,14 +155,8 @@ def resolved_line(cfg, kv_blocks: dict | None) -> str:
 
 def summary_text(key: str, value) -> str:
     """A summary value as printed: in its unit ('69.34 ms', '44.46 s' from 10 s, '1976 tokens/s'), counts
-    bare, None as is."""
-    unit, factor = SUMMARY_UNITS.get(key, ("", 1.0))
-    if value is None:
-        return "None"
-    if unit == "ms" and value >= 10.0:  # a latency of 10 s or more reads in seconds, not '4.446e+04 ms'
-        unit, factor = "s", 1.0
-    text = f"{value * factor:.4g}" if isinstance(value, float) or factor != 1.0 else str(value)
-    return f"{text} {unit}" if unit else text
+    bare, 'n/a' for None (sim/metrics/summary_units.py, the one rule every command prints by)."""
+    return display(key, value)
 
 
 def describe_files(files: dict[str, int]) -> str:
@@ -141,8 +179,7 @@ def validate(file: Path = typer.Argument(..., help="experiment YAML"),
     from cbsim.preflight import preflight
 
     cfg = load_config(file, set_)
-    for line in drop_warnings(preflight(cfg)):
-        typer.secho(line, fg=typer.colors.YELLOW, err=True)
+    warn(drop_warnings(preflight(cfg)))
     for line in server_lines(file, set_):
         typer.echo(line)
     typer.echo(f"{file}: ok ({cfg.policy['name']} on {cfg.cost_model['type']} cost model)")
@@ -161,11 +198,16 @@ def policies():
 @app.command()
 @user_errors
 def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite the generated sections of this Markdown page "
-                                            "(docs/reference/experiment-file.md, server-flags.md)")):
+                                            "(docs/reference/experiment-file.md, server-flags.md)"),
+           summary: bool = typer.Option(False, "--summary", help="print the summary.json reference instead: the "
+                                        "unit of every key")):
     """Print the experiment-file reference (every key, type, default and help) as Markdown."""
     from cbsim.reference import embed, reference_markdown  # lazy: pandas (module docstring)
+    from cbsim.sim.metrics.summary_units import schema_markdown
 
-    if readme is None:
+    if summary:
+        typer.echo(schema_markdown(), nl=False)
+    elif readme is None:
         typer.echo(reference_markdown(), nl=False)
     else:
         readme.write_text(embed(readme.read_text(), str(readme)))

@@ -148,6 +148,9 @@ def _from_serving(serving, holdout, names, engine, max_evals: int) -> dict:
 
 def _summary(report: dict) -> str:
     """The fitted terms, then the errors table."""
+    from cbsim.cli.compare import format_table  # lazy, as every heavy import here (module docstring)
+    from cbsim.tools.compare.compare import Row
+
     lines = ["fitted terms:"]
     lines += [f"  {name:<28} {report['terms'][name]:.6g}" for name in report["fitted"]]
     errors = report["errors"]
@@ -159,7 +162,7 @@ def _summary(report: dict) -> str:
     else:  # serving: per case and metric
         for part, cases in errors.items():
             for case, metrics in cases.items():
-                lines.append(f"{part}: {case}")
-                lines += [f"  {k:<22} measured {v['measured']:.4g}  simulated {v['simulated']:.4g}  "
-                          f"error {v['error']:+.1%}" for k, v in metrics.items()]
+                lines.append(f"{part}: {case}")  # compare's table: latencies in ms, as `cbsim compare` prints
+                rows = {k: Row(v["measured"], v["simulated"], v["error"]) for k, v in metrics.items()}
+                lines += ["  " + line for line in format_table(rows).splitlines()]
     return "\n".join(lines)

@@ -15,7 +15,10 @@ import yaml
 
 from cbsim.cli.errors import user_errors
 from cbsim.core.atomic import write_file_atomic
+from cbsim.cli.logs import log, progress_wanted
 from cbsim.core.errors import ConfigError
+from cbsim.core.units import limit_seconds
+from cbsim.sim.metrics.summary_units import display, unit_of
 from cbsim.sim.outputs.progress import Progress
 
 
@@ -34,6 +37,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     """Run an experiment over a grid of config values and seeds; finished points are kept, so a
     rerun resumes where a killed sweep stopped."""
     # lazy (module docstring): the sweep and rich
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bars
 
@@ -46,7 +50,8 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with locked(target), Bars(*columns, transient=False) as progress:  # one sweep writes a folder at a time
+    bars = Bars(*columns, transient=False, console=Console(stderr=True), disable=not progress_wanted(False))
+    with locked(target), bars as progress:  # one sweep writes a folder at a time
         task = progress.add_task(spec.name, total=None)
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
@@ -65,7 +70,9 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
 
 
 def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
-             slo: List[str] = typer.Option(..., "--slo", help="metric=limit, repeatable: itl_p99=0.1 queue_delay_p50=2"),
+             slo: List[str] = typer.Option(..., "--slo", help="metric=limit, repeatable: a latency in seconds or with a unit "
+                                              "(itl_p99=100ms queue_delay_p50=2), or vLLM's metric:milliseconds "
+                                              "(ttft_p99:500)"),
              policy: Optional[List[str]] = typer.Option(None, "--policy", help="a policy name, or a YAML mapping "
                                                         "'{name: prefill_first, token_budget: null}'; repeatable"),
              lo: Optional[float] = typer.Option(None, "--lo", help="first rate tried (default: the experiment's)"),
@@ -82,7 +89,7 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
     import pandas as pd  # lazy (module docstring), as the capacity search
 
-    from cbsim.tools.sweep.capacity import find_capacities, find_capacity
+    from cbsim.tools.sweep.capacity import find_capacities, find_capacity, short_probe_warning
     from cbsim.config import load_config
     from cbsim.preflight import check_writable
 
@@ -90,22 +97,19 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         check_writable(out.parent, "--out")
     limits = {}
     for item in slo:
-        name, _, value = item.partition("=")
-        if name.strip() in limits:  # the second would silently replace the first
-            raise ConfigError("--slo", f"each metric once (a second limit on {name.strip()})", item)
-        try:
-            limits[name.strip()] = float(value)
-        except ValueError:
-            raise ConfigError("--slo", "metric=limit with a number, e.g. itl_p99=0.1", item) from None
+        name, seconds = limit_seconds(item, "--slo", lambda metric: unit_of(metric) == "s")
+        if name in limits:  # the second would silently replace the first
+            raise ConfigError("--slo", f"each metric once (a second limit on {name})", item)
+        limits[name] = seconds
     options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
-                   progress=None if quiet else Progress())
+                   progress=Progress() if progress_wanted(quiet) else None)
     if policy:
         results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_, **options)
     else:
         name = load_config(file, set_).policy["name"]
         results = {name: find_capacity(file, limits, overrides=set_, **options)}
     width = max(len(label) for label in results)
-    typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {v:g}" for k, v in limits.items()))
+    typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {display(k, v)}" for k, v in limits.items()))
     for label, result in results.items():
         if result.rate is None:
             text = f"none: even {result.fail_rate:.4g} violates an SLO or finishes < {min_finished:g} of its requests"
@@ -114,6 +118,9 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
             text = f"{result.rate:.4g} {bound}   per GPU {result.rate_per_gpu:.4g} ({result.num_gpus} GPU)"
         probes = result.points["probe"].nunique()
         typer.echo(f"  {label:<{width}}  {text}   [{probes} probes]")
+        warning = short_probe_warning(result.shortest_probe, label)
+        if warning:
+            log.warning(warning)
     if out is not None:
         frames = [r.points.assign(policy=label) for label, r in results.items()]
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from cbsim.cli.errors import user_errors
+from cbsim.cli.logs import log, progress_wanted
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +33,7 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
     from cbsim.preflight import check_writable
     from cbsim.cli.sweep import check_parallel_options
     from cbsim.tools.tune.tune import load_tune, run_tune
+    from cbsim.tools.sweep.capacity import short_probe_warning
     from cbsim.tools.tune.report import write_outputs
 
     check_parallel_options(backend, workers)
@@ -40,11 +42,12 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
     check_writable(target, "--out" if out else "name")
     started = time.perf_counter()
 
-    def on_point(record: dict, done: int, total: int) -> None:
+    def on_point(record: dict, done: int, total: int, label: str) -> None:
         rate = record.get("rate")
         text = "failed: " + str(record["error"]) if record["status"] != "ok" else \
             f"capacity {rate:.4g} req/s" if rate is not None else "no rate met the SLO"
-        typer.echo(f"    [{done}/{total}] {text} ({record['wall_seconds']:.0f} s)")
+        if progress_wanted(False):  # progress, on stderr: the stage lines and the answer are the results
+            typer.echo(f"    [{done}/{total}] {label}: {text} ({record['wall_seconds']:.0f} s)", err=True)
 
     def on_stage(outcome) -> None:
         if outcome.status == "skipped":
@@ -58,6 +61,10 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
         result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
         files = write_outputs(result, target, plots=plots)
+    spans = [r["shortest_probe"] for r in result.records.values() if r.get("shortest_probe") is not None]
+    warning = short_probe_warning(min(spans) if spans else None, f"tune {spec.name}")
+    if warning:
+        log.warning(warning)
     best = result.best.record
     rate, gpus = best.get("rate"), best["num_gpus"]
     capacity = "none" if rate is None else f"{rate:.4g} req/s on {gpus} GPUs ({rate / gpus:.4g} per GPU)"

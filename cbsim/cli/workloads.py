@@ -13,6 +13,7 @@ import numpy as np
 import typer
 
 from cbsim.cli.errors import user_errors
+from cbsim.cli.logs import warn
 
 
 def register(app: typer.Typer) -> None:
@@ -48,8 +49,7 @@ def register(app: typer.Typer) -> None:
         if dropped is not None:
             text = ", ".join(f"{reason}: {n}" for reason, n in dropped.items()) or "none"
             typer.echo(f"trace rows dropped: {text}")
-        for line in drop_warnings(dropped):
-            typer.secho(line, fg=typer.colors.YELLOW, err=True)
+        warn(drop_warnings(dropped))
         if "token_lengths" in run.notes:
             typer.echo(f"token lengths: {run.notes['token_lengths']}")
         for line in client_lines(cfg):

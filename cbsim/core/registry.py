@@ -7,6 +7,7 @@ key into the class, or a ConfigError that lists the known names.
 from __future__ import annotations
 
 from cbsim.core.errors import ConfigError, missing
+from cbsim.core.suggest import did_you_mean
 
 
 class Registry(dict):
@@ -36,5 +37,5 @@ class Registry(dict):
             raise missing(f"{path}.{self.key}", known)
         name = mapping[self.key]
         if not isinstance(name, str) or name not in self:
-            raise ConfigError(f"{path}.{self.key}", known, name)
+            raise ConfigError(f"{path}.{self.key}", known + did_you_mean(name, self), name)
         return self[name]

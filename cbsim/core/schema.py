@@ -3,7 +3,8 @@
 Each field carries its help text in `metadata["help"]` (use `option(...)`). `parse(cls, mapping,
 path)` checks types, rejects unknown keys and names the key path of the first error. Numbers are
 finite (no NaN or infinity) and integers fit in int64: a huge value is an error here, not an
-overflow or a hang later.
+overflow or a hang later. A `Seconds` field (cbsim/core/units.py) takes a duration: a number of
+seconds or a string with a unit ('500ms').
 """
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from cbsim.core.errors import ConfigError, missing
+from cbsim.core.suggest import did_you_mean
+from cbsim.core.units import Duration, parse_duration
 
 MAX_INT = 2 ** 63  # integers (int64) and integral floats must stay below this magnitude
 
@@ -29,7 +32,7 @@ def option(default=dataclasses.MISSING, help: str = "", **kw):
 
 def field_help(cls) -> list[tuple[str, str, Any, str]]:
     """(name, type, default, help) for every field of a config dataclass."""
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     rows = []
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -50,11 +53,12 @@ def parse(cls, mapping, path: str = ""):
         mapping = {}
     if not isinstance(mapping, dict):
         raise ConfigError(path, f"a mapping for {cls.__name__}", mapping)
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(mapping) - set(fields))
     if unknown:
-        raise ConfigError(_join(path, str(unknown[0])), f"one of the keys {sorted(fields)}", "an unknown key", has_got=False)
+        raise ConfigError(_join(path, str(unknown[0])), f"one of the keys {sorted(fields)}"
+                          + did_you_mean(unknown[0], fields), "an unknown key", has_got=False)
     values = {}
     for name, f in fields.items():
         key = _join(path, name)
@@ -78,6 +82,8 @@ def coerce(tp, value, path: str):
     args = typing.get_args(tp)
     if tp is Any:
         return value
+    if origin is Annotated and isinstance(args[1], Duration):
+        return parse_duration(value, path, args[1].objective)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -150,6 +156,8 @@ def _join(path: str, name: str) -> str:
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is Annotated:
+        return "duration" if isinstance(args[1], Duration) else _type_name(args[0])
     if origin is Literal:
         return "|".join(str(a) for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -39,6 +39,7 @@ class Context:
     version: tuple[int, ...] | None = None
     cost_model_type: str | None = None
     cost_model_options: frozenset = frozenset()
+    moe: bool = False  # the model has routed experts (expert parallelism applies to them only)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ def apply_server(data: dict) -> tuple[dict, Resolution | None]:
     if hasattr(module, "check_startup"):  # what the engine itself refuses to start with
         module.check_startup(settings, settings.get("cluster.max_model_len") or context.max_model_len, "server.args")
     for key, value in settings.items():
-        _merge(merged, key, value, key in explicit)
+        if not key.startswith("model."):
+            _merge(merged, key, value, key in explicit)
+    _merge_model_fields(merged, {k[len("model."):]: v for k, v in settings.items() if k.startswith("model.")})
     return merged, Resolution(engine, version, settings, frozenset(explicit), tuple(ignored))
 
 
@@ -107,7 +110,7 @@ def _context(data: dict, model, version: tuple[int, ...] | None = None) -> Conte
     gpu_name = cost_model.get("gpu")
     gpu = gpu_spec(gpu_name, "cost_model.gpu") if gpu_name is not None else None
     return Context(gpu, max_len if isinstance(max_len, int) else spec.max_model_len, version,
-                   cost_model.get("type"), cost_model_options(cost_model))
+                   cost_model.get("type"), cost_model_options(cost_model), spec.num_experts > 0)
 
 
 def cost_model_options(cost_model: dict) -> frozenset:
@@ -134,6 +137,22 @@ def _merge(data: dict, key: str, value, from_flag: bool) -> None:
         node[leaf] = value
     elif not _same(key, node[leaf], value) and (from_flag or key == "policy.name"):
         raise ConfigError(key, f"{value!r}, the value server.args sets (or remove one of the two)", node[leaf])
+
+
+def _merge_model_fields(data: dict, fields: dict) -> None:
+    """Precision flags (model.kv_dtype, model.weight_dtype) laid over the experiment's model: a name becomes
+    {config: name, field: value}; a mapping gains the fields, and one it sets itself must agree."""
+    if not fields:
+        return
+    model = data.get("model", DEFAULT_MODEL)
+    if not isinstance(model, dict):
+        data["model"] = {"config": model, **fields}
+        return
+    for field, value in fields.items():
+        if field in model and model[field] != value:
+            raise ConfigError(f"model.{field}", f"{value!r}, the value server.args sets (or remove one of the two)",
+                              model[field])
+    data["model"] = {**model, **fields}
 
 
 def _same(key: str, ours, theirs) -> bool:

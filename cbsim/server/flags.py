@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cbsim.core.errors import ConfigError
+from cbsim.core.suggest import did_you_mean
 
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
 
@@ -70,7 +71,9 @@ def read_flags(args, table: dict[str, Flag], ignored: frozenset[str], aliases: d
         if flag is None:
             known = ", ".join(f"--{n}" for n in sorted(table))
             raise ConfigError(f"{path} --{name}", f"a flag cbsim maps ({known}), or one that does not change a "
-                              "simulation (--host, --port, ...: the README lists them)", has_got=False)
+                              "simulation (--host, --port, ...: the README lists them)"
+                              + did_you_mean(name, [*table, *ignored], "--"),
+                              has_got=False)
         if name in values:
             raise ConfigError(f"{path} --{name}", "each flag once", has_got=False)
         values[name] = _value(name, flag, raw, path)

@@ -18,7 +18,21 @@ Sources (vllm-project/vllm, read through the code index; file @ commit):
   `Field(default=0.92, ...)`; the v0.25.0 API docs show 0.92): with `server.version` 0.25 or later cbsim
   resolves 0.92. The release that changed it lies between those two and is not pinned here, so a
   version in between resolves 0.9: pass --gpu-memory-utilization to be exact.
-- vllm/config/parallel.py @01230b40: tensor_parallel_size 1, pipeline_parallel_size 1.
+- vllm/config/parallel.py @01230b40: tensor_parallel_size 1, pipeline_parallel_size 1, data_parallel_size 1,
+  enable_expert_parallel False. Data parallelism runs `--data-parallel-size` engine cores, each with its own
+  scheduler and KV cache behind one API server: cbsim's `cluster.replicas` (SGLang's --dp-size maps the
+  same way). With `--enable-expert-parallel` (a MoE model) the ranks share the experts: the cost model's
+  data-parallel attention (`cost_model.data_parallel`, `expert_parallel`: sim/costmodels/roofline.py),
+  where the experiment's cost model type has those options.
+- vllm/config/cache.py: `CacheDType = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", ...]`,
+  cache_dtype "auto" (the model's dtype): `--kv-cache-dtype fp8*` sets `model.kv_dtype: fp8` (one byte per
+  KV element: twice the blocks, half the KV reads), bfloat16 sets bf16.
+- vllm/model_executor/layers/quantization/__init__.py (QUANTIZATION_METHODS) with fp8.py (Fp8Config: a
+  16-bit checkpoint quantised online to fp8 weights, fp8 GEMMs where the GPU has FP8 tensor cores) and
+  awq.py (AWQConfig: "Currently, only 4-bit weight quantization is supported for AWQ"):
+  `--quantization fp8` sets `model.weight_dtype: fp8`, awq/awq_marlin `int4`; other methods take their
+  bits from the checkpoint, so they are an error asking for the checkpoint's config.json as `model:`
+  (hf_config.py reads its quantization_config).
 - vllm/v1/core/sched/scheduler.py: preemption frees the victim's blocks and requeues it (recompute;
   V1 has no swap space), the victim being the last running request under fcfs.
 
@@ -47,6 +61,7 @@ CACHE = "vllm/config/cache.py @01230b40"
 PARALLEL = "vllm/config/parallel.py @01230b40"
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # CACHE: BlockSize = Literal[1, 8, 16, 32, 64, 128, 256], the flag's choices
 MODEL = "vllm/config/model.py"
+QUANT = "vllm/model_executor/layers/quantization/__init__.py"
 LORA = "vllm/config/lora.py"
 GMU_092_FROM = (0, 25)  # gpu_memory_utilization 0.92 by v0.25.0 (vllm/config/cache.py @002f10e0)
 
@@ -76,6 +91,18 @@ def _lora_flag(max_loras, wanted: dict) -> bool:
     return max_loras is not None
 
 
+KV_DTYPES = {"auto": None, "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+QUANTIZATION = {"fp8": "fp8", "awq": "int4", "awq_marlin": "int4"}  # method -> cbsim weight_dtype
+
+
+def _kv_dtype_flag(kv_dtype, wanted: dict) -> str:
+    return {"bf16": "bfloat16", "fp8": "fp8"}.get(kv_dtype, "auto")
+
+
+def _quantization_flag(weight_dtype, wanted: dict) -> str | None:
+    return {"fp8": "fp8", "int4": "awq"}.get(weight_dtype)
+
+
 FLAGS = {  # in the order rendered flags are written (render.py): a flag deciding others' defaults first
     "model": Flag(str, ARG_UTILS, key="model"),
     "enable-chunked-prefill": Flag(bool, SCHED, boolean=True, default=True, key="policy.name", to_flag=_policy_flag),
@@ -93,9 +120,13 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     # vLLM's hybrid KV cache manager frees a sliding window's pages (default on; cbsim: sim/kv/cache.py)
     "disable-hybrid-kv-cache-manager": Flag(bool, SCHED, boolean=True, default=False,
                                             key="cluster.kv_cache.hybrid_kv_cache_manager", to_flag=_not_flag),
-    "kv-cache-dtype": Flag(str, CACHE, choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"), default="auto"),
+    "kv-cache-dtype": Flag(str, CACHE, choices=tuple(KV_DTYPES), default="auto", key="model.kv_dtype",
+                           to_flag=_kv_dtype_flag),
+    "quantization": Flag(str, QUANT, default=None, key="model.weight_dtype", to_flag=_quantization_flag),
     "tensor-parallel-size": Flag(int, PARALLEL, default=1, key="cluster.tp"),
     "pipeline-parallel-size": Flag(int, PARALLEL, default=1, key="cost_model.pp"),
+    "data-parallel-size": Flag(int, PARALLEL, default=1, key="cluster.replicas"),
+    "enable-expert-parallel": Flag(bool, PARALLEL, boolean=True, default=False, key="cost_model.expert_parallel"),
     "max-model-len": Flag(int, MODEL, default=None, key="cluster.max_model_len"),
     "async-scheduling": Flag(bool, SCHED, boolean=True, default=False, key="cost_model.engine",
                              to_flag=_overlap_flag),
@@ -105,7 +136,8 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "max-loras": Flag(int, LORA, default=1, key="policy.max_loras"),
     "speculative-config": Flag(json_object, speculative.VLLM_SOURCE, default=None),
 }
-ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size"}
+ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
+           "q": "quantization", "enable-ep": "enable-expert-parallel"}  # vLLM's short forms (arg_utils.py)
 IGNORED = frozenset({
     "host", "port", "uvicorn-log-level", "disable-uvicorn-access-log", "api-key", "served-model-name",
     "trust-remote-code", "download-dir", "load-format", "seed", "tokenizer", "tokenizer-mode", "chat-template",
@@ -113,6 +145,11 @@ IGNORED = frozenset({
     "ssl-keyfile", "ssl-certfile", "revision", "hf-token", "config", "generation-config", "disable-fastapi-docs",
     "enable-auto-tool-choice", "tool-call-parser", "reasoning-parser", "middleware", "max-log-len",
     "swap-space",  # V1 never swaps: preemption recomputes (vllm/v1/core/sched/scheduler.py)
+    # where the processes run and what the API returns, not how a step is scheduled or priced
+    "distributed-executor-backend", "api-server-count", "data-parallel-size-local", "data-parallel-address",
+    "data-parallel-rpc-port", "data-parallel-backend", "disable-frontend-multiprocessing", "max-logprobs",
+    "enable-prompt-tokens-details", "return-tokens-as-token-ids", "enable-server-load-tracking",
+    "enable-force-include-usage", "enable-sleep-mode", "response-role",
 })
 
 
@@ -155,12 +192,41 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
         settings["policy.max_long_partial_prefills"] = settings["policy.max_num_seqs"]
     else:
         settings["policy.kv_reservation"] = "paged"
-    optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model")
+    optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model", "data-parallel-size")
     settings.update({FLAGS[name].key: flags[name] for name in optional if name in flags})
     settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
+    settings.update(_precision(flags, path))
+    settings.update(_expert_parallel(flags, context, path))
     spec = speculative.from_vllm(flags["speculative-config"], path) if flags.get("speculative-config") else {}
     settings.update(spec)
     return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
+
+
+def _precision(flags: dict, path: str) -> dict:
+    """model.kv_dtype and model.weight_dtype from --kv-cache-dtype and --quantization (module docstring)."""
+    out = {}
+    if KV_DTYPES.get(flags.get("kv-cache-dtype", "auto")):
+        out["model.kv_dtype"] = KV_DTYPES[flags["kv-cache-dtype"]]
+    method = flags.get("quantization")
+    if method is not None:
+        if method not in QUANTIZATION:
+            raise ConfigError(f"{path} --quantization", "fp8 or awq (cbsim models fp8 and 4-bit weights; another "
+                              "method takes its bits from the checkpoint: give its config.json as model:)", method)
+        out["model.weight_dtype"] = QUANTIZATION[method]
+    return out
+
+
+def _expert_parallel(flags: dict, context, path: str) -> dict:
+    """--enable-expert-parallel (with --data-parallel-size: data-parallel attention) onto the cost model's
+    expert_parallel and data_parallel, where its type has them; else an error naming the flag. A dense
+    model has no expert layers for it to split: nothing (its --data-parallel-size stays replicas)."""
+    if not flags.get("enable-expert-parallel") or not context.moe:
+        return {}
+    if "expert_parallel" not in context.cost_model_options:
+        raise ConfigError(f"{path} --enable-expert-parallel", f"a cost model with expert_parallel (roofline; "
+                          f"{context.cost_model_type!r} has none)", True)
+    ranks = flags.get("data-parallel-size", 1)
+    return {"cost_model.expert_parallel": True, **({"cost_model.data_parallel": ranks} if ranks > 1 else {})}
 
 
 def _check_supported(flags: dict, path: str) -> None:
@@ -176,9 +242,6 @@ def _check_supported(flags: dict, path: str) -> None:
     if flags.get("block-size", 16) not in BLOCK_SIZES:
         raise ConfigError(f"{path} --block-size", f"one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's choices: "
                           f"BlockSize in {CACHE})", flags["block-size"])
-    if flags.get("kv-cache-dtype", "auto") not in ("auto", "bfloat16"):
-        raise ConfigError(f"{path} --kv-cache-dtype", "auto or bfloat16 (cbsim's KV cache is 16-bit here)",
-                          flags["kv-cache-dtype"])
 
 
 def check_startup(settings: dict, max_len: int, path: str) -> None:

@@ -306,11 +306,16 @@ def format_report(report: Report, changes_only: bool = False) -> str:
     """The comparison table (experiment, metric, baseline, now, change %, verdict) and a verdict line."""
     header = ("experiment", "metric", "baseline", "now", "change", "verdict")
     rows = [r for r in report.rows if not changes_only or r.verdict != "ok"]
+    hidden = len(report.rows) - len(rows)
     cells = [header] + [(r.experiment, r.metric, _number(r.baseline), _number(r.now), _percent(r.change),
                          r.verdict.upper() if report.fails(r) else r.verdict) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     align = ("<", "<", ">", ">", ">", "<")
     lines = ["  ".join(f"{c:{a}{w}}" for c, a, w in zip(cell, align, widths)).rstrip() for cell in cells]
+    if not rows:
+        lines = []
+    if hidden:
+        lines.append(f"({hidden} metrics within tolerance not shown; --all shows every row)")
     lines += [f"note: {n}" for n in report.notes]
     counts = ", ".join(f"{n} {v}" for v, n in sorted(report.counts().items()))
     lines.append(f"{'PASS' if report.passed else 'FAIL'} ({counts}; mode {report.mode})")

@@ -6,7 +6,9 @@ do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` thr
 
     forward = max(kernel_scale * gpu, floor)
         floor = graph_launch_s                      a decode-only step of <= cuda_graph_max_batch
-                                                    sequences replays one CUDA graph
+                                                    sequences replays one CUDA graph (with
+                                                    cuda_graph_piecewise any step of <= that many
+                                                    tokens: vLLM V1's piecewise graphs)
               = L * (launch_per_layer_s + 2 * collective(tp))   otherwise (eager): the CPU cannot
                                                     launch a layer's kernels and its two all-reduces
                                                     faster than this, so a light step waits on it
@@ -18,6 +20,12 @@ do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` thr
                                                     processing
     step    = forward + host, or max(forward, host) with `overlap` (async scheduling: the host
               prepares step k+1 while the GPU runs step k)
+
+Two terms change what the cost model prices rather than this sum: `cuda_graph_padding` (a graph step
+runs at its captured batch size, cuda_graphs.py; `graph_tokens`) and `custom_all_reduce_max_bytes`
+(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py), and
+`decode_attention_per_query_head` (the decode kernel's grid, attention_structure.py). The roofline
+reads them; the measured cost models (vidur, fitted) were timed eagerly with NCCL and ignore them.
 
 The front-end terms do not change the step; they move what the client sees (sim/metrics/client_view.py):
 a request reaches the scheduler `frontend_s + frontend_per_prompt_token_s * prompt` after the client
@@ -48,6 +56,7 @@ import yaml
 from cbsim.core import bounds
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, parse, require
+from cbsim.sim.costmodels.cuda_graphs import capture_size
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where PyYAML has it: the same data, faster
 PRESET_DIR = Path(__file__).resolve().parent / "engines"
@@ -70,6 +79,20 @@ class EngineTerms:
     cuda_graph_max_batch: int = option(0, help="decode-only steps of at most this many sequences replay a CUDA "
                                        "graph (no per-layer launches); 0: always eager")
     graph_launch_s: float = option(0.0, help="seconds to replay the CUDA graph of a step (its launch floor)")
+    cuda_graph_piecewise: bool = option(False, help="piecewise graphs (vLLM V1): mixed prefill+decode steps of at "
+                                        "most cuda_graph_max_batch tokens replay too (attention outside the "
+                                        "graphs); false: decode-only steps only")
+    cuda_graph_padding: bool = option(False, help="a graph step runs at the next captured batch size ([1, 2, 4] + "
+                                      "multiples of 8): its GEMMs, streaming kernels and all-reduces see the "
+                                      "padded token count (cuda_graphs.py)")
+    decode_attention_per_query_head: bool = option(
+        False, help="the decode attention kernel runs one CTA per query head and reads its KV head once per query "
+        "head (TensorRT-LLM's masked-MHA kernel, vLLM V0's paged_attention): a GQA model's decode KV traffic is "
+        "query heads / KV heads times its cache bytes (attention_structure.py); false: once per KV head "
+        "(FlashAttention / FlashInfer / XQA pack a KV head's query heads into one CTA)")
+    custom_all_reduce_max_bytes: float = option(
+        0.0, help="vLLM's custom all-reduce (custom_allreduce.py) for TP all-reduces below this many bytes (8 MiB "
+        "in vLLM) where it applies (2 GPUs or NVSwitch, 2/4/6/8 GPUs, one node); NCCL otherwise; 0: NCCL always")
     collective_launch_s: float = option(0.0, help="eager: CPU seconds to launch one TP all-reduce (2 per layer)")
     collective_per_rank_s: float = option(0.0, help="eager: extra CPU seconds per all-reduce per TP rank beyond the "
                                           "first (more worker processes to synchronise)")
@@ -87,7 +110,7 @@ class EngineTerms:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "overlap":
+            if isinstance(value, bool):  # overlap, cuda_graph_*, decode_attention_per_query_head
                 continue
             require(math.isfinite(value) and value >= 0, f.name, "a finite number >= 0", value)
         require(self.kernel_scale > 0, "kernel_scale", "a number > 0", self.kernel_scale)
@@ -131,8 +154,8 @@ NO_ENGINE = Engine(EngineTerms())
 class StepEngine:
     """Step seconds from kernel seconds, for one (layers, tp); see the module docstring."""
 
-    __slots__ = ("terms", "none", "eager_floor", "graph_floor", "graph_max", "overlap", "scale",
-                 "per_step", "per_seq", "per_prefill", "per_token")
+    __slots__ = ("terms", "none", "eager_floor", "graph_floor", "graph_max", "piecewise", "padding", "overlap",
+                 "scale", "per_step", "per_seq", "per_prefill", "per_token")
 
     def __init__(self, terms: EngineTerms, num_layers: int, tp: int, none: bool = False):
         t = self.terms = terms
@@ -140,6 +163,7 @@ class StepEngine:
         collective = t.collective_launch_s + t.collective_per_rank_s * (tp - 1) if tp > 1 else 0.0
         self.eager_floor = num_layers * (t.launch_per_layer_s + 2.0 * collective)
         self.graph_floor, self.graph_max = t.graph_launch_s, t.cuda_graph_max_batch
+        self.piecewise, self.padding = t.cuda_graph_piecewise, t.cuda_graph_padding
         self.overlap, self.scale = t.overlap, t.kernel_scale
         self.per_step, self.per_seq = t.host_per_step_s, t.host_per_seq_s
         self.per_prefill, self.per_token = t.host_per_prefill_s, t.host_per_token_s
@@ -148,9 +172,22 @@ class StepEngine:
         """Host seconds of a step."""
         return self.per_step + self.per_seq * seqs + self.per_prefill * prefills + self.per_token * tokens
 
-    def floor(self, seqs: int, prefills: int) -> float:
-        """The launch floor: a CUDA graph replay for small decode-only steps, else eager launches."""
-        return self.graph_floor if prefills == 0 and seqs <= self.graph_max else self.eager_floor
+    def graph_step(self, tokens: int, prefills: int) -> bool:
+        """Whether a step of `tokens` tokens (`prefills` prefill chunks) replays a CUDA graph: at most
+        cuda_graph_max_batch tokens, decode-only unless the graphs are piecewise (a decode-only step
+        has one token per sequence, so this is the sequence count there)."""
+        return tokens <= self.graph_max and (prefills == 0 or self.piecewise)
+
+    def graph_tokens(self, tokens: int, prefills: int) -> int:
+        """The token count a step's graph runs at: padded to the next captured size on a graph step
+        with cuda_graph_padding, else `tokens` (cuda_graphs.py)."""
+        if self.padding and self.graph_step(tokens, prefills):
+            return capture_size(tokens, self.graph_max)
+        return tokens
+
+    def floor(self, seqs: int, prefills: int, tokens: int | None = None) -> float:
+        """The launch floor: a CUDA graph replay for graph steps, else eager launches."""
+        return self.graph_floor if self.graph_step(seqs if tokens is None else tokens, prefills) else self.eager_floor
 
     def step_of(self, gpu: float, shape) -> float:
         """Step seconds of a step of this StepShape whose kernels take `gpu` seconds."""
@@ -168,7 +205,7 @@ class StepEngine:
         if self.none:
             return gpu
         forward = gpu * self.scale
-        floor = self.graph_floor if prefills == 0 and seqs <= self.graph_max else self.eager_floor
+        floor = self.graph_floor if tokens <= self.graph_max and (prefills == 0 or self.piecewise) else self.eager_floor
         if forward < floor:
             forward = floor
         host = self.per_step + self.per_seq * seqs + self.per_prefill * prefills + self.per_token * tokens

@@ -95,6 +95,8 @@ from cbsim.sim.costmodels.catalog.gpus import gpus_per_node as catalog_gpus_per_
 from cbsim.sim.costmodels.catalog.lookup import gpu_spec
 from cbsim.sim.costmodels.catalog.specs import INT4_GROUP_SCALE_BYTES, INT4_GROUP_ZERO_BYTES, TP_DEGREES, GPUSpec, ModelSpec
 from cbsim.sim.costmodels.collectives import Topology, allreduce_seconds, alltoall_seconds, link_model, multinode_allreduce_seconds
+from cbsim.sim.costmodels import custom_allreduce
+from cbsim.sim.costmodels.attention_structure import decode_pair_weight, prefill_efficiency, streaming_multiprocessors
 from cbsim.sim.costmodels.engine import NO_ENGINE, Engine, engine_option, load_engine
 from cbsim.sim.costmodels.gemm_efficiency import TILE, WEIGHT_ONLY_TILE, gemm_curve
 from cbsim.sim.costmodels.moe_gemms import MoEGemms
@@ -163,6 +165,10 @@ class RooflineCost(CostModel):
             "--data-parallel-size with --enable-expert-parallel, SGLang --enable-dp-attention, TensorRT-LLM "
             "enable_attention_dp); the replica is one rank (tp GPUs, its own scheduler and KV cache), the experts "
             "spread over tp x data_parallel GPUs, and each MoE layer pays an all-to-all dispatch and combine")
+        prefill_occupancy: bool = option(
+            True, help="charge prefill attention at FlashAttention-2's wave efficiency on the GPU's SMs (a 512-token "
+            "chunk of a long prompt fills fewer CTA slots than the whole prompt; attention_structure.py); false: "
+            "every prefill at the full attention rate (cbsim before issue 28)")
         engine: Any = engine_option()
 
         def validate(self) -> None:
@@ -193,7 +199,7 @@ class RooflineCost(CostModel):
                  layer_overhead: float = 15e-6, step_overhead: float | None = None, engine: Engine = NO_ENGINE,
                  topology: str | None = None, moe_imbalance: float = 1.0, expert_parallel: bool = False,
                  gpus_per_node: int | None = None, pp: int = 1, data_parallel: int = 1, moe_routing: str = "random",
-                 weight_group_size: int | None = None):
+                 weight_group_size: int | None = None, prefill_occupancy: bool = True):
         model.check_tp(tp, "cost_model.tp")
         check_pipeline(model.num_layers, pp)
         _check_data_parallel(model, tp, data_parallel, expert_parallel)
@@ -237,6 +243,9 @@ class RooflineCost(CostModel):
         self._moe_routing, self._group_size = moe_routing, weight_group_size
         self._fp8 = _fp8_compute(model, gpu)
         self._moe_imbalance = float(moe_imbalance)
+        self._prefill_occupancy = prefill_occupancy
+        if not prefill_occupancy:
+            self.factors["prefill_occupancy"] = False
         self._precompute(gemm_efficiency, attention_efficiency, memory_efficiency, layer_overhead, step_overhead)
 
     @classmethod
@@ -245,7 +254,7 @@ class RooflineCost(CostModel):
                    config.attention_efficiency, config.memory_efficiency, config.layer_overhead,
                    config.step_overhead, load_engine(config.engine, "engine"), config.topology, config.moe_imbalance,
                    config.expert_parallel, config.gpus_per_node, config.pp, config.data_parallel, config.moe_routing,
-                   config.weight_group_size)
+                   config.weight_group_size, config.prefill_occupancy)
 
     def _precompute(self, gemm_eff, attn_eff, mem_eff, layer_overhead, step_overhead) -> None:
         """Fold the model, the GPU and the factors into per-feature constants (all Python floats).
@@ -292,6 +301,11 @@ class RooflineCost(CostModel):
         self._embed_bytes = 2.0 * m.hidden * b  # gather one row, write it
         self._num_allreduce = 2.0 * m.num_layers + 1.0 if tp > 1 else 0.0
         self._link = link_model(g, self.topology)
+        self._custom_ar_max = float(self.engine.terms.custom_all_reduce_max_bytes)
+        # a decode query-key pair in units of prefill pairs (1.0, or the per-query-head kernel's slower rate)
+        self._decode_pairs = decode_pair_weight(m, self.engine.terms.decode_attention_per_query_head, attn_eff)
+        self._heads = m.heads_per_gpu(tp)  # query heads per GPU: prefill attention's CTAs per query block
+        self._sms = streaming_multiprocessors(g.name) if self._prefill_occupancy and not m.is_mla else 0
         self._allreduce_bytes_per_token = float(m.hidden) * b
         self._step_overhead = float(step_overhead)
         if m.is_moe:
@@ -366,9 +380,13 @@ class RooflineCost(CostModel):
         return comm
 
     def _allreduce(self, size: float) -> float:
+        """One TP all-reduce of `size` bytes: NCCL by topology (across nodes when the group spans them), or
+        vLLM's custom kernel where the engine uses it for this size (custom_allreduce.py)."""
         if self.tp > self.gpus_per_node:
             return multinode_allreduce_seconds(size, self.tp, self.gpus_per_node, self._link, self.topology,
                                                self.gpu.inter_node_bandwidth)
+        if custom_allreduce.applies(size, self.tp, self.topology, self._custom_ar_max, True):
+            return custom_allreduce.custom_allreduce_seconds(size, self.tp)
         return allreduce_seconds(size, self.tp, self._link, self.topology)
 
     def alltoall_time(self, tokens: float) -> float:
@@ -389,11 +407,7 @@ class RooflineCost(CostModel):
         (sim/metrics/step_efficiency.py)."""
         if self._staged:  # the stage that communicates longest
             return max(self._stage_comm(tokens, s) for s in range(len(self._stages)))
-        size = self._allreduce_bytes_per_token * tokens
-        if self.tp > self.gpus_per_node:
-            return self._num_allreduce * multinode_allreduce_seconds(
-                size, self.tp, self.gpus_per_node, self._link, self.topology, self.gpu.inter_node_bandwidth)
-        return self._num_allreduce * allreduce_seconds(size, self.tp, self._link, self.topology)
+        return self._num_allreduce * self._allreduce(self._allreduce_bytes_per_token * tokens)
 
     def _gemm_seconds(self, tokens: float) -> float:
         """One layer's GEMMs at `tokens` rows (a Python float, never an array); for an MoE model the
@@ -494,9 +508,12 @@ class RooflineCost(CostModel):
             tokens += c
             pairs += c * (h + (c + 1) / 2)
             kv_read += c + h
+        if prefill and self._sms:  # the attention kernel's wave efficiency on these chunks (attention_structure.py)
+            pairs = pairs / prefill_efficiency(prefill, self._heads, self._sms, self.model.head_dim)
         mla = (pairs, float(kv_read)) if self.model.is_mla and prefill else None
-        gpu = self._seconds(float(tokens), float(sampled), pairs + float(decode_read), float(kv_read + decode_read),
-                            window, mla)
+        padded = self._engine.graph_tokens(tokens, len(prefill))  # a graph step runs at its captured size
+        gpu = self._seconds(float(padded), float(sampled), pairs + self._decode_pairs * decode_read,
+                            float(kv_read + decode_read), window, mla)
         return self._engine.step_for(gpu, len(prefill) + rows, len(prefill), tokens)
 
     def _window_features(self, shape: StepShape) -> tuple[float, float]:
@@ -513,7 +530,8 @@ class RooflineCost(CostModel):
                 pairs += (first + w) * (w - first + 1) // 2 + (last - w) * w
             kv_read += min(c + h, w + c - 1)
         decode = sum(min(d, w) for d in shape.decode)
-        return float(pairs + decode), float(kv_read + decode)
+        efficiency = prefill_efficiency(shape.prefill, self._heads, self._sms, self.model.head_dim)
+        return float(pairs) / efficiency + self._decode_pairs * decode, float(kv_read + decode)
 
     def decode_step_time(self, contexts, offset: int, context_sum: int) -> float:
         return self.mixed_step_time((), contexts, offset, context_sum, len(contexts))
@@ -525,8 +543,9 @@ class RooflineCost(CostModel):
         window = None
         if self._window:
             capped = _capped_decode_reads(contexts, steps, int(self._window))
-            window = (0.0 + capped, capped)
-        gpu = np.asarray(self._seconds(float(n), float(n), 0.0 + read, read, window), dtype=np.float64)
+            window = (self._decode_pairs * capped, capped)
+        padded = self._engine.graph_tokens(n, 0)
+        gpu = np.asarray(self._seconds(float(padded), float(n), self._decode_pairs * read, read, window), dtype=np.float64)
         return self._engine.step_many(gpu, n)
 
     def describe(self) -> dict:

@@ -5,16 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cbsim.core.schema import option, require
+from cbsim.core.units import SLOSeconds
 
 
 @dataclass
 class SLOConfig:
     """Service-level objectives; a request meets the SLO set when it finished and meets every one set."""
 
-    ttft: float | None = option(None, help="max time to first token, seconds (null: no TTFT objective)")
-    tpot: float | None = option(None, help="max time per output token after the first, seconds (null: none)")
-    itl_max: float | None = option(
-        None, help="max gap between two consecutive tokens of a request, seconds (null: none)")
+    ttft: SLOSeconds | None = option(None, help="max time to first token: a duration (500ms, 0.5s; a bare number "
+                                     "is seconds); null: no TTFT objective")
+    tpot: SLOSeconds | None = option(None, help="max time per output token after the first: a duration (50ms; "
+                                     "a bare number is seconds); null: none")
+    itl_max: SLOSeconds | None = option(
+        None, help="max gap between two consecutive tokens of a request: a duration (200ms; a bare number is "
+                   "seconds); null: none")
+
+    def is_set(self) -> bool:
+        """Whether any objective is set: without one there is no goodput and no attainment (null)."""
+        return any(getattr(self, name) is not None for name in ("ttft", "tpot", "itl_max"))
 
     def validate(self) -> None:
         for name in ("ttft", "tpot", "itl_max"):

@@ -43,7 +43,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
 
     Latency percentiles are over requests where the metric is defined; ITL over every gap.
     Throughput counts the output tokens of finished requests over makespan = last completion -
-    first arrival. Stalls are ITL gaps above stall_factor x the ITL median: how many gaps, their
+    first arrival; goodput and slo_attainment are null when metrics.slo sets no objective. Stalls are ITL gaps above stall_factor x the ITL median: how many gaps, their
     summed length and the longest. short_p_undefined counts long requests without a short_P.
     num_preemptions sums the requests' counters. Tenant fairness keys (sim/metrics/tenant_metrics.py) appear
     only when requests carry tenants. Pass `itl` (itl_distribution with the requests)
@@ -53,7 +53,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
     itl = itl_distribution(recorder, steps=steps_df) if itl is None else itl
     df = requests_df
     out = _latency_summary(df, itl)
-    out.update(_rate_summary(df))
+    out.update(_rate_summary(df, config.slo.is_set()))
     out.update(_interference_summary(df, itl, config.stall_factor))
     out.update(num_preemptions=int(df["num_preemptions"].sum()), num_rejected=int((df["status"] == "rejected").sum()),
                num_finished=int((df["status"] == "finished").sum()), num_requests=len(df), num_steps=len(steps_df))
@@ -76,15 +76,17 @@ def _latency_summary(df: pd.DataFrame, itl: ITLDistribution) -> dict:
     return out
 
 
-def _rate_summary(df: pd.DataFrame) -> dict:
+def _rate_summary(df: pd.DataFrame, has_slo: bool) -> dict:
+    """Throughputs and makespan; goodput and SLO attainment only where an objective is set (else null,
+    as vllm bench serve's request_goodput without --goodput)."""
     finished = df["status"] == "finished"
     makespan = df.loc[finished, "completion_time"].max() - df["arrival"].min() if finished.any() else math.nan
     per_s = 1.0 / makespan if makespan > 0 else math.nan
     return {
         "throughput_tokens_per_s": json_number(df.loc[finished, "output_len"].sum() * per_s),
         "throughput_requests_per_s": json_number(finished.sum() * per_s),
-        "goodput_requests_per_s": json_number(df["meets_slo"].sum() * per_s),
-        "slo_attainment": json_number(df["meets_slo"].mean() if len(df) else math.nan),
+        "goodput_requests_per_s": json_number(df["meets_slo"].sum() * per_s) if has_slo else None,
+        "slo_attainment": json_number(df["meets_slo"].mean() if len(df) else math.nan) if has_slo else None,
         "makespan": json_number(makespan),
     }
 

@@ -3,7 +3,8 @@
 Panels (time on every x axis, shared):
 - requests waiting and running (P/D: also the hand-offs holding prefill KV, or on their way);
 - tokens waiting (prompt tokens queued) and KV tokens held;
-- scheduled prefill vs decode tokens per step, and the batch's requests;
+- scheduled prefill vs decode tokens per step, and the prompts in the batch (requests prefilling: the
+  batch's requests less its decode tokens, which would otherwise draw the decode line again);
 - step latency of steps with prefill vs decode-only steps (median and max per time bin);
 - KV blocks used and free (evictable when the cache reports it; P/D prefill: held for hand-off);
 - preemptions and recomputed tokens; prefix-cache hit tokens (only when the run reports them);
@@ -259,12 +260,13 @@ def _scheduled_panel(ax, view, edges, x):
                     color=COLORS["prefill"], alpha=0.6, linewidth=0, label="prefill tokens / step")
     right.step(x, _per_bin(edges, s["start"], s["decode_tokens"], "mean"), where="post", color=COLORS["decode"],
                label="decode tokens / step (right)")
-    right.step(x, _per_bin(edges, s["start"], s["num_seqs"], "mean"), where="post", color=COLORS["running"],
-               linewidth=0.8, linestyle="--", label="requests / step (right)")
+    prompts = (s["num_seqs"] - s["decode_tokens"]).clip(lower=0)  # a decoding request adds one token
+    right.step(x, _per_bin(edges, s["start"], prompts, "mean"), where="post", color=COLORS["running"],
+               linewidth=0.8, linestyle="--", label="prompts / step: requests prefilling (right)")
     ax.set_ylim(0, max(1.0, float(np.nanmax(np.r_[s["prefill_tokens"].to_numpy(dtype=float), 0]))) * 1.05)
-    ax.set_title("Batch: scheduled tokens and requests per step (mean per bin)")
+    ax.set_title("Batch: scheduled tokens and prompts per step (mean per bin)")
     ax.set_ylabel("prefill tokens", color=COLORS["prefill"])
-    right.set_ylabel("decode / requests", color=COLORS["decode"])
+    right.set_ylabel("decode tokens / prompts", color=COLORS["decode"])
     right.set_ylim(0, max(1.0, float(np.nanmax(np.r_[s["num_seqs"].to_numpy(dtype=float), 0]))) * 1.05)
     return right
 

@@ -121,7 +121,8 @@ def _bins(steps_df):
 
 
 def _mark_stalls(ax, stalls, replicas=None) -> None:
-    """Red triangles along the bottom of the panel at the end of each stall gap (of `replicas`, or all).
+    """Red triangles along the bottom of the panel at the end of each stall gap (of `replicas`, or all),
+    'xN' above one that ends N requests' gaps at once (a step every decode waited for).
     `ax` should be the topmost axes of the panel (the twin): its artists are drawn above the areas."""
     if stalls is None or len(stalls) == 0:
         return
@@ -130,6 +131,11 @@ def _mark_stalls(ax, stalls, replicas=None) -> None:
         ax.plot(mine["time"], np.full(len(mine), 0.04), "^", color=STALL, markersize=7, markeredgecolor="white",
                 markeredgewidth=0.6, transform=ax.get_xaxis_transform(), clip_on=False, zorder=ON_TOP,
                 label=f"stall ({int(mine['count'].sum())} gaps, longest {_fmt_s(mine['length'].max())})")
+        at_once = mine.groupby("time", sort=True)["count"].sum()  # the requests one step stalled together
+        for time, count in at_once[at_once > 1].items():
+            ax.annotate(f"x{int(count)}", (time, 0.04), xycoords=ax.get_xaxis_transform(), textcoords="offset points",
+                        xytext=(0, 6), ha="center", fontsize="x-small", color=STALL, zorder=ON_TOP,
+                        annotation_clip=False, gid="stall_count")
 
 
 def _tokens_panel(ax, x, prefill, decode, stalls, unit: str, title: str, replicas=None) -> None:

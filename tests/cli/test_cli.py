@@ -121,7 +121,7 @@ def test_printed_summary_shows_units():
     assert summary_text("ttft_p50", 0.06934) == "69.34 ms" and summary_text("makespan", 73.13) == "73.13 s"
     assert summary_text("throughput_tokens_per_s", 1976.0) == "1976 tokens/s"
     assert summary_text("slo_attainment", 1) == "100 %" and summary_text("num_finished", 500) == "500"
-    assert summary_text("ttft_p99", None) == "None"
+    assert summary_text("ttft_p99", None) == "n/a"
     assert summary_text("ttft_p50", 44.46) == "44.46 s"
     assert summary_text("ttft_p50", 9.5) == "9500 ms"
 

@@ -83,7 +83,7 @@ def test_duplicate_yaml_keys_are_rejected_naming_key_and_file(tmp_path):
     ("workload.prompt_len.type={a: 1}", "workload.prompt_len.type"),
 ])
 def test_04_a_list_where_a_name_is_expected_names_the_key(override, key):
-    assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key, "one of")
+    assert_user_error(cli("validate", QUICKSTART, "--set", override), f"--set {override}", key, "one of")
 
 
 # Trace files for items 5 to 7 and the dropped-rows report: tiny files written per test.
@@ -172,7 +172,7 @@ def test_dropped_rows_reach_the_summary_and_a_warning(tmp_path):
     ("workload.arrival.rate=.inf", "workload.arrival.rate", "a finite number"),
 ])
 def test_07_huge_integral_floats_and_lengths_are_bounded_at_validation(override, key, expected):
-    assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key, expected)
+    assert_user_error(cli("validate", QUICKSTART, "--set", override), f"--set {override}", key, expected)
 
 
 # 9. Values that passed validate and then crashed, or were silently replaced
@@ -182,7 +182,7 @@ def test_07_huge_integral_floats_and_lengths_are_bounded_at_validation(override,
     ("cluster.replicas=100000", "cluster.replicas"), ("cluster.kv_cache.num_blocks=1.0e+15", "num_blocks"),
 ])
 def test_09_bad_seed_max_time_shapes_and_replicas_are_named(override, key):
-    assert_user_error(cli("validate", QUICKSTART, "--set", override), "quickstart.yaml", key)
+    assert_user_error(cli("validate", QUICKSTART, "--set", override), f"--set {override}", key)
 
 
 @pytest.mark.parametrize("workers", ["0", "-1"])

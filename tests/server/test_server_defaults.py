@@ -9,8 +9,9 @@ vLLM (vllm-project/vllm)
 - vllm/config/cache.py @01230b40: gpu_memory_utilization 0.9 (0.92 @002f10e0, as the v0.25.0 API docs
   show), block_size None (16 on CUDA), cache_dtype "auto", num_gpu_blocks_override None,
   enable_prefix_caching None (on for V1).
-- vllm/config/parallel.py: tensor_parallel_size 1, pipeline_parallel_size 1.
-- vllm/config/lora.py: max_loras 1; vllm/config/model.py: enforce_eager False, dtype "auto".
+- vllm/config/parallel.py: tensor_parallel_size 1, pipeline_parallel_size 1, data_parallel_size 1,
+  enable_expert_parallel False.
+- vllm/config/lora.py: max_loras 1; vllm/config/model.py: enforce_eager False, dtype "auto", quantization None.
 - vllm/engine/arg_utils.py: speculative_config None (speculation off).
 - vllm/engine/arg_utils.py @99d7eb5d get_batch_defaults: no static default for max_num_batched_tokens
   and max_num_seqs (8192/1024 on a >= 70 GiB GPU that is not an A100, else 2048/256).
@@ -35,7 +36,8 @@ VLLM_DOCUMENTED = {
     "max-long-partial-prefills": 1, "scheduling-policy": "fcfs", "async-scheduling": False,
     "gpu-memory-utilization": 0.9, "block-size": 16, "kv-cache-dtype": "auto", "num-gpu-blocks-override": None,
     "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1, "max-loras": 1,
-    "disable-hybrid-kv-cache-manager": False,
+    "disable-hybrid-kv-cache-manager": False, "data-parallel-size": 1, "enable-expert-parallel": False,
+    "quantization": None,
     "enforce-eager": False, "dtype": "auto", "enable-lora": False, "max-model-len": None, "speculative-config": None,
     "max-num-batched-tokens": NO_STATIC_DEFAULT, "max-num-seqs": NO_STATIC_DEFAULT, "model": NO_STATIC_DEFAULT,
 }

@@ -137,8 +137,8 @@ def test_halved_token_budget_fails_the_check():
 
 def test_update_then_compare_in_a_fresh_suite(tmp_path):
     shutil.copy(SUITE / "sarathi.yaml", tmp_path / "sarathi.yaml")
-    first = invoke("--suite", tmp_path)  # no baseline yet: reported as new, which does not fail
-    assert first.exit_code == 0 and "sarathi     (experiment)" in first.output and "new" in first.output
+    first = invoke("--suite", tmp_path)  # no baseline yet: an error, not a pass
+    assert first.exit_code == 2 and "cbsim regress --update" in first.output
     updated = invoke("--suite", tmp_path, "--update")
     assert updated.exit_code == 0, updated.output
     assert invoke("--suite", tmp_path).exit_code == 0
@@ -160,3 +160,43 @@ def test_update_with_only_keeps_the_other_entries(tmp_path):
     entries = read_baseline(tmp_path)
     assert set(entries) == {"sarathi", "splitfuse"}  # stale has no YAML any more: dropped
     assert entries["splitfuse"]["metrics"] == {"ttft_p50": 1.0}
+
+
+# ---------------------------------------------------------------- CI output (issue 30)
+
+
+def test_default_report_shows_changes_and_counts_the_rest():
+    baseline = {"a": {"config_digest": "d", "metrics": {"ttft_p50": 1.0, "num_finished": 10, "itl_p99": 0.1}}}
+    report = compare(baseline, {"a": outcome(ttft_p50=1.5, num_finished=10, itl_p99=0.1)}, Tolerances())
+    lines = format_report(report, changes_only=True).splitlines()
+    assert lines[0].startswith("experiment") and "REGRESSED" in lines[1] and len(lines) == 5  # + a note
+    assert lines[2] == "(2 metrics within tolerance not shown; --all shows every row)"
+    passing = compare(baseline, {"a": outcome(ttft_p50=1.0, num_finished=10, itl_p99=0.1)}, Tolerances())
+    assert format_report(passing, changes_only=True).splitlines()[0].startswith("(3 metrics")
+
+
+def test_json_and_junit_reports():
+    import xml.etree.ElementTree as ET
+
+    from cbsim.tools.regress_formats import report_json, report_junit
+
+    baseline = {"a": {"config_digest": "d", "metrics": {"ttft_p50": 1.0}},
+                "b": {"config_digest": "d", "metrics": {"ttft_p50": 1.0}}}
+    report = compare(baseline, {"a": outcome(ttft_p50=1.5), "b": outcome(ttft_p50=0.5)}, Tolerances())
+    data = json.loads(report_json(report))
+    assert data["passed"] is False and data["counts"] == {"regressed": 1, "improved": 1}
+    assert [r["fails"] for r in data["rows"]] == [True, False] and data["rows"][0]["change"] == 0.5
+    suite = ET.fromstring(report_junit(report))
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    a, b = suite.findall("testcase")
+    assert "ttft_p50: regressed" in a.find("failure").text and b.find("failure") is None
+    assert "improved" in b.find("system-out").text
+
+
+def test_cli_writes_a_junit_report(tmp_path):
+    shutil.copy(SUITE / "sarathi.yaml", tmp_path / "sarathi.yaml")
+    assert invoke("--suite", tmp_path, "--update").exit_code == 0
+    result = invoke("--suite", tmp_path, "--format", "junit", "--report", tmp_path / "junit.xml")
+    assert result.exit_code == 0 and "PASS" in result.output
+    assert '<testsuite name="cbsim regress" tests="1" failures="0"' in (tmp_path / "junit.xml").read_text()
+    assert invoke("--suite", tmp_path, "--format", "yaml").exit_code == 2

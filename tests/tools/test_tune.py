@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,13 @@ def test_pareto_front():
 def test_shipped_tune_file_loads():
     spec = load_tune(ROOT / "experiments" / "tune" / "quickstart_2xh100.yaml")
     assert spec.gpus.count == 2 and set(spec.slo) == {"ttft_p99", "itl_p99"}
+
+
+def test_cli_names_each_candidate_and_warns_of_short_probes(tmp_path):
+    """Progress names the stage and candidate it ran; probes of a few simulated seconds are warned about."""
+    path = write_tune(tmp_path, stages={**SKIP, "token_budget": [64, 256], "chunk_size": [], "partial_prefills": []})
+    result = CliRunner().invoke(app, ["tune", str(path), "--out", str(tmp_path / "out"), "--workers", "1",
+                                      "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\[\d/2\] token_budget 64\S*: capacity", result.output), result.output
+    assert "warning: tune tiny_tune: a capacity probe simulated only" in result.output

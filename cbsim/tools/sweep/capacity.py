@@ -29,6 +29,21 @@ from cbsim.core.errors import ConfigError
 from cbsim.replica_gpus import num_gpus  # also capacity.num_gpus for the tuner: replicas x GPUs per replica
 
 
+# A probe simulating fewer seconds than this (first arrival to last completion) is mostly start-up: the
+# queue fills from empty, so an overloaded rate still meets a latency SLO for a while. A stated floor
+# for the warning, not a measured one: the tune example's probes simulate ~6 s.
+MIN_STEADY_SECONDS = 60.0
+
+
+def short_probe_warning(span: float | None, label: str = "") -> str | None:
+    """A warning when the shortest probe (`span` simulated seconds) is under MIN_STEADY_SECONDS, else None."""
+    if span is None or span >= MIN_STEADY_SECONDS:
+        return None
+    return (f"{label + ': ' if label else ''}a capacity probe simulated only {span:.1f} s of traffic (< "
+            f"{MIN_STEADY_SECONDS:g} s): its queue never left the start-up transient, so a rate above capacity "
+            "can pass; raise workload.num_requests")
+
+
 @dataclass
 class CapacityResult:
     """The capacity search's answer: `rate` meets every SLO (None if no probed rate did);
@@ -41,6 +56,12 @@ class CapacityResult:
     rate_key: str
     points: pd.DataFrame
     num_gpus: int = 1
+
+    @property
+    def shortest_probe(self) -> float | None:
+        """The fewest simulated seconds (makespan: first arrival to last completion) of any probe run."""
+        spans = self.points["makespan"].dropna() if "makespan" in self.points else []
+        return float(spans.min()) if len(spans) else None
 
     @property
     def rate_per_gpu(self) -> float | None:
@@ -93,6 +114,9 @@ def find_capacity(config, slo: dict[str, float], rate_key: str = "workload.arriv
         _check_slo(slo)
     if min_attainment is not None and not 0 < min_attainment <= 1:
         raise ConfigError("min_attainment", "a fraction in (0, 1]", min_attainment)
+    if min_attainment is not None and not base.metrics.slo.is_set():
+        raise ConfigError("min_attainment", "an experiment with metrics.slo set (attainment is of its objectives)",
+                          min_attainment, file=base.source)
     if not rel_tol > 0 or not math.isfinite(rel_tol):
         raise ConfigError("rel_tol", "a relative tolerance > 0", rel_tol)
     if not 0 <= min_finished <= 1:

@@ -25,11 +25,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from cbsim.core.atomic import write_file_atomic
+from cbsim.sim.metrics.summary_units import is_latency
 
-LABELS = {
-    "ttft_p50": "TTFT p50 (s)", "ttft_p99": "TTFT p99 (s)", "tpot_p50": "TPOT p50 (s)", "tpot_p99": "TPOT p99 (s)",
-    "itl_p50": "ITL p50 (s)", "itl_p99": "ITL p99 (s)", "e2e_p50": "E2E p50 (s)", "e2e_p99": "E2E p99 (s)",
-    "queue_delay_p50": "queue delay p50 (s)", "queue_delay_p99": "queue delay p99 (s)",
+LABELS = {  # latencies in ms, as every command prints them (sim/metrics/summary_units.py)
+    "ttft_p50": "TTFT p50 (ms)", "ttft_p99": "TTFT p99 (ms)", "tpot_p50": "TPOT p50 (ms)", "tpot_p99": "TPOT p99 (ms)",
+    "itl_p50": "ITL p50 (ms)", "itl_p99": "ITL p99 (ms)", "e2e_p50": "E2E p50 (ms)", "e2e_p99": "E2E p99 (ms)",
+    "queue_delay_p50": "queue delay p50 (ms)", "queue_delay_p99": "queue delay p99 (ms)",
     "throughput_tokens_per_s": "throughput (output tokens/s)", "throughput_requests_per_s": "throughput (requests/s)",
     "goodput_requests_per_s": "goodput (requests/s)", "slo_attainment": "SLO attainment (fraction)",
     "dec_at_p_mean": "dec@P mean (decode tokens during a long prefill)",
@@ -42,6 +43,8 @@ LOAD_KNOBS = ("arrival.rate", "request_rate", "qps", "rate")  # knob names that 
 OVERLAP = 0.01  # lines closer than this at every point (of the value or of the axis span) overlap
 RATIO_SPAN = 0.01  # the paired-ratio axes show at least 1 +- this
 FLAT = 0.01  # a throughput range narrower than this (relative) is flat: no knee
+LOG_RANGE = 10.0  # a panel whose positive values span this factor or more gets a log y axis
+LABEL_GAP = 0.04  # knob labels closer than this (fraction of the curves' ranges) to a drawn one are left out
 
 
 Band = Literal["minmax", "sd"]  # the band around a mean over seeds: min to max, or mean +- one sd
@@ -61,10 +64,11 @@ def knob_series(table: pd.DataFrame, x: str | list[str]) -> pd.Series:
 
 
 def seed_stats(table: pd.DataFrame, x: str | list[str], metric: str, hue: list[str], band: Band = "minmax") -> pd.DataFrame:
-    """Per (hue..., knob): mean over seeds and the band [low, high] (min-max, or mean +- sd)."""
+    """Per (hue..., knob): mean over seeds and the band [low, high] (min-max, or mean +- sd), a latency
+    in ms (the unit its axis label says)."""
     ok = _hashable(table[table["status"] == "ok"].copy(), hue)
     ok["_knob"] = knob_series(ok, x)
-    ok[metric] = pd.to_numeric(ok[metric], errors="coerce")
+    ok[metric] = pd.to_numeric(ok[metric], errors="coerce") * (1e3 if is_latency(metric) else 1.0)
     grouped = ok.groupby(hue + ["_knob"], dropna=False, sort=False)[metric]
     stats = grouped.agg(["mean", "min", "max", "std"]).reset_index()
     if band == "sd":
@@ -83,10 +87,12 @@ def default_hue(table: pd.DataFrame, x: str | list[str]) -> list[str]:
 
 
 def plot_metrics(table: pd.DataFrame, x: str | list[str], metrics: list[str], *, hue: list[str] | None = None,
-                 band: Band = "minmax", title: str | None = None, xlabel: str | None = None):
+                 band: Band = "minmax", title: str | None = None, xlabel: str | None = None,
+                 logy: bool | None = None):
     """One panel per metric vs the knob: a line per hue combination (mean over seeds) with error bars
     across seeds. `hue` defaults to the varying grid columns other than the knob; `xlabel` to the
-    knob's columns."""
+    knob's columns. `logy`: a log y axis; default a panel's own choice (wide_range: its positive values
+    span LOG_RANGE or more, where a linear axis flattens the small end one picks a knob value from)."""
     hue = default_hue(table, x) if hue is None else list(hue)
     fig, axes = _panels(len(metrics))
     knob_name = xlabel or knob_series(table.head(0), x).name
@@ -100,6 +106,8 @@ def plot_metrics(table: pd.DataFrame, x: str | list[str], metrics: list[str], *,
             ax.errorbar(xs, mean, yerr=[mean - rows["low"], rows["high"] - mean], fmt="none",
                         ecolor=line.get_color(), elinewidth=1, capsize=3, alpha=0.6)
             drawn.append((line.get_label(), mean))
+        if logy if logy is not None else wide_range(stats[["low", "high"]].to_numpy(dtype=float)):
+            ax.set_yscale("log")
         ticks(ax)
         ax.set_xlabel(knob_name)
         ax.set_ylabel(label(metric))
@@ -271,9 +279,10 @@ def plot_latency_throughput(table: pd.DataFrame, x: str | list[str], *, hue: lis
                             throughput: str = "throughput_tokens_per_s", latency: str = "itl_p99",
                             title: str | None = None, xlabel: str | None = None, knee: bool | None = None):
     """p99 ITL (or `latency`) against throughput, one curve per hue combination, points in knob
-    order and labelled with the knob value. The knee (knee_index) of each curve is circled when
-    `knee` (default: whether the knob is a load, is_load) and the curve's throughput spans more
-    than FLAT of its mean; a flat throughput is drawn flat and said in the title instead."""
+    order and labelled with the knob value (a label that would overprint another, closer than LABEL_GAP, is
+    left out: a cluster of points reads as its first label). The knee (knee_index) of each curve is circled when
+    `knee` (default: whether the knob is a load, is_load), the curve's throughput spans more than FLAT
+    of its mean and the curve rises (`rising`); a flat throughput is drawn flat and said in the title."""
     hue = default_hue(table, x) if hue is None else list(hue)
     thr = seed_stats(table, x, throughput, hue)
     lat = seed_stats(table, x, latency, hue)
@@ -281,14 +290,20 @@ def plot_latency_throughput(table: pd.DataFrame, x: str | list[str], *, hue: lis
     fig = Figure(figsize=(7, 4.8), layout="constrained")
     ax = fig.subplots()
     knee = is_load(x) if knee is None else knee
-    circled, drawn = False, []
+    circled, drawn, placed = False, [], []
+    span = np.array([np.ptp(merged["mean_x"]) or 1.0, np.ptp(merged["mean_y"]) or 1.0]) if len(merged) else None
     for i, (key, rows) in enumerate(_hue_groups(merged, hue)):
         line, = ax.plot(rows["mean_x"], rows["mean_y"], **_style(i), label=_hue_label(hue, key))
         drawn.append((line.get_label(), np.column_stack([rows["mean_x"], rows["mean_y"]])))
         for _, row in rows.iterrows():
+            at = np.array([row["mean_x"], row["mean_y"]], dtype=float) / span
+            if any(np.hypot(*(at - other)) < LABEL_GAP for other in placed):
+                continue  # a label here would overprint one already drawn: the line's order says which it is
+            placed.append(at)
             ax.annotate(_fmt(row["_knob"]), (row["mean_x"], row["mean_y"]), textcoords="offset points",
-                        xytext=(4, 4 + 8 * (i % 2)), fontsize="x-small", color=line.get_color())
-        at = knee_index(rows["mean_x"], rows["mean_y"]) if knee and not _flat(rows["mean_x"]) else None
+                        xytext=(4, 4 + 8 * (i % 2)), fontsize="x-small", color=line.get_color(), gid="knob_label")
+        curve = knee and not _flat(rows["mean_x"]) and rising(rows["mean_x"], rows["mean_y"])
+        at = knee_index(rows["mean_x"], rows["mean_y"]) if curve else None
         if at is not None:
             ax.scatter(rows["mean_x"].iloc[at], rows["mean_y"].iloc[at], s=180, facecolors="none",
                        edgecolors=line.get_color(), linewidths=2, zorder=10, gid="knee")
@@ -310,6 +325,20 @@ def plot_latency_throughput(table: pd.DataFrame, x: str | list[str], *, hue: lis
     if ax.get_legend_handles_labels()[0]:
         fig.legend(loc="outside lower center", ncol=2, fontsize="small")
     return fig
+
+
+def wide_range(values) -> bool:
+    """Whether finite values are all positive and span a factor of LOG_RANGE or more (a log axis then)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return len(values) > 1 and values.min() > 0 and values.max() >= LOG_RANGE * values.min()
+
+
+def rising(x, y) -> bool:
+    """Whether a latency-throughput curve rises (more throughput, more latency from its first point to its
+    last): only then has it a knee; on a falling or flat curve the 'knee' would circle a turn of noise."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    return len(x) >= 3 and x[-1] > x[0] and y[-1] > y[0]
 
 
 def _flat(values) -> bool:

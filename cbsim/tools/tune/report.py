@@ -16,6 +16,7 @@ import yaml
 from cbsim.core.atomic import mark_complete, mark_incomplete, write_file_atomic
 
 from cbsim.tools.sweep.capacity import num_gpus
+from cbsim.sim.metrics.summary_units import display
 from cbsim.config import ExperimentConfig, pool_policy
 from cbsim.tools.tune.tune import Candidate, TuneResult, rank_key
 from cbsim.tools.tune.flags import flags_text
@@ -168,7 +169,8 @@ def _report_header(result: TuneResult, table: pd.DataFrame) -> list[str]:
     return [f"# cbsim tune: {spec.name}", "",
             f"- base: `{spec.base if isinstance(spec.base, str) else 'inline'}`"
             + (f" with {', '.join(f'{k}={v}' for k, v in spec.set.items())}" if spec.set else ""),
-            "- SLO (capacity: the highest rate meeting all): " + ", ".join(f"{k} <= {v:g}" for k, v in spec.slo.items()),
+            "- SLO (capacity: the highest rate meeting all): " + ", ".join(f"{k} <= {display(k, v)}"
+                                                                          for k, v in spec.slo.items()),
             f"- GPU budget: {spec.gpus.count} x {result.base.cost_model.get('gpu', 'the cost model GPU')}{price}",
             f"- search: rate from {spec.search.lo or 'the base rate'}, tolerance {spec.search.rel_tol:g}, seeds "
             f"{spec.search.seeds}; {len(result.records)} capacity searches, {compute:.0f} s of compute",
@@ -191,7 +193,7 @@ def _stage_section(o, slo: dict) -> list[str]:
             mark = "**" if c is o.winner else ""
             cells = [f"{mark}{c.label}{mark}", _num(_per_gpu(r)), _num(r.get("rate")), _num(r.get("fail_rate")),
                      r.get("binding") or ("-" if r.get("status") == "ok" else r.get("error") or "failed")]
-            cells += [_num(worst(r, m)) for m in metrics] + [_num(worst(r, "num_preemptions"))]
+            cells += [_metric(m, worst(r, m)) for m in metrics] + [_num(worst(r, "num_preemptions"))]
             lines.append("| " + " | ".join(cells) + " |")
         knee = knee_text(o.candidates)
         lines += ["", f"Chosen: **{o.winner.label}**: {o.why}." + (f" {knee}" if knee else "")]
@@ -225,6 +227,11 @@ def _limit_text(record: dict) -> str:
 def _per_gpu(record: dict):
     rate = record.get("rate")
     return None if rate is None else rate / record["num_gpus"]
+
+
+def _metric(metric: str, value) -> str:
+    """A summary metric's cell: in the unit every command prints it (latencies in ms)."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else display(metric, value)
 
 
 def _num(value) -> str:

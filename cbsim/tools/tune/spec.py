@@ -16,6 +16,8 @@ from cbsim.tools.sweep.capacity import num_gpus
 from cbsim.config import ExperimentConfig, check_name, load_config
 from cbsim.core.errors import ConfigError
 from cbsim.core.schema import option, parse, require
+from cbsim.core.units import SHORT_LATENCIES, parse_duration
+from cbsim.sim.metrics.summary_units import unit_of
 from cbsim.tools.sweep.sweep import load_spec_file
 from cbsim.tools.tune.stages import STAGE_NAMES, STAGES, parallel_shape
 
@@ -71,7 +73,8 @@ class TuneSpec:
 
     base: Any = option(help="the base experiment (its workload is the one tuned for): a YAML path relative to "
                             "the tune file, or an inline mapping; colocated (the pd stage decides P/D)")
-    slo: dict = option(help="capacity SLOs {summary metric: limit}, e.g. {ttft_p99: 2.0, itl_p99: 0.1}")
+    slo: dict = option(help="capacity SLOs {summary metric: limit}, e.g. {ttft_p99: 2s, itl_p99: 100ms}; a "
+                            "latency is a duration (a bare number is seconds)")
     gpus: GpuBudget = option(help="the GPU budget {count, type, price_per_gpu_hour}")
     name: str = option("tune", help="tune name (the default results folder results/tune/<name>)")
     set: dict = option({}, help="fixed overrides {key.path: value} of the base (e.g. workload.num_requests)")
@@ -87,6 +90,9 @@ class TuneSpec:
                 "slo", "a mapping {metric: limit} with at least one metric", self.slo)
         for metric, limit in self.slo.items():
             require(isinstance(metric, str), "slo", "metric names as keys", metric)
+            if unit_of(metric) == "s":  # a time: seconds, or a duration with its unit (500ms)
+                self.slo[metric] = limit = parse_duration(limit, f"slo.{metric}",
+                                                          objective=metric.startswith(SHORT_LATENCIES))
             ok = isinstance(limit, (int, float)) and not isinstance(limit, bool) and math.isfinite(limit) and limit > 0
             require(ok, f"slo.{metric}", "a finite limit > 0", limit)
         for name, values in self.stages.items():

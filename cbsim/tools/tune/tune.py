@@ -110,7 +110,8 @@ def run_capacity_point(point: CapacityPoint) -> dict:
         result = find_capacity(point.config, point.slo, **point.search)
         rows = result.points
         keep = [c for c in dict.fromkeys(["rate", "seed", "meets", *point.slo, *KEPT_METRICS]) if c in rows]
-        record.update(rate=result.rate, fail_rate=result.fail_rate, probes=int(rows["probe"].nunique()))
+        record.update(rate=result.rate, fail_rate=result.fail_rate, probes=int(rows["probe"].nunique()),
+                      shortest_probe=result.shortest_probe)
         for name, rate in (("at_capacity", result.rate), ("at_fail", result.fail_rate)):
             if rate is not None:
                 record[name] = json.loads(rows.loc[rows["rate"] == rate, keep].to_json(orient="records"))
@@ -153,14 +154,15 @@ class PointRunner:
     """Runs capacity points in parallel, keeping each finished one under points_dir (resumable)."""
 
     def __init__(self, points_dir: Path | None, workers=None, backend="local", address=None,
-                 retry_failed: bool = False, on_point: Callable[[dict, int, int], None] | None = None,
+                 retry_failed: bool = False, on_point: Callable[[dict, int, int, str], None] | None = None,
                  source: str | None = None):
         self.points_dir, self.workers, self.backend, self.address = points_dir, workers, backend, address
         self.retry_failed, self.on_point, self.source = retry_failed, on_point, source
         self.records: dict[str, dict] = {}
         self.ran = 0  # capacity searches run in this call (not loaded from points_dir)
 
-    def run(self, points: list[CapacityPoint]) -> dict[str, dict]:
+    def run(self, points: list[CapacityPoint], labels: dict[str, str] | None = None) -> dict[str, dict]:
+        """Each point's record (run, or loaded from points_dir); on_point gets `labels`' name of each."""
         unique = list({p.id: p for p in points if p.id not in self.records}.values())
         self.records.update(load_finished(unique, self.points_dir, self.retry_failed))
         todo = [p for p in unique if p.id not in self.records]
@@ -177,7 +179,7 @@ class PointRunner:
             if self.points_dir is not None:
                 write_json_atomic(self.points_dir / f"{record['point_id']}.json", record)
             if self.on_point is not None:
-                self.on_point(record, done, len(todo))
+                self.on_point(record, done, len(todo), (labels or {}).get(record["point_id"], ""))
 
         if todo:
             run_parallel(todo, run_capacity_point, collect, self.workers, self.backend, self.address)
@@ -187,7 +189,7 @@ class PointRunner:
 def run_tune(source, out_dir: str | Path | None = None, workers: int | None = None,
              backend: Literal["local", "ray"] = "local", address: str | None = None, retry_failed: bool = False,
              root: str | Path | None = None, on_stage: Callable[[StageOutcome], None] | None = None,
-             on_point: Callable[[dict, int, int], None] | None = None) -> TuneResult:
+             on_point: Callable[[dict, int, int, str], None] | None = None) -> TuneResult:
     """Run the stages in order and return the result; with `out_dir`, points are kept under
     out_dir/points/ (a rerun runs only the missing ones). Outputs are written by tune_report.
     `on_stage(outcome)` is called as each stage ends, `on_point(record, done, total)` as each
@@ -241,7 +243,7 @@ def run_stage(stage: Stage, spec: TuneSpec, base: ExperimentConfig, chosen: dict
     if len(candidates) == 1:
         return StageOutcome(stage, "fixed", reason + " (one candidate: fixed without a search)", candidates,
                             candidates[0], "the only candidate", dropped)
-    records = runner.run([c.point for c in candidates])
+    records = runner.run([c.point for c in candidates], {c.point.id: f"{stage.name} {c.label}" for c in candidates})
     for c in candidates:
         c.record = records[c.point.id]
     winner, why = pick(candidates, spec.slo)
@@ -294,7 +296,7 @@ def pick(candidates: list[Candidate], slo: dict) -> tuple[Candidate, str]:
 def _evaluated(spec: TuneSpec, base: ExperimentConfig, chosen: dict, runner: PointRunner) -> Candidate:
     """The incumbent as a candidate with its record (its capacity search run if not yet done)."""
     point = capacity_point(candidate_config(base, chosen), spec)
-    record = runner.run([point])[point.id]
+    record = runner.run([point], {point.id: "the chosen configuration"})[point.id]
     return Candidate("chosen", None, dict(chosen), point, record)
 
 

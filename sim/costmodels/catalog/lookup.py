@@ -6,6 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from cbsim.core.errors import ConfigError
+from cbsim.core.suggest import did_you_mean
 from cbsim.core.schema import parse
 from cbsim.sim.costmodels.catalog.gpus import GPU_CATALOG
 from cbsim.sim.costmodels.catalog.hf_config import catalog_key, catalog_names, catalog_spec, read_hf_config
@@ -51,8 +52,8 @@ def model_spec(name_or_mapping, path: str = "model") -> ModelSpec:
         if Path(name_or_mapping).exists():
             return read_hf_config(name_or_mapping)
         raise ConfigError(path, "a model preset (" + ", ".join(MODEL_PRESETS) + "), a catalog model ("
-                          + ", ".join(catalog_names()) + "), a path to a config.json, or a mapping of its fields",
-                          name_or_mapping)
+                          + ", ".join(catalog_names()) + "), a path to a config.json, or a mapping of its fields"
+                          + did_you_mean(name_or_mapping, [*MODEL_PRESETS, *catalog_names()]), name_or_mapping)
     if not isinstance(name_or_mapping, dict):
         raise ConfigError(path, "a model preset name or a mapping of its fields", name_or_mapping)
     mapping = dict(name_or_mapping)
@@ -83,5 +84,6 @@ def gpu_spec(name, path: str = "gpu") -> GPUSpec:
         return GPU_PRESETS[key]
     if key in GPU_CATALOG:
         return GPU_CATALOG[key]
-    raise ConfigError(path, "a GPU (" + ", ".join([*GPU_PRESETS, *GPU_ALIASES, *GPU_CATALOG])
-                      + ") or a mapping of its fields", name)
+    known = [*GPU_PRESETS, *GPU_ALIASES, *GPU_CATALOG]
+    raise ConfigError(path, "a GPU (" + ", ".join(known) + ") or a mapping of its fields" + did_you_mean(name, known),
+                      name)

@@ -136,7 +136,8 @@ def test_roofline_fixed_efficiency_reproduces_the_old_numbers():
     old = {("h100", "llama-3-8b"): [0.04871903929277804, 0.006433416310447761, 0.015236088962080868],
            ("a100", "llama-2-7b"): [0.13511817199351878, 0.009208473251593918, 0.04113627258506128]}
     for (gpu, model), times in old.items():
-        cost = load_cost_model({"type": "roofline", "gpu": gpu, "gemm_efficiency": 0.72, "engine": "none"},
+        cost = load_cost_model({"type": "roofline", "gpu": gpu, "gemm_efficiency": 0.72, "engine": "none",
+                                "prefill_occupancy": False},
                                model_spec(model))
         assert [cost.step_time(s) for s in shapes] == times
 
@@ -153,11 +154,15 @@ def test_roofline_topology_default_and_ordering():
 
 
 def test_roofline_charges_high_tp_its_collectives():
-    """Decode of one sequence: TP8 no longer takes under a third of TP2's time (each all-reduce
-    costs ~40 us on A100 NVSwitch, 161 of them per step)."""
+    """Decode of one sequence: with NCCL, TP8 no longer takes under a third of TP2's time (each
+    all-reduce costs ~40 us on A100 NVSwitch, 161 of them per step); vLLM's custom all-reduce (the
+    vllm-v1 preset) is cheaper at both and more so at TP8, whose NCCL ring pays more hops."""
     one = StepShape.from_batch([], [600])
-    tp2, tp8 = roofline().step_time(one), roofline(tp=8).step_time(one)
+    nccl = {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0}
+    tp2, tp8 = roofline(engine=nccl).step_time(one), roofline(tp=8, engine=nccl).step_time(one)
     assert 0.35 < tp8 / tp2 < 0.5
+    custom2, custom8 = roofline().step_time(one), roofline(tp=8).step_time(one)
+    assert custom2 < tp2 and custom8 < tp8 and custom8 / custom2 < tp8 / tp2
 
 
 def test_allreduce_nccl_kind_tracks_the_shipped_dgx_table():

@@ -76,13 +76,14 @@ def test_smaller_tiles_never_cost_more_and_time_never_falls_with_rows(m, n, k, w
 def test_int4_decode_streams_its_weights_on_h100():
     """Llama-3.1-70B on 4 H100s, 8 sequences: int4 was 1.28x faster than bf16 with 128-row tiles,
     when its GEMMs computed 128 rows; with Marlin's 16 it is weight-bound (1.66x; the rest of the
-    step, attention, all-reduces, LM head and engine, is not quantised)."""
+    step, attention, all-reduces, LM head and engine, is not quantised). With the all-reduces priced as
+    vLLM's custom kernel (issue 28) the unquantised rest is smaller: 1.35x and 1.90x."""
     bf16 = roofline("llama-3.1-70b").step_time(decode(8))
     int4 = roofline({"config": "llama-3.1-70b", "weight_dtype": "int4"})
     assert bf16 / int4.step_time(decode(8)) > 1.6
     before = roofline({"config": "llama-3.1-70b", "weight_dtype": "int4"})
     before._tile = TILE  # the padding before issue 11's fix (set before any step: the model remembers its terms)
-    assert bf16 / before.step_time(decode(8)) < 1.3
+    assert bf16 / before.step_time(decode(8)) < 1.4
     # past the ridge (~55 rows on H100) int4 computes like bf16: 256 sequences cost the same
     int4 = roofline({"config": "llama-3.1-70b", "weight_dtype": "int4"})
     assert int4.step_time(decode(256)) == roofline("llama-3.1-70b").step_time(decode(256))

@@ -20,6 +20,7 @@ from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.sim.costmodels.catalog.specs import GPU_PRESETS, GiB
 from cbsim.sim.kv.sizing import kv_cache_blocks
 from cbsim.sim.shape import StepShape
+from factories import pre_issue_28
 
 runner = CliRunner()
 KiB = 1024
@@ -244,8 +245,8 @@ def test_mla_prefill_runs_the_naive_form_and_decode_the_absorbed_one():
 
 
 def test_sliding_window_caps_the_attended_history():
-    windowed = load_cost_model({"type": "roofline", "gpu": "h100"}, catalog_spec("mistral-7b"))
-    full = load_cost_model({"type": "roofline", "gpu": "h100"},
+    windowed = load_cost_model({"type": "roofline", "gpu": "h100", "prefill_occupancy": False}, catalog_spec("mistral-7b"))
+    full = load_cost_model({"type": "roofline", "gpu": "h100", "prefill_occupancy": False},
                            model_spec({"config": "mistral-7b", "sliding_window": 0}))
     assert model_spec({"config": "llama-3.1-8b", "sliding_window": 1024}).sliding_layers == 32
     short, long = StepShape.from_batch(decode=[1000] * 32), StepShape.from_batch(decode=[30000] * 32)
@@ -274,7 +275,7 @@ GOLDEN = [
 
 @pytest.mark.parametrize("model,mapping,steps,run", GOLDEN)
 def test_presets_give_identical_step_times(model, mapping, steps, run):
-    cost = load_cost_model({"type": "roofline", **mapping}, model_spec(model))
+    cost = load_cost_model(pre_issue_28({"type": "roofline", **mapping}), model_spec(model))
     shapes = [StepShape.from_batch(prefill=[(512, 0)], decode=[1000] * 8), StepShape.from_batch(decode=[37, 4000, 129]),
               StepShape.from_batch(prefill=[(2048, 100), (17, 3)])]
     assert [cost.step_time(s).hex() for s in shapes] == steps

@@ -131,7 +131,8 @@ def test_random_routing_in_the_roofline(model, cost):
     assert rand.describe()["moe_routing"] == "random" and mean.describe()["moe_routing"] == "mean"
     times = [rand.step_time(s) for s in SHAPES]
     assert all(np.isfinite(times)) and times[:3] == sorted(times[:3]) and times[3] < times[4]
-    assert rand.step_time(SHAPES[0]) == pytest.approx(mean.step_time(SHAPES[0]), rel=0.05)
+    # within 6 %: 5.2 % at EP8 on H200 since its all-reduces are priced as vLLM's custom kernel (a smaller common part)
+    assert rand.step_time(SHAPES[0]) == pytest.approx(mean.step_time(SHAPES[0]), rel=0.06)
     contexts = np.array([10, 500, 3000, 7])
     assert rand.decode_run_times(contexts, 4).tolist() == [
         rand.step_time(StepShape.from_batch(decode=list(contexts + j))) for j in range(4)]

@@ -18,6 +18,7 @@ from cbsim.sim.costmodels.collectives import (
 from cbsim.sim.costmodels.catalog.gpus import gpus_per_node
 from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.sim.shape import StepShape
+from factories import pre_issue_28
 
 H100 = gpu_spec("h100")
 LINK = link_model(H100, "nvswitch")
@@ -93,7 +94,7 @@ GOLDEN = [
 @pytest.mark.parametrize("model,mapping,steps,run,collective", GOLDEN)
 def test_single_node_step_times_stay_bit_identical(model, mapping, steps, run, collective):
     for placement in ({}, {"gpus_per_node": 8}):
-        cost = load_cost_model({"type": "roofline", **mapping, **placement}, model_spec(model))
+        cost = load_cost_model(pre_issue_28({"type": "roofline", **mapping, **placement}), model_spec(model))
         assert [cost.step_time(s).hex() for s in SHAPES] == steps
         assert cost.decode_run_times(np.array([10, 500, 3000]), 3)[-1].hex() == run
         assert cost.collective_time(300.0).hex() == collective

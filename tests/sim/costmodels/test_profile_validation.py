@@ -368,7 +368,7 @@ def test_a_fitted_profile_without_its_tile_is_an_error_naming_file_and_key(tmp_p
     those slopes dropped: TTFT p50 2,451 -> 1,242 ms, silently (issue 26, defect 9)."""
     from cbsim.sim.costmodels.fitted import FittedCostModel
 
-    shipped = Path(__file__).resolve().parents[1] / "profiler/profiles/fitted/a100-llama-2-70b-tp2-published.json"
+    shipped = ROOT / "sim/costmodels/profiles/fitted/a100-llama-2-70b-tp2-published.json"
     profile = json.loads(shipped.read_text())
     assert profile["tile"] == 128
     for broken in ({k: v for k, v in profile.items() if k != "tile"}, {**profile, "tile": None}):

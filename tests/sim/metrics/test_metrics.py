@@ -569,7 +569,9 @@ def test_summary_of_an_empty_run_is_all_none_or_zero():
     df = request_frame([Request(0, 0.0, 10, 5, status=Status.REJECTED)], rec, steps)
     summary = summarize(df, steps, rec)
     json.dumps(summary, allow_nan=False)
-    assert summary["itl_p50"] is None and summary["makespan"] is None and summary["slo_attainment"] == 0.0
+    assert summary["itl_p50"] is None and summary["makespan"] is None and summary["slo_attainment"] is None  # no SLO
+    with_slo = summarize(df, steps, rec, MetricsConfig(slo=SLOConfig(ttft=1.0)))
+    assert with_slo["slo_attainment"] == 0.0 and with_slo["goodput_requests_per_s"] is None  # no makespan
 
 
 def test_metrics_config_parses_and_names_bad_keys():

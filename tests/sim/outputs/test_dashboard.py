@@ -62,3 +62,16 @@ def test_level_series_time_average_and_bins():
     means = dashboard._level_mean(edges, [0, 1, 2], [3, np.nan, 2.5])
     assert means.mean() == pytest.approx(1.25)  # equal bins: their mean is the time average
     assert level_series([np.nan], [1.0])[0].size == 0  # never entered: never counted
+
+
+def test_the_batch_panel_draws_decode_tokens_and_prompts_apart():
+    """Requests per step equal decode tokens in a decode-only step: the panel draws the prompts instead
+    (requests prefilling), so the two lines differ wherever a step is all decodes (issue 30)."""
+    res = run_experiment("experiments/quickstart.yaml", overrides=SMALL)
+    fig = dashboard.plot_dashboard(dashboard.whole_view(res))
+    panel = next(ax for ax in fig.axes if ax.get_title().startswith("Batch"))
+    twin = next(ax for ax in fig.axes if ax is not panel and ax.bbox.bounds == panel.bbox.bounds)
+    lines = {line.get_label(): np.nan_to_num(line.get_ydata()) for line in twin.lines}
+    decode, prompts = lines["decode tokens / step (right)"], lines["prompts / step: requests prefilling (right)"]
+    assert decode.max() > 2 * prompts.max() and not np.allclose(decode, prompts)
+    plt.close(fig)

@@ -168,10 +168,11 @@ def test_capacity_reports_each_probe_run_under_its_rate():
 
 def test_capacity_cli_progress_and_quiet(tmp_path, monkeypatch):
     monkeypatch.setattr(cbsim.cli.sweep, "Progress", functools.partial(Progress, every=0, after=0))
-    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100", "--hi", "40", "--tol", "1"]
+    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=100s", "--hi", "40", "--tol", "1"]
     loud, quiet = runner.invoke(app, args), runner.invoke(app, args + ["--quiet"])
     assert loud.exit_code == quiet.exit_code == 0, loud.output + quiet.output
-    assert "rate 40, seed 0: simulated" in loud.stderr and quiet.stderr == "" and loud.stdout == quiet.stdout
+    assert "rate 40, seed 0: simulated" in loud.stderr and loud.stdout == quiet.stdout
+    assert [line for line in quiet.stderr.splitlines() if not line.startswith("warning: ")] == []  # no progress
 
 
 def test_the_trace_has_a_lane_per_request(tmp_path):
@@ -257,3 +258,14 @@ def test_a_full_disk_while_a_worker_draws_is_an_os_error_and_no_folder(tmp_path,
         with pytest.raises(Exception, match="No space left on device") as err:
             res.write(tmp_path / str(parallel), parallel=parallel)
         assert err.type.__name__ == "OutputError" and not (tmp_path / str(parallel)).exists()
+
+
+def test_capacity_warns_when_probes_are_short(tmp_path):
+    from cbsim.tools.sweep.capacity import MIN_STEADY_SECONDS, short_probe_warning
+
+    assert short_probe_warning(MIN_STEADY_SECONDS) is None and short_probe_warning(None) is None
+    assert "simulated only 5.0 s" in short_probe_warning(5.0, "sarathi")
+    args = ["capacity", str(write(tmp_path, TINY)), "--slo", "ttft_p99=10s", "--hi", "40", "--tol", "1", "-q"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "warning: sarathi: a capacity probe simulated only" in result.stderr

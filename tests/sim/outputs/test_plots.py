@@ -231,3 +231,29 @@ def test_a_metric_zero_at_every_reference_run_keeps_every_figure(tmp_path):
     paths = write_sweep_plots(table, tmp_path, "policy.token_budget", ["num_preemptions", "ttft_p50"])
     assert [p.name for p in paths] == ["metrics_vs_knob.png", "paired_ratios.png", "itl_vs_throughput.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_no_knee_on_a_falling_curve_even_when_asked():
+    """A chunk-size curve whose latency falls as throughput grows has no knee to circle (issue 30)."""
+    falling = bent_curve("policy.token_budget")
+    falling["itl_p99"] = falling["itl_p99"].to_numpy()[::-1]
+    assert knees(plot_latency_throughput(falling, "policy.token_budget", knee=True)) == 0
+    assert knees(plot_latency_throughput(bent_curve("policy.token_budget"), "policy.token_budget", knee=True)) == 1
+
+
+def test_a_metric_spanning_decades_gets_a_log_axis_and_latencies_read_in_ms():
+    table = bent_curve("policy.token_budget")  # ITL p99 from 10 ms to 200 ms: 20x
+    ax = plot_metrics(table, "policy.token_budget", ["itl_p99", "throughput_tokens_per_s"]).axes
+    assert ax[0].get_yscale() == "log" and ax[1].get_yscale() == "linear"  # throughput spans 3.5x
+    assert ax[0].get_ylabel() == "ITL p99 (ms)" and max(ax[0].lines[0].get_ydata()) == pytest.approx(200)
+    assert plot_metrics(table, "policy.token_budget", ["itl_p99"], logy=False).axes[0].get_yscale() == "linear"
+
+
+def test_a_step_that_stalls_many_requests_says_how_many(stalled):
+    """One marker per stalling step, 'xN' above it for the N requests it stalled together (issue 30)."""
+    stalls = stall_events(stalled.itl, stalled.config.metrics.stall_factor)
+    fig = plots.plot_step_timeline(stalled.steps, stalls, raw=True)
+    counts = [a for ax in fig.axes for a in ax.texts if a.get_gid() == "stall_count"]
+    shown = sum(int(a.get_text()[1:]) for a in counts) + (stalls.groupby("time")["count"].sum() == 1).sum()
+    assert counts and shown == int(stalls["count"].sum())
+    plt.close(fig)

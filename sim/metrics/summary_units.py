@@ -1,0 +1,91 @@
+"""The unit of every summary.json key: the documented schema of the run summary.
+
+summary.json (and the Python API's `Results.summary`, the sweep and capacity tables, the regression
+baseline, tune's records) keeps SI values under unit-less keys: times in seconds, rates per second,
+fractions in [0, 1]. The keys are what sweeps, capacity `--slo`, tune `slo:` and the regression suite
+name, so they stay; this table is where each key's unit is written down (`cbsim schema --summary`), and
+what every command prints from: latencies in milliseconds, as `vllm bench serve` prints them and as
+bench.json stores them (`p99_ttft_ms`, the schema of vLLM's --save-result), other times in seconds.
+"""
+from __future__ import annotations
+
+import re
+
+# stems of time-valued keys: <stem>_p<q>, <stem>_max, <stem>_mean, or the stem itself
+LATENCY_STEMS = ("ttft", "tpot", "itl", "e2e", "queue_delay", "transfer_time", "link_queue", "backpressure_wait",
+                 "prefill_kv_held", "stall")
+OTHER_TIMES = ("makespan", "short_p_mean", "short_p_max", "stall_seconds_total", "sim_wall_seconds")
+UNITS = {  # exact keys that are not times
+    "throughput_tokens_per_s": "tokens/s", "throughput_requests_per_s": "requests/s",
+    "goodput_requests_per_s": "requests/s", "goodput_per_gpu": "requests/s per GPU",
+    "slo_attainment": "fraction", "kv_usage_mean": "fraction", "kv_usage_p99": "fraction", "mfu_mean": "fraction",
+    "hbm_util_mean": "fraction", "collective_share": "fraction", "prefix_hit_rate": "fraction",
+    "tenant_jain_index": "fraction", "dec_at_p_mean": "tokens", "dec_at_p_min": "tokens",
+    "swapped_bytes": "bytes", "kv_transfer_bytes": "bytes",
+}
+_LATENCY = re.compile(r"^(%s)(_p\d+(\.\d+)?|_max|_mean)?$" % "|".join(LATENCY_STEMS))
+_MEANINGS = {
+    "ttft": "time to first token", "tpot": "time per output token after the first", "itl": "inter-token latency",
+    "e2e": "end-to-end latency", "queue_delay": "arrival to first scheduled step",
+    "transfer_time": "P/D: KV transfer time of a hand-off", "link_queue": "P/D: wait for a KV link lane",
+    "backpressure_wait": "P/D: prefilled, waiting for room on a decode replica",
+    "prefill_kv_held": "P/D: time the prefill side holds a request's KV",
+    "stall": "an ITL gap above metrics.stall_factor x the run's median ITL",
+    "short_p_mean": "per long prompt: last completion of the short requests in the system at its arrival, minus "
+    "that arrival (short_P)", "short_p_max": "short_P, the largest",
+    "dec_at_p_mean": "per long prompt: short requests' decode tokens during its prefill (dec@P)",
+    "dec_at_p_min": "dec@P, the smallest", "stall_seconds_total": "summed length of the stalls",
+    "sim_wall_seconds": "wall-clock time of the simulation", "makespan": "first arrival to last completion", "slo_attainment": "requests meeting metrics.slo "
+    "(null without an SLO)", "goodput_requests_per_s": "requests meeting metrics.slo per second (null without an SLO)",
+}
+
+
+def is_latency(key: str) -> bool:
+    """A per-request or per-token latency key (ttft_p99, itl_max, queue_delay_p50, ...): printed in ms."""
+    return _LATENCY.match(key) is not None
+
+
+def unit_of(key: str) -> str:
+    """The unit of a summary key's value: 's', 'tokens/s', 'fraction', 'bytes', ... or 'count'."""
+    if is_latency(key) or key in OTHER_TIMES:
+        return "s"
+    if key in UNITS:
+        return UNITS[key]
+    if key.endswith("_utilization") or key.endswith("_share"):
+        return "fraction"
+    return "count"
+
+
+def display(key: str, value) -> str:
+    """A summary value as every command prints it: latencies in ms (in s from 10 s on, not '4.446e+04
+    ms'), other times in s, fractions in %, counts bare; 'n/a' for None (undefined, or no SLO set)."""
+    if value is None:
+        return "n/a"
+    unit = unit_of(key)
+    if unit == "s" and is_latency(key) and value < 10.0:
+        return f"{value * 1e3:.4g} ms"
+    if unit == "fraction" and key == "slo_attainment":
+        return f"{value * 100:.4g} %"
+    if unit == "count":
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{value:.4g} {unit}"
+
+
+def ms(seconds) -> str:
+    """A latency in seconds as printed: '69.34 ms'; 'n/a' for None."""
+    return "n/a" if seconds is None else f"{seconds * 1e3:.4g} ms"
+
+
+def schema_markdown() -> str:
+    """The summary.json reference as Markdown: the unit of each key (family), as `cbsim schema --summary`."""
+    lines = ["| key | unit in summary.json | printed as | meaning |", "|---|---|---|---|"]
+    for stem in LATENCY_STEMS:
+        lines.append(f"| `{stem}_p<q>`, `{stem}_max`, `{stem}_mean` | s | ms | {_MEANINGS.get(stem, '')} |")
+    for key in OTHER_TIMES:
+        lines.append(f"| `{key}` | s | s | {_MEANINGS.get(key, '')} |")
+    for key, unit in UNITS.items():
+        shown = "%" if key == "slo_attainment" else unit
+        lines.append(f"| `{key}` | {unit} | {shown} | {_MEANINGS.get(key, '')} |")
+    lines.append("| `<pool>_utilization`, `*_share` | fraction | fraction | |")
+    lines.append("| every other key (`num_*`, ...) | count | count | |")
+    return "\n".join(lines) + "\n"
