@@ -159,6 +159,9 @@ def parse_speculative(config) -> SpeculativeConfig | None:
     if config.cluster.mode == "pd":
         raise ConfigError("speculative", "null with cluster.mode pd (speculative decoding runs on colocated "
                           "clusters)", spec.method)
+    if config.policy.get("name") == "static":
+        raise ConfigError("speculative", "null with policy static (its batches decode one token a step; the "
+                          "iteration-level policies speculate)", spec.method)
     if spec.method == "draft_model":
         model_spec(spec.model, "speculative.model")
     return spec

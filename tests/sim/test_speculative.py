@@ -240,10 +240,13 @@ def test_speculation_speeds_up_a_lone_request():
     assert 1.6 < plain / spec["tpot_p50"] < spec["mean_acceptance_length"]
 
 
-def test_pd_clusters_refuse_speculation():
-    pd_cfg = {**EXPERIMENT, "cluster": {"mode": "pd", "prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
-    with pytest.raises(ConfigError, match="speculative"):
-        run_experiment(pd_cfg)
+@pytest.mark.parametrize("extra", [
+    {"cluster": {"mode": "pd", "prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
+    {"policy": {"name": "static", "max_num_seqs": 8}},
+])
+def test_pd_clusters_and_static_batches_refuse_speculation(extra):
+    with pytest.raises(ConfigError, match="speculative: expected null"):
+        run_experiment({**EXPERIMENT, **extra})
 
 
 def test_shipped_example_and_crossover_sweep_load():
