@@ -14,7 +14,7 @@ from cbsim.config import ExperimentConfig, parsed_sections
 from cbsim.core.errors import ConfigError
 from cbsim.pools import pool_config
 from cbsim.replica_gpus import kv_bytes_per_gpu, replica_kv_blocks
-from cbsim.sim.costmodels.registry import engine_of
+from cbsim.sim.costmodels.registry import engine_of, load_cost_model
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.kv.window import cache_window
 from cbsim.sim.metrics.client_view import frontend_delays, shift_arrivals
@@ -22,6 +22,7 @@ from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
+from cbsim.sim.speculative import speculation
 
 
 def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
@@ -119,8 +120,11 @@ def simulate_run(cfg: ExperimentConfig, requests, rng: np.random.Generator, prog
             _, decode = pool_parts(cfg, "decode", rng)
             links = pd_settings(cfg, model)
         else:
-            _, cost, make_kv, settings = build_replica_parts(cfg)
+            model, cost, make_kv, settings = build_replica_parts(cfg)
             noise = step_noise(cfg, cost, rng)
+            spec = speculation(cfg, model, rng, load_cost_model)
+            if spec is not None:  # a speculating step is never one of a fast-forwarded run's identical steps
+                settings = replace(settings, speculative=spec, fast_forward=False)
     except ConfigError as err:
         raise err.in_file(cfg.source)
     try:  # a step or transfer time the guard refuses (sim/durations.py) names the experiment file too

@@ -26,6 +26,7 @@ from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.core.schema import option, parse, require
 from cbsim.core.units import Seconds
 from cbsim.sim.metrics import MetricsConfig
+from cbsim.sim.speculative import parse_speculative
 from cbsim.workloads import parse_workload
 from cbsim.workloads.config import check_lengths
 
@@ -283,6 +284,8 @@ class ExperimentConfig:
     metrics: Any = option(None, help="metric settings: long_prompt_threshold, slo, stall_factor")
     output: OutputConfig = option(OutputConfig(), help="what to write")
     sim: SimConfig = option(SimConfig(), help="simulator switches")
+    speculative: Any = option(None, help="speculative decoding {method, num_speculative_tokens, model, acceptance} "
+                              "(sim/speculative.py); null: off")
     source: str | None = field(default=None, repr=False, init=False)  # the file it came from
     sections: Sections | None = field(default=None, repr=False, init=False, compare=False)  # parsed once
 
@@ -293,7 +296,8 @@ class ExperimentConfig:
     def to_dict(self) -> dict:
         """The experiment as a plain mapping (config.yaml): every field but `source` and `sections`."""
         return {f.name: asdict(value) if is_dataclass(value) else copy.deepcopy(value)
-                for f in fields(self) if f.name not in ("source", "sections") for value in [getattr(self, f.name)]}
+                for f in fields(self) if f.name not in ("source", "sections") for value in [getattr(self, f.name)]
+                if not (f.name == "speculative" and value is None)}  # (configs without it read as before)
 
 
 def check_name(name: str, path: str) -> None:
@@ -439,6 +443,7 @@ def validate_sections(config: ExperimentConfig) -> None:
     config.sections = _parse_sections(config)
     if not isinstance(config.metrics, MetricsConfig):
         config.metrics = parse(MetricsConfig, config.metrics, "metrics")
+    config.speculative = parse_speculative(config)
 
 
 def parsed_sections(config: ExperimentConfig) -> Sections:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from cbsim.sim.speculative import SpeculativeConfig
 from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig, OutputConfig,
                      PoolConfig, PreemptionConfig, SimConfig)
 from cbsim.policies.registry import load_all
@@ -53,7 +54,7 @@ def reference_markdown() -> str:
                        ("output", OutputConfig),
                        ("metrics", MetricsConfig), ("metrics.slo", SLOConfig), ("workload", WorkloadConfig),
                        ("workload.trace", trace_source.TraceConfig),
-                       ("workload.shared_prefix", prefixes.SharedPrefixConfig)):
+                       ("workload.shared_prefix", prefixes.SharedPrefixConfig), ("speculative", SpeculativeConfig)):
         lines += _section(f"`{title}`", cls)
     for kind, table in (("arrival", arrivals.ARRIVALS), ("length", lengths.LENGTHS)):
         for name, cls in table.items():

@@ -192,8 +192,10 @@ class BatchBuilder:
         The hot path of every step, kept tight: a decode needs a new block only at a block
         boundary, and only a shortage takes the general (preempting) path.
         """
+        if self.state.spec is not None:
+            return self._schedule_each_decode(running, self._verify_tokens)
         if self.kv.window is not None:
-            return self._schedule_windowed_decodes(running)
+            return self._schedule_each_decode(running, lambda req: 1)
         block_size = self.kv.block_size
         scheduled, epochs, blocks, out = self.scheduled, self.epochs, self.blocks, self._out
         room = min(self.seqs_left, self.tokens_left)
@@ -235,9 +237,10 @@ class BatchBuilder:
         self._commit_taken(taken)
         return others
 
-    def _schedule_windowed_decodes(self, running) -> list[Request]:
-        """schedule_decodes with a sliding window (kv.window): every decode through schedule_running,
-        whose target frees the blocks that left the window; the same order, budgets and result."""
+    def _schedule_each_decode(self, running, tokens: Callable[[Request], int]) -> list[Request]:
+        """schedule_decodes one decode at a time through schedule_running (`tokens(req)` each), for a
+        sliding window (kv.window: the target frees the blocks that left the window; 1 token) and for
+        speculative decoding (_verify_tokens); the same order, budgets and result."""
         others = []
         for req in running:
             if min(self.seqs_left, self.tokens_left) <= 0:
@@ -246,8 +249,17 @@ class BatchBuilder:
                     or req.id in self.scheduled or req.id in self._out):
                 others.append(req)
                 continue
-            self.schedule_running(req, 1)  # preempts others, or itself
+            self.schedule_running(req, tokens(req))  # preempts others, or itself
         return others
+
+    def _verify_tokens(self, req: Request) -> int:
+        """Speculative decoding (state.spec, sim/speculative.py): a decode verifies its k drafts, 1 + k
+        tokens, whose blocks include the k lookahead slots. As vLLM V1's scheduler
+        (vllm/v1/core/sched/scheduler.py `schedule()`): num_new_tokens = num_tokens_with_spec -
+        num_computed_tokens, then min(token_budget) (drafts past the budget are not verified) and at
+        most max_model_len - 1 - num_computed_tokens."""
+        limit = self.state.max_model_len - 1 - req.num_computed_tokens
+        return max(1, min(1 + self.state.spec.k, self.tokens_left, limit))
 
     def _commit_taken(self, count: int) -> None:
         self.seqs_left -= count
@@ -416,7 +428,7 @@ class BatchBuilder:
         self.tokens_left -= num_tokens
         self.seqs_left -= 1
         self.free -= extra_blocks
-        if num_tokens > 1 or req.num_output_tokens == 0 or req.need > 1:
+        if req.num_output_tokens == 0 or req.need > 1:  # (a decode's verify row, 1 + k tokens, is no prefill)
             self.num_prefills += 1
 
     def _take_extras(self, req: Request) -> None:

@@ -68,6 +68,7 @@ class ReplicaSettings:
     step_cap: float | None = None  # TPOT slack: seconds a step may take while requests decode
     pd_backpressure: int | None = None  # P/D prefill side: pause admissions at this many awaiting decode room
     max_queued_requests: int | None = None  # overload: reject an arrival when this many wait (sim/admission.py)
+    speculative: object = None  # sim/speculative.py Speculation: each replica makes its Speculator; None: off
     pp_chunk_pipelining: bool = True  # pipeline stages: a prompt's next chunk joins the next micro-batch (sim/pipeline.py)
 
 
@@ -88,6 +89,7 @@ class Replica:
         self.settings = settings
         self.horizon = horizon  # time of the next event outside this replica that could change its plan
         self.state = SchedulerState(kv=kv, max_model_len=settings.max_model_len, victim=settings.victim)
+        self.spec = self.state.spec = settings.speculative.make(cost) if settings.speculative is not None else None
         self.state.chunk_cost = lambda c, h: cost.step_time(StepShape(prefill=((c, h),)))  # dynamic chunking
         self._init_admission_signals(settings, cost)
         self.by_id: dict[int, Request] = {}
@@ -342,6 +344,8 @@ class Replica:
         if self.noise is not None:
             seconds *= self.noise()
         whole = seconds + plan.extra_seconds if plan.extra_seconds else seconds
+        if self.spec is not None:  # the drafter's forward passes for this step's verify rows
+            whole += self.spec.draft_seconds()
         if swap_bytes:
             whole += self.recovery.book_swap_ins(start, swap_bytes)
         if not start < start + whole < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)

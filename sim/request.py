@@ -57,6 +57,11 @@ class Request:
     last_token_step: int = -1
     run_start_step: int = -1
     run_tokens: int = 0
+    # speculative decoding (sim/speculative.py): verify steps, draft tokens accepted, and the tokens emitted
+    # beyond one per step (a token run counts the steps that emitted, these the tokens past the first of each)
+    spec_steps: int = 0
+    spec_accepted: int = 0
+    spec_extra: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -38,7 +38,8 @@ RESULTS = {  # every other Request field, with its value before the request arri
     "num_swapped_blocks": (np.int64, 0), "num_preemptions": (np.int32, 0), "first_scheduled": (np.float64, math.nan),
     "first_scheduled_step": (np.int64, -1), "first_token_time": (np.float64, math.nan), "first_token_step": (np.int64, -1),
     "completion_time": (np.float64, math.nan), "last_token_step": (np.int64, -1), "run_start_step": (np.int64, -1),
-    "run_tokens": (np.int64, 0),
+    "run_tokens": (np.int64, 0), "spec_steps": (np.int64, 0), "spec_accepted": (np.int64, 0),
+    "spec_extra": (np.int64, 0),
 }
 _RESULT_VALUES = attrgetter(*RESULTS)
 SWEEP_MIN = 64  # calls of retire_done at least between two sweeps

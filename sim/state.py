@@ -40,3 +40,4 @@ class SchedulerState:
     # be preempted) but hold their KV blocks and count toward per-replica totals (max_num_seqs as vLLM
     # counts it, tenant service and quotas); empty without PP
     in_flight: tuple[Request, ...] = ()
+    spec: object = None  # the replica's Speculator (sim/speculative.py): decodes verify k drafts; None: off

@@ -49,7 +49,7 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
     lead = plan.decode_contexts
     for req, target in plan.decode_grows:
         grow(req, target)
-    prefill, decode = [], list(lead)
+    prefill, decode, verify = [], list(lead), []
     sampled = len(lead)
     add_decode, add_prefill = decode.append, prefill.append
     entries = plan.scheduled.items()
@@ -61,11 +61,13 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
         computed = req.num_computed_tokens
         outputs = req.num_output_tokens
         left = req.prompt_len + outputs - computed  # tokens not yet in the KV cache
-        if left == 1 and outputs:
+        if left == 1 and outputs and n == 1:
             add_decode(computed + 1)
+        elif n > left:  # a decode verifying n - 1 draft tokens (speculative decoding)
+            verify.append((n, computed))
         else:
             add_prefill((n, computed))
-        if n == left:
+        if n >= left:
             sampled += 1
     if kv.prefix is not None:  # cache the full prompt blocks this step computes
         for rid, n in plan.scheduled.items():
@@ -74,15 +76,17 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
     num_decode = len(decode)
     if num_padding:
         decode.extend(by_id[rid].num_computed_tokens for rid in plan.padding)
-    shape = StepShape(tuple(prefill), tuple(decode), num_padding, sampled, swap_bytes, plan.encoder_tokens,
-                      plan.extra_seconds)
+    if replica.spec is not None:  # the verify rows: c = 1 + k query tokens over h, priced as a chunk
+        replica.spec.rows = [(n - 1, h) for n, h in verify]
+    shape = StepShape(tuple(prefill) + tuple(verify), tuple(decode), num_padding, sampled, swap_bytes,
+                      plan.encoder_tokens, plan.extra_seconds)
     if state.reserve is not None:
         state.reserve.after_step(bool(plan.preempted), num_decode > 0, state.running)
     history, pairs = _prefill_reads(prefill) if prefill else (0, 0)  # what attention read (step_efficiency.py)
     replica.step = replica.recorder.add_step(
-        replica.index, now, math.nan, sum(c for c, _ in prefill), num_decode, num_padding,
-        len(prefill) + len(decode), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes,
-        sum(decode), history, pairs)
+        replica.index, now, math.nan, sum(c for c, _ in prefill), num_decode + sum(n for n, _ in verify), num_padding,
+        len(prefill) + len(decode) + len(verify), kv.num_blocks - kv.free_blocks, len(plan.preempted), swap_bytes,
+        sum(decode) + sum(n + h for n, h in verify), history, pairs)
     if replica.shapes is not None:
         replica.shapes.append(shape)
     return shape, swap_bytes
@@ -165,8 +169,8 @@ def commit(replica, plan, end: float) -> None:
         computed = req.num_computed_tokens + n
         req.num_computed_tokens = computed
         outputs = req.num_output_tokens
-        if computed == req.prompt_len + outputs:
-            outputs += 1
+        if computed >= req.prompt_len + outputs:
+            outputs += 1 if computed == req.prompt_len + outputs else verified(replica, req, n - 1)
             req.num_output_tokens = outputs
             # Recorder.token, inlined on the hottest loop: extend the open run or start one
             if req.run_tokens and req.last_token_step == previous:
@@ -184,6 +188,20 @@ def commit(replica, plan, end: float) -> None:
     replica.prev_step = step
     if finished:
         release_finished(replica, plan.hold_finished, end)
+
+
+def verified(replica, req: Request, drafts: int) -> int:
+    """Tokens a verify row of `drafts` draft tokens emits: 1 + the accepted ones (sim/speculative.py),
+    at most what `req` still has to produce; its progress steps back over the rejected drafts and their
+    lookahead blocks are freed."""
+    accepted = replica.spec.accept(drafts)
+    emitted = min(1 + accepted, req.output_len - req.num_output_tokens)
+    req.spec_steps += 1
+    req.spec_accepted += accepted
+    req.spec_extra += emitted - 1
+    req.num_computed_tokens += emitted - 1 - drafts  # computed = prompt + outputs - 1 after the step
+    replica.kv.trim(req, replica.kv.blocks_for(req.num_computed_tokens))
+    return emitted
 
 
 def commit_run(replica, ends, extra, hold_finished: bool) -> None:

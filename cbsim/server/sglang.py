@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from cbsim.core.errors import ConfigError
 
+from cbsim.server import speculative
 from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
 
 GiB = 1 << 30
@@ -67,6 +68,11 @@ FLAGS = {  # in the order rendered flags are written (render.py): --page-size be
     "max-total-tokens": Flag(int, ARGS, default=None, key="cluster.kv_cache.num_blocks", to_flag=_total_tokens_flag),
     "kv-cache-dtype": Flag(str, ARGS, choices=("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"), default="auto"),
     "disable-cuda-graph": Flag(bool, ARGS, boolean=True, default=False, key="cost_model.engine", to_flag=_graph_flag),
+    "speculative-algorithm": Flag(str, ARGS, choices=tuple(speculative.SGLANG_ALGORITHMS), default=None),
+    "speculative-num-steps": Flag(int, ARGS, default=None),
+    "speculative-eagle-topk": Flag(int, ARGS, default=None),
+    "speculative-num-draft-tokens": Flag(int, ARGS, default=None),
+    "speculative-draft-model-path": Flag(str, ARGS, default=None),
 }
 ALIASES = {"model": "model-path", "tensor-parallel-size": "tp-size", "tp": "tp-size",
            "pipeline-parallel-size": "pp-size", "pp": "pp-size",
@@ -116,7 +122,9 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     if "max-total-tokens" in flags:
         settings["cluster.kv_cache.num_blocks"] = -(-flags["max-total-tokens"] // page)
     settings.update(pipeline_setting(flags.get("pp-size"), context, f"{path} --pp-size"))
-    return settings, explicit_keys(FLAGS, flags, settings)
+    spec = speculative.from_sglang(flags, path)
+    settings.update(spec)
+    return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
 
 
 def _chunk_default(gpu) -> int:

@@ -50,7 +50,9 @@ from __future__ import annotations
 
 from cbsim.core.errors import ConfigError
 
+from cbsim.server import speculative
 from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
+from cbsim.server.speculative import json_object
 
 GiB = 1 << 30
 ARG_UTILS = "vllm/engine/arg_utils.py @99d7eb5d"
@@ -132,6 +134,7 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "dtype": Flag(str, MODEL, choices=("auto", "bfloat16", "float16", "half"), default="auto"),
     "enable-lora": Flag(bool, ARG_UTILS, boolean=True, default=False, key="policy.max_loras", to_flag=_lora_flag),
     "max-loras": Flag(int, LORA, default=1, key="policy.max_loras"),
+    "speculative-config": Flag(json_object, speculative.VLLM_SOURCE, default=None),
 }
 ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
            "q": "quantization", "enable-ep": "enable-expert-parallel"}  # vLLM's short forms (arg_utils.py)
@@ -194,7 +197,9 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
     settings.update(_precision(flags, path))
     settings.update(_expert_parallel(flags, context, path))
-    return settings, explicit_keys(FLAGS, flags, settings)
+    spec = speculative.from_vllm(flags["speculative-config"], path) if flags.get("speculative-config") else {}
+    settings.update(spec)
+    return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
 
 
 def _precision(flags: dict, path: str) -> dict:

@@ -129,6 +129,15 @@ class KVCache:
         tokens = max(tokens, reserve_tokens)
         return max(tokens, req.num_tokens) if self.reserve_full_prompt else tokens
 
+    def trim(self, req: Request, target_blocks: int) -> None:
+        """Free `req`'s blocks beyond `target_blocks` at a step's end: the lookahead slots of rejected
+        draft tokens (speculative decoding). Its prompt blocks are never beyond it, so a prefix cache's
+        shared blocks stay; a sliding window resizes at the next step's start instead."""
+        extra = req.num_blocks - target_blocks
+        if extra > 0 and self.window is None:
+            self.free_blocks += extra
+            req.num_blocks = target_blocks
+
     def fits_ever(self, tokens: int) -> bool:
         """Whether a request holding `tokens` tokens could run alone on an empty cache."""
         return self.blocks_for(tokens) <= self.num_blocks - self.watermark_blocks

@@ -12,6 +12,7 @@ from cbsim.sim.metrics.metrics_config import MetricsConfig, SLOConfig
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.request import Request, Status
 from cbsim.sim.request_table import RequestTable, request_column as _column
+from cbsim.sim.metrics.speculative_metrics import add_speculative_columns
 from cbsim.sim.metrics.step_order import LocalOrder, index_dtype
 from cbsim.sim.metrics.token_runs import TokenRuns, in_run_max, run_arrays, token_runs
 
@@ -136,7 +137,10 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
     ids = _column(requests, "id", np.int64)
     local = LocalOrder.of(steps)
     runs = token_runs(local, run_arrays(recorder, requests))
-    tokens, last, itl_max = _per_request_runs(ids, local, runs)
+    emissions, last, itl_max = _per_request_runs(ids, local, runs)  # steps that emitted a token (or several)
+    spec_extra = _column(requests, "spec_extra", np.int64)
+    speculating = bool(spec_extra.any()) or bool(_column(requests, "spec_steps", np.int64).any())
+    tokens = emissions + spec_extra if speculating else emissions
     prompt_len = _column(requests, "prompt_len", np.int64)
     long_mask = prompt_len >= config.long_prompt_threshold
     short_decodes = _short_decodes(ids, long_mask, local, runs)
@@ -165,6 +169,8 @@ def request_frame(requests: list[Request], recorder: Recorder, steps: pd.DataFra
         "reject_reason": _column(requests, "reject_reason", object),
     }, copy=False)
     frame["meets_slo"] = meets_slo(frame, config.slo)
+    if speculating:  # only in runs that speculate: other tables stay as they were
+        add_speculative_columns(frame, requests, emissions)
     for name in ("tenant", "adapter"):  # only where some request has one: other tables stay as they were
         labels = _column(requests, name, object)
         if any(v is not None for v in labels):

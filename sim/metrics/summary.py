@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from cbsim.sim.metrics.speculative_metrics import speculative_summary
 from cbsim.sim.metrics.itl import ITLDistribution, itl_distribution, stall_events
 from cbsim.sim.metrics.metrics_config import MetricsConfig
 from cbsim.sim.metrics.recorder import Recorder
@@ -57,6 +58,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, recorder: Recor
     out.update(num_preemptions=int(df["num_preemptions"].sum()), num_rejected=int((df["status"] == "rejected").sum()),
                num_finished=int((df["status"] == "finished").sum()), num_requests=len(df), num_steps=len(steps_df))
     out.update(tenant_summary(df))  # only when requests carry tenants
+    out.update({k: json_number(v) for k, v in speculative_summary(df).items()})  # only when requests speculate
     return out
 
 

@@ -12,13 +12,16 @@ vLLM (vllm-project/vllm)
 - vllm/config/parallel.py: tensor_parallel_size 1, pipeline_parallel_size 1, data_parallel_size 1,
   enable_expert_parallel False.
 - vllm/config/lora.py: max_loras 1; vllm/config/model.py: enforce_eager False, dtype "auto", quantization None.
+- vllm/engine/arg_utils.py: speculative_config None (speculation off).
 - vllm/engine/arg_utils.py @99d7eb5d get_batch_defaults: no static default for max_num_batched_tokens
   and max_num_seqs (8192/1024 on a >= 70 GiB GPU that is not an A100, else 2048/256).
 SGLang (sgl-project/sglang, python/sglang/srt/server_args.py @469c63e5)
 - max_prefill_tokens 16384, schedule_policy "fcfs", schedule_conservativeness 1.0, page_size None (1),
   enable_mixed_chunk False, disable_radix_cache False, tp_size 1, pp_size 1, dp_size 1,
   kv_cache_dtype "auto", disable_cuda_graph False; chunked_prefill_size, mem_fraction_static and
-  max_running_requests are derived at startup (GPU memory, KV pool): no static default.
+  max_running_requests are derived at startup (GPU memory, KV pool): no static default;
+  speculative_algorithm, speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens and
+  speculative_draft_model_path None (speculation off).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ VLLM_DOCUMENTED = {
     "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1, "max-loras": 1,
     "disable-hybrid-kv-cache-manager": False, "data-parallel-size": 1, "enable-expert-parallel": False,
     "quantization": None,
-    "enforce-eager": False, "dtype": "auto", "enable-lora": False, "max-model-len": None,
+    "enforce-eager": False, "dtype": "auto", "enable-lora": False, "max-model-len": None, "speculative-config": None,
     "max-num-batched-tokens": NO_STATIC_DEFAULT, "max-num-seqs": NO_STATIC_DEFAULT, "model": NO_STATIC_DEFAULT,
 }
 SGLANG_DOCUMENTED = {
@@ -44,6 +47,8 @@ SGLANG_DOCUMENTED = {
     "kv-cache-dtype": "auto", "disable-cuda-graph": False, "context-length": None, "max-total-tokens": None,
     "chunked-prefill-size": NO_STATIC_DEFAULT, "mem-fraction-static": NO_STATIC_DEFAULT,
     "max-running-requests": NO_STATIC_DEFAULT, "model-path": NO_STATIC_DEFAULT,
+    "speculative-algorithm": None, "speculative-num-steps": None, "speculative-eagle-topk": None,
+    "speculative-num-draft-tokens": None, "speculative-draft-model-path": None,
 }
 CONTEXT = Context(gpu_spec("h100"), 8192, None, "roofline", frozenset({"tp", "pp"}))
 
