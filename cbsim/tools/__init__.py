@@ -1,0 +1,1 @@
+"""Tools built on cbsim: bridges to real engines (sim2real)."""

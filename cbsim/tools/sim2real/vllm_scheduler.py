@@ -1,0 +1,156 @@
+"""vLLM V1's own scheduler (vllm.v1.core.sched.scheduler.Scheduler), run standalone on a stream.
+
+No model and no engine: a VllmConfig of the tiny Llama's config.json (tiny_llama/, nothing downloaded,
+no tokenizer), a KVCacheConfig with one full-attention group of `num_gpu_blocks` blocks, and a virtual
+step clock. Each step: the requests that arrived by now are added, `schedule()` runs, every request
+whose prompt the step completes (or that decodes) samples one fake token, and `update_from_output`
+applies it, as EngineCore.step does (vllm/v1/engine/core.py). A step that schedules nothing while
+requests wait is an error (vLLM would spin). vLLM is imported here, lazily: this module runs only in
+an environment that has the engine (.ci/install_vllm_cpu.sh).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .streams import Stream
+
+VLLM_VERSION = "0.32.0"  # the vllm-cpu release the parity test pins (.ci/install_vllm_cpu.sh)
+TINY_MODEL = Path(__file__).with_name("tiny_llama")
+FAKE_TOKEN = 7  # any id but EOS (2): outputs end by max_tokens (ignore_eos)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scheduled step: its start on the step clock, request index -> tokens scheduled, and the
+    requests preempted in it."""
+
+    time: int
+    scheduled: dict[int, int]
+    preempted: tuple[int, ...] = ()
+    # vLLM only: requests admitted in this step whose prefix-cache hit reaches into blocks that another
+    # request computes in this same step (allocate_slots caches a chunk's full blocks when it allocates
+    # them); cbsim's cache publishes a step's blocks when the step starts, after the plan (a known difference)
+    same_step_hits: tuple[int, ...] = field(default=(), compare=False)
+
+
+def offline_hub() -> None:
+    """Nothing may try the network: the model is a local config.json with dummy weights."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+class VllmScheduler:
+    """Builds vLLM's Scheduler for a stream's limits and runs the stream through it."""
+
+    def __init__(self):
+        offline_hub()
+        from vllm.config import ModelConfig
+
+        self._model = {}
+        self._model_config = ModelConfig  # built per max_model_len (cached)
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("vllm-cpu")
+
+    def _config(self, limits):
+        from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+
+        model = self._model.get(limits.max_model_len)
+        if model is None:
+            model = self._model[limits.max_model_len] = self._model_config(
+                model=str(TINY_MODEL), skip_tokenizer_init=True, max_model_len=limits.max_model_len,
+                dtype="bfloat16")
+        scheduler = SchedulerConfig(max_num_batched_tokens=limits.max_num_batched_tokens,
+                                    max_num_seqs=limits.max_num_seqs,
+                                    long_prefill_token_threshold=limits.long_prefill_token_threshold,
+                                    max_model_len=limits.max_model_len, is_encoder_decoder=False,
+                                    enable_chunked_prefill=True, async_scheduling=False)
+        cache = CacheConfig(block_size=limits.block_size, enable_prefix_caching=limits.enable_prefix_caching,
+                            num_gpu_blocks_override=limits.num_gpu_blocks)
+        config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache)
+        config.cache_config.num_gpu_blocks = limits.num_gpu_blocks  # what the engine core sets after profiling
+        return config
+
+    def _scheduler(self, limits):
+        import torch
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        config = self._config(limits)
+        spec = FullAttentionSpec(block_size=limits.block_size, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
+        kv = KVCacheConfig(num_blocks=limits.num_gpu_blocks, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)])
+        return Scheduler(config, kv, StructuredOutputManager(config), block_size=limits.block_size)
+
+    def run(self, stream: Stream, max_steps: int = 100_000) -> list[Step]:
+        """Every non-empty step of the stream, until every request finished."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+
+        limits = stream.limits
+        scheduler = self._scheduler(limits)
+        hasher = None
+        if limits.enable_prefix_caching:
+            init_none_hash(sha256)
+            hasher = get_request_block_hasher(limits.block_size, sha256)
+        pending = sorted(range(len(stream.requests)), key=lambda i: (stream.requests[i].arrival, i))
+        steps, now, index = [], 0, 0
+        done: dict[int, int] = {}  # request -> most prompt tokens it had computed at a step's start
+        while index < len(pending) or scheduler.has_unfinished_requests():
+            while index < len(pending) and stream.requests[pending[index]].arrival <= now:
+                i = pending[index]
+                req = stream.requests[i]
+                params = SamplingParams(max_tokens=req.output_len, ignore_eos=True)
+                scheduler.add_request(Request(str(i), list(req.prompt), params, None, arrival_time=float(req.arrival),
+                                              block_hasher=hasher))
+                index += 1
+            if not scheduler.has_unfinished_requests():
+                now = stream.requests[pending[index]].arrival
+                continue
+            before = {int(r): req.num_computed_tokens for r, req in scheduler.requests.items()}
+            for i, n in before.items():
+                done[i] = max(done.get(i, 0), min(n, len(stream.requests[i].prompt)))
+            out = scheduler.schedule()
+            if out.total_num_scheduled_tokens == 0 or len(steps) >= max_steps:
+                raise RuntimeError(f"stream {stream.seed}: vLLM scheduled nothing at step {now} with requests left")
+            ids = list(out.num_scheduled_tokens)
+            sampled = [[FAKE_TOKEN] if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens
+                       else [] for r in ids]
+            steps.append(Step(now, {int(r): n for r, n in out.num_scheduled_tokens.items()},
+                              tuple(sorted(int(r) for r in out.preempted_req_ids or ())),
+                              _same_step_hits(stream, out, done, limits.block_size)))
+            scheduler.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in
+                                                                                               enumerate(ids)},
+                                                                sampled_token_ids=sampled))
+            now += 1
+        return steps
+
+
+def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _same_step_hits(stream: Stream, out, done: dict[int, int], block_size: int) -> tuple[int, ...]:
+    """Requests admitted by `out` whose hit exceeds the full blocks any request had computed of their
+    common prefix before the step: a hit on blocks computed in the step itself."""
+    hits = []
+    for new in list(out.scheduled_new_reqs):
+        i, hit = int(new.req_id), new.num_computed_tokens
+        prompt = stream.requests[i].prompt
+        seen = max((min(_shared(prompt, stream.requests[j].prompt), n) for j, n in done.items() if j != i), default=0)
+        if hit > seen // block_size * block_size:
+            hits.append(i)
+    return tuple(hits)
