@@ -12,6 +12,16 @@ first differing step:
   schedule() hits them (vllm/v1/core/kv_cache_manager.py `allocate_slots`: `cache_blocks(request,
   num_tokens_to_cache)`); cbsim publishes a step's blocks when the step starts (sim/prefix_cache.py
   `publish`), after the plan, so the later request computes them again.
+- `output_block_hit` (a known difference): a request resumed after a recompute preemption hit blocks
+  of its own generated tokens. vLLM hashes every full block of a request, outputs included
+  (vllm/v1/core/kv_cache_utils.py `get_request_block_hasher` over `request.all_token_ids`), and caches
+  them; cbsim's requests carry hash chains of their prompts only (Request.prefix_hashes), so a resumed
+  request recomputes its generated tokens.
+- `lru_eviction` (a known difference): vLLM evicted a cached prompt block while a block cbsim counts
+  as free (never hashed, or holding generated tokens) was left. Its free blocks and its evictable cached blocks are one LRU queue (vllm/v1/core/block_pool.py
+  `get_new_blocks`: `free_block_queue.popleft_n`, then `_maybe_evict_cached_block`), so an old cached
+  prefix goes before a block freed later; cbsim evicts least recently used leaves only when no free
+  block is left (sim/kv_cache.py `grow`), so it keeps the prefix and a later request hits it.
 - `unexplained`: anything else. A new one is a bug to fix in cbsim or a difference to name here.
 """
 from __future__ import annotations
@@ -22,7 +32,7 @@ from .cbsim_scheduler import run_cbsim
 from .streams import Stream, random_stream
 from .vllm_scheduler import Step, VllmScheduler
 
-KNOWN = ("same_step_prefix_hit",)
+KNOWN = ("same_step_prefix_hit", "output_block_hit", "lru_eviction")
 
 
 @dataclass
@@ -73,9 +83,20 @@ def compare(stream: Stream, engine: VllmScheduler) -> tuple[Divergence | None, i
     k = first_difference(vllm, cbsim)
     if k is None:
         return None, len(vllm)
-    known = any(step.same_step_hits for step in vllm[:k + 1])
-    return Divergence(stream.seed, k, "same_step_prefix_hit" if known else "unexplained",
+    return Divergence(stream.seed, k, _kind(vllm[:k + 1]),
                       vllm[max(0, k - 1):k + 2], cbsim[max(0, k - 1):k + 2]), len(vllm)
+
+
+def _kind(steps: list[Step]) -> str:
+    """The known difference vLLM's steps up to the first divergence show (the earliest), else unexplained."""
+    for step in steps:
+        if step.same_step_hits:
+            return "same_step_prefix_hit"
+        if step.output_hits:
+            return "output_block_hit"
+        if step.early_eviction:
+            return "lru_eviction"
+    return "unexplained"
 
 
 def run_parity(streams: int, first_seed: int = 0, progress=None) -> ParityReport:

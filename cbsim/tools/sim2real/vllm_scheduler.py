@@ -33,6 +33,12 @@ class Step:
     # request computes in this same step (allocate_slots caches a chunk's full blocks when it allocates
     # them); cbsim's cache publishes a step's blocks when the step starts, after the plan (a known difference)
     same_step_hits: tuple[int, ...] = field(default=(), compare=False)
+    # vLLM only: requests resumed after a preemption whose hit covers blocks of their generated tokens
+    # (vLLM hashes and caches every full block, outputs included; cbsim's cache holds prompt blocks only)
+    output_hits: tuple[int, ...] = field(default=(), compare=False)
+    # vLLM only: the step evicted a cached prompt block while a block cbsim counts as free was left (vLLM's
+    # free queue is one LRU list of free and evictable blocks; cbsim evicts only when no free block is left)
+    early_eviction: bool = field(default=False, compare=False)
 
 
 def offline_hub() -> None:
@@ -97,6 +103,9 @@ class VllmScheduler:
 
         limits = stream.limits
         scheduler = self._scheduler(limits)
+        evictions: list[bool] = []
+        prompt_hashes: set = set()  # hashes of full prompt blocks: what cbsim's prefix cache holds
+        _watch_evictions(scheduler.kv_cache_manager.block_pool, evictions, prompt_hashes)
         hasher = None
         if limits.enable_prefix_caching:
             init_none_hash(sha256)
@@ -109,8 +118,10 @@ class VllmScheduler:
                 i = pending[index]
                 req = stream.requests[i]
                 params = SamplingParams(max_tokens=req.output_len, ignore_eos=True)
-                scheduler.add_request(Request(str(i), list(req.prompt), params, None, arrival_time=float(req.arrival),
-                                              block_hasher=hasher))
+                request = Request(str(i), list(req.prompt), params, None, arrival_time=float(req.arrival),
+                                  block_hasher=hasher)
+                prompt_hashes.update(request.block_hashes)  # at creation: the prompt's full blocks
+                scheduler.add_request(request)
                 index += 1
             if not scheduler.has_unfinished_requests():
                 now = stream.requests[pending[index]].arrival
@@ -126,7 +137,9 @@ class VllmScheduler:
                        else [] for r in ids]
             steps.append(Step(now, {int(r): n for r, n in out.num_scheduled_tokens.items()},
                               tuple(sorted(int(r) for r in out.preempted_req_ids or ())),
-                              _same_step_hits(stream, out, done, limits.block_size)))
+                              _same_step_hits(stream, out, done, limits.block_size),
+                              _output_hits(stream, out, limits.block_size), bool(evictions)))
+            evictions.clear()
             scheduler.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in
                                                                                                enumerate(ids)},
                                                                 sampled_token_ids=sampled))
@@ -154,3 +167,41 @@ def _same_step_hits(stream: Stream, out, done: dict[int, int], block_size: int) 
         if hit > seen // block_size * block_size:
             hits.append(i)
     return tuple(hits)
+
+
+def _output_hits(stream: Stream, out, block_size: int) -> tuple[int, ...]:
+    """Requests `out` resumes whose hit reaches past their prompt's full blocks."""
+    cached = out.scheduled_cached_reqs
+    return tuple(int(r) for r, hit in zip(cached.req_ids, cached.num_computed_tokens)
+                 if r in cached.resumed_req_ids
+                 and hit > len(stream.requests[int(r)].prompt) // block_size * block_size)
+
+
+def _watch_evictions(pool, events: list, prompt_hashes: set) -> None:
+    """Note in `events` every allocation that takes a cached prompt block from the head of vLLM's free
+    queue while a block cbsim counts as free (no hash, or a block of generated tokens) stays behind it:
+    an eviction cbsim would not make yet."""
+    allocate = pool.get_new_blocks
+
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    def prompt_block(block) -> bool:  # the pool keys blocks by hash + group id
+        return block.block_hash is not None and get_block_hash(block.block_hash) in prompt_hashes
+
+    def get_new_blocks(num_blocks: int):
+        queue = pool.free_block_queue
+        block, k, evicts = queue.fake_free_list_head.next_free_block, 0, False
+        while block is not None and block is not queue.fake_free_list_tail:
+            if k < num_blocks:
+                evicts |= prompt_block(block)
+            elif not evicts:
+                break
+            elif not prompt_block(block):
+                events.append(True)
+                break
+            k += 1
+            block = block.next_free_block
+        return allocate(num_blocks)
+
+    if pool.enable_caching:
+        pool.get_new_blocks = get_new_blocks
