@@ -157,7 +157,7 @@ def _register_optional_commands() -> None:
     """Commands that live beside their subsystem (profiler, workloads) register themselves."""
     for module in ("cbsim.profiler.profile_cli", "cbsim.profiler.fit_cli", "cbsim.workloads.cli",
                    "cbsim.sweep_cli", "cbsim.regress_cli", "cbsim.compare_cli", "cbsim.calibrate_cli", "cbsim.catalog_cli",
-                   "cbsim.tune_cli"):
+                   "cbsim.tune_cli", "cbsim.tools.sim2real.cli"):
         try:
             importlib.import_module(module).register(app)
         except ModuleNotFoundError as err:

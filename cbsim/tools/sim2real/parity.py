@@ -17,8 +17,11 @@ first differing step:
   (vllm/v1/core/kv_cache_utils.py `get_request_block_hasher` over `request.all_token_ids`), and caches
   them; cbsim's requests carry hash chains of their prompts only (Request.prefix_hashes), so a resumed
   request recomputes its generated tokens.
-- `lru_eviction` (a known difference): vLLM evicted a cached prompt block while a block cbsim counts
-  as free (never hashed, or holding generated tokens) was left. Its free blocks and its evictable cached blocks are one LRU queue (vllm/v1/core/block_pool.py
+- `lru_eviction` (a known difference): vLLM's allocations evicted cached prompt blocks that cbsim
+  keeps, either more of them, while blocks cbsim counts as free (never hashed, or holding generated
+  tokens) were left, or one that a request admitted later in the same step would have hit: vLLM
+  allocates each request's blocks as it schedules it, while cbsim's plan takes its hits first and
+  evicts when the step starts (sim/kv_cache.py `grow`), sparing the blocks a hit holds. Its free blocks and its evictable cached blocks are one LRU queue (vllm/v1/core/block_pool.py
   `get_new_blocks`: `free_block_queue.popleft_n`, then `_maybe_evict_cached_block`), so an old cached
   prefix goes before a block freed later; cbsim evicts least recently used leaves only when no free
   block is left (sim/kv_cache.py `grow`), so it keeps the prefix and a later request hits it.
@@ -32,6 +35,7 @@ from .cbsim_scheduler import run_cbsim
 from .streams import Stream, random_stream
 from .vllm_scheduler import Step, VllmScheduler
 
+COVERAGE = ("prefix_caching", "preemption", "chunked_prefill", "prefix_hit", "max_num_seqs_bound", "budget_bound")
 KNOWN = ("same_step_prefix_hit", "output_block_hit", "lru_eviction")
 
 
@@ -51,6 +55,7 @@ class ParityReport:
     identical: int = 0
     steps: int = 0
     divergences: list[Divergence] = field(default_factory=list)
+    coverage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COVERAGE, 0))  # streams that showed each
 
     @property
     def rate(self) -> float:
@@ -64,7 +69,8 @@ class ParityReport:
 
     def summary(self) -> dict:
         return {"vllm_version": self.vllm_version, "streams": self.streams, "identical": self.identical,
-                "parity_rate": round(self.rate, 4), "steps_compared": self.steps, "divergences": self.counts(),
+                "parity_rate": round(self.rate, 4), "steps_compared": self.steps, "coverage": self.coverage,
+                "divergences": self.counts(),
                 "unexplained_seeds": [d.seed for d in self.divergences if d.kind == "unexplained"]}
 
 
@@ -76,15 +82,36 @@ def first_difference(vllm: list[Step], cbsim: list[Step]) -> int | None:
     return None if len(vllm) == len(cbsim) else min(len(vllm), len(cbsim))
 
 
-def compare(stream: Stream, engine: VllmScheduler) -> tuple[Divergence | None, int]:
-    """(the stream's first divergence or None, steps vLLM ran)."""
+def compare(stream: Stream, engine: VllmScheduler) -> tuple[Divergence | None, list[Step]]:
+    """(the stream's first divergence or None, vLLM's steps)."""
     vllm = engine.run(stream)
     cbsim, _ = run_cbsim(stream)
     k = first_difference(vllm, cbsim)
     if k is None:
-        return None, len(vllm)
+        return None, vllm
     return Divergence(stream.seed, k, _kind(vllm[:k + 1]),
-                      vllm[max(0, k - 1):k + 2], cbsim[max(0, k - 1):k + 2]), len(vllm)
+                      vllm[max(0, k - 1):k + 2], cbsim[max(0, k - 1):k + 2]), vllm
+
+
+def shown(stream: Stream, steps: list[Step]) -> set[str]:
+    """The COVERAGE features vLLM's run of the stream exercised."""
+    limits = stream.limits
+    chunks: dict[int, int] = {}
+    for step in steps:
+        for i, n in step.scheduled.items():
+            chunks[i] = chunks.get(i, 0) + (n > 1)
+    out = {"prefix_caching"} if limits.enable_prefix_caching else set()
+    if any(step.preempted for step in steps):
+        out.add("preemption")
+    if any(n > 1 for n in chunks.values()):
+        out.add("chunked_prefill")
+    if any(step.hits for step in steps):
+        out.add("prefix_hit")
+    if any(len(step.scheduled) == limits.max_num_seqs for step in steps):
+        out.add("max_num_seqs_bound")
+    if any(sum(step.scheduled.values()) == limits.max_num_batched_tokens for step in steps):
+        out.add("budget_bound")
+    return out
 
 
 def _kind(steps: list[Step]) -> str:
@@ -99,14 +126,19 @@ def _kind(steps: list[Step]) -> str:
     return "unexplained"
 
 
-def run_parity(streams: int, first_seed: int = 0, progress=None) -> ParityReport:
-    """Compare `streams` random streams (seeds first_seed, first_seed + 1, ...)."""
+def run_parity(streams: int, first_seed: int = 0, progress=None, prefix_caching: bool | None = None,
+               kv_pressure: bool | None = None) -> ParityReport:
+    """Compare `streams` random streams (seeds first_seed, first_seed + 1, ...); `prefix_caching` and
+    `kv_pressure` as in random_stream."""
     engine = VllmScheduler()
     report = ParityReport(engine.version())
     for seed in range(first_seed, first_seed + streams):
-        divergence, steps = compare(random_stream(seed), engine)
+        stream = random_stream(seed, kv_pressure, prefix_caching)
+        divergence, steps = compare(stream, engine)
         report.streams += 1
-        report.steps += steps
+        report.steps += len(steps)
+        for name in shown(stream, steps):
+            report.coverage[name] += 1
         if divergence is None:
             report.identical += 1
         else:

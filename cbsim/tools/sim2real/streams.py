@@ -60,10 +60,11 @@ def block_hashes(prompt: tuple[int, ...], block_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def random_stream(seed: int, kv_pressure: bool | None = None) -> Stream:
+def random_stream(seed: int, kv_pressure: bool | None = None, prefix_caching: bool | None = None) -> Stream:
     """A stream that exercises chunked prefill, the token and sequence budgets, the per-request cap,
     shared prefixes and, where `kv_pressure` (drawn when None), recompute preemption: the KV cache is
-    sized from one request's full length (it must fit alone) up to a few times that."""
+    sized from one request's full length (it must fit alone) up to a few times that. `prefix_caching`:
+    vLLM's --enable-prefix-caching (drawn, on in 4 streams of 5, when None)."""
     rng = np.random.default_rng(seed)
     prefixes = [tuple(int(t) for t in rng.integers(3, 4000, size=int(rng.integers(16, 400)))) for _ in range(2)]
     requests, arrival = [], 0
@@ -78,5 +79,7 @@ def random_stream(seed: int, kv_pressure: bool | None = None) -> Stream:
     longest = max(-(-(len(r.prompt) + r.output_len) // BLOCK_SIZE) for r in requests)
     pressure = bool(rng.random() < 0.5) if kv_pressure is None else kv_pressure
     blocks = longest + 1 + (int(rng.integers(0, 2 * longest + 1)) if pressure else 4000)
-    limits = Limits(budget, seqs, threshold, blocks, enable_prefix_caching=bool(rng.random() < 0.8))
+    caching = bool(rng.random() < 0.8)
+    limits = Limits(budget, seqs, threshold, blocks, enable_prefix_caching=caching if prefix_caching is None
+                    else prefix_caching)
     return Stream(seed, limits, tuple(requests))

@@ -36,9 +36,11 @@ class Step:
     # vLLM only: requests resumed after a preemption whose hit covers blocks of their generated tokens
     # (vLLM hashes and caches every full block, outputs included; cbsim's cache holds prompt blocks only)
     output_hits: tuple[int, ...] = field(default=(), compare=False)
-    # vLLM only: the step evicted a cached prompt block while a block cbsim counts as free was left (vLLM's
-    # free queue is one LRU list of free and evictable blocks; cbsim evicts only when no free block is left)
+    # vLLM only: the step evicted cached prompt blocks cbsim keeps: more of them (vLLM's free queue is one
+    # LRU list of free and evictable blocks; cbsim evicts only when no free block is left), or one a request
+    # admitted later in the step would have hit (vLLM allocates as it schedules)
     early_eviction: bool = field(default=False, compare=False)
+    hits: dict[int, int] = field(default_factory=dict, compare=False)  # vLLM only: admitted request -> tokens hit
 
 
 def offline_hub() -> None:
@@ -105,14 +107,14 @@ class VllmScheduler:
         scheduler = self._scheduler(limits)
         evictions: list[bool] = []
         prompt_hashes: set = set()  # hashes of full prompt blocks: what cbsim's prefix cache holds
-        _watch_evictions(scheduler.kv_cache_manager.block_pool, evictions, prompt_hashes)
+        lost: set = set()  # hashes evicted in the current step
+        _watch_evictions(scheduler.kv_cache_manager.block_pool, evictions, prompt_hashes, lost)
         hasher = None
         if limits.enable_prefix_caching:
             init_none_hash(sha256)
             hasher = get_request_block_hasher(limits.block_size, sha256)
         pending = sorted(range(len(stream.requests)), key=lambda i: (stream.requests[i].arrival, i))
         steps, now, index = [], 0, 0
-        done: dict[int, int] = {}  # request -> most prompt tokens it had computed at a step's start
         while index < len(pending) or scheduler.has_unfinished_requests():
             while index < len(pending) and stream.requests[pending[index]].arrival <= now:
                 i = pending[index]
@@ -126,9 +128,7 @@ class VllmScheduler:
             if not scheduler.has_unfinished_requests():
                 now = stream.requests[pending[index]].arrival
                 continue
-            before = {int(r): req.num_computed_tokens for r, req in scheduler.requests.items()}
-            for i, n in before.items():
-                done[i] = max(done.get(i, 0), min(n, len(stream.requests[i].prompt)))
+            cached = _cached_hashes(scheduler)
             out = scheduler.schedule()
             if out.total_num_scheduled_tokens == 0 or len(steps) >= max_steps:
                 raise RuntimeError(f"stream {stream.seed}: vLLM scheduled nothing at step {now} with requests left")
@@ -137,9 +137,11 @@ class VllmScheduler:
                        else [] for r in ids]
             steps.append(Step(now, {int(r): n for r, n in out.num_scheduled_tokens.items()},
                               tuple(sorted(int(r) for r in out.preempted_req_ids or ())),
-                              _same_step_hits(stream, out, done, limits.block_size),
-                              _output_hits(stream, out, limits.block_size), bool(evictions)))
+                              _same_step_hits(scheduler, out, cached, limits.block_size),
+                              _output_hits(stream, out, limits.block_size),
+                              bool(evictions) or _lost_hits(scheduler, out, lost, limits.block_size), _hits(out)))
             evictions.clear()
+            lost.clear()
             scheduler.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in
                                                                                                enumerate(ids)},
                                                                 sampled_token_ids=sampled))
@@ -147,26 +149,44 @@ class VllmScheduler:
         return steps
 
 
-def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def _cached_hashes(scheduler) -> set:
+    """The block hashes in vLLM's prefix cache now (BlockPool.cached_block_hash_to_block, keyed by hash and
+    KV cache group)."""
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    return {get_block_hash(key) for key in scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache}
 
 
-def _same_step_hits(stream: Stream, out, done: dict[int, int], block_size: int) -> tuple[int, ...]:
-    """Requests admitted by `out` whose hit exceeds the full blocks any request had computed of their
-    common prefix before the step: a hit on blocks computed in the step itself."""
+def _same_step_hits(scheduler, out, cached: set, block_size: int) -> tuple[int, ...]:
+    """Requests admitted or resumed by `out` whose hit includes a block that was not cached when the
+    step began: a block another request computes in this step."""
     hits = []
-    for new in list(out.scheduled_new_reqs):
-        i, hit = int(new.req_id), new.num_computed_tokens
-        prompt = stream.requests[i].prompt
-        seen = max((min(_shared(prompt, stream.requests[j].prompt), n) for j, n in done.items() if j != i), default=0)
-        if hit > seen // block_size * block_size:
+    for i, hit in _hits(out).items():
+        hashes = scheduler.requests[str(i)].block_hashes[:hit // block_size]
+        if any(h not in cached for h in hashes):
             hits.append(i)
     return tuple(hits)
+
+
+def _lost_hits(scheduler, out, lost: set, block_size: int) -> bool:
+    """Whether a request admitted or resumed by `out` stopped short of a prompt block that this step's
+    allocations evicted: cbsim's plan takes its hits before the step's evictions, so it hits the block."""
+    new = [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    new += [(r, n) for r, n in zip(cached.req_ids, cached.num_computed_tokens) if r in cached.resumed_req_ids]
+    for r, hit in new:
+        hashes = scheduler.requests[r].block_hashes
+        if hit // block_size < len(hashes) and hashes[hit // block_size] in lost:
+            return True
+    return False
+
+
+def _hits(out) -> dict[int, int]:
+    """Tokens each request admitted or resumed by `out` found in the prefix cache (those it hit > 0)."""
+    hits = {int(new.req_id): new.num_computed_tokens for new in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    hits.update((int(r), n) for r, n in zip(cached.req_ids, cached.num_computed_tokens) if r in cached.resumed_req_ids)
+    return {i: n for i, n in hits.items() if n > 0}
 
 
 def _output_hits(stream: Stream, out, block_size: int) -> tuple[int, ...]:
@@ -177,30 +197,29 @@ def _output_hits(stream: Stream, out, block_size: int) -> tuple[int, ...]:
                  and hit > len(stream.requests[int(r)].prompt) // block_size * block_size)
 
 
-def _watch_evictions(pool, events: list, prompt_hashes: set) -> None:
-    """Note in `events` every allocation that takes a cached prompt block from the head of vLLM's free
-    queue while a block cbsim counts as free (no hash, or a block of generated tokens) stays behind it:
-    an eviction cbsim would not make yet."""
-    allocate = pool.get_new_blocks
-
+def _watch_evictions(pool, events: list, prompt_hashes: set, lost: set) -> None:
+    """Note in `events` every allocation of n blocks that evicts more cached prompt blocks than cbsim
+    would: cbsim first takes the blocks it counts as free (no hash, or blocks of generated tokens, which
+    its cache does not keep) and evicts only the rest; vLLM takes the first n of its one LRU queue.
+    `lost` collects the hashes of the cached blocks evicted (the caller clears it every step)."""
     from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    allocate = pool.get_new_blocks
 
     def prompt_block(block) -> bool:  # the pool keys blocks by hash + group id
         return block.block_hash is not None and get_block_hash(block.block_hash) in prompt_hashes
 
     def get_new_blocks(num_blocks: int):
         queue = pool.free_block_queue
-        block, k, evicts = queue.fake_free_list_head.next_free_block, 0, False
+        blocks, block = [], queue.fake_free_list_head.next_free_block
         while block is not None and block is not queue.fake_free_list_tail:
-            if k < num_blocks:
-                evicts |= prompt_block(block)
-            elif not evicts:
-                break
-            elif not prompt_block(block):
-                events.append(True)
-                break
-            k += 1
+            blocks.append(prompt_block(block))
+            if len(blocks) <= num_blocks and block.block_hash is not None:
+                lost.add(get_block_hash(block.block_hash))  # evicted as it is taken
             block = block.next_free_block
+        evicted = sum(blocks[:num_blocks])
+        if evicted and evicted > max(0, num_blocks - (len(blocks) - sum(blocks))):
+            events.append(True)
         return allocate(num_blocks)
 
     if pool.enable_caching:
