@@ -8,7 +8,9 @@ the recorder) and run once in cbsim (predicted), with the same requests (workloa
 own settings as a `server: {engine: vllm, version: "0.32"}` block, KV blocks included (vLLM's count
 less its null block). DIR/sim2real.json holds, per workload and metric, the measured mean over repeats,
 the prediction, the signed error (predicted / measured - 1) and the measured spread over repeats
-((max - min) / mean); DIR/<workload>/cdf.png puts the measured and predicted TTFT, ITL and E2E side by side.
+((max - min) / mean); `same_run`, the error of cbsim calibrated on each repeat's own recorded steps (the
+machine's speed in that very run, so what remains is the simulator's own error); `step_speed`, the median
+time of a one-decode step in each run (the calibration's too): how fast the shared machine was; DIR/<workload>/cdf.png puts the measured and predicted TTFT, ITL and E2E side by side.
 
 Measured and predicted KV usage differ in definition: vLLM's usage counts blocks held by requests (cached
 blocks nobody holds count as free), cbsim's kv_blocks_used counts cached blocks too.
@@ -47,16 +49,24 @@ def run_sim2real(workloads: list[Path], calibration: Path, flags: EngineFlags, r
     recorder.write(out / "calibration")
     fit = fit_linear(recorder.rows)
     say(f"calibrated on {fit['steps']} steps: {fit['cost_model']} (median |error| {fit['median_abs_error']:.1%})")
+    calibration_speed = _decode_speed(out / "calibration" / "trace.jsonl")
     report = {"engine": {"vllm": VLLM_VERSION, "flags": flags.__dict__, "num_gpu_blocks": num_blocks,
                          "server_args": flags.serve_args(num_blocks - 1)},
-              "calibration": {"workload": str(calibration), **fit}, "repeats": repeats, "workloads": {}}
+              "calibration": {"workload": str(calibration), "step_speed": calibration_speed, **fit},
+              "repeats": repeats, "workloads": {}}
     for path in workloads:
         meta, requests = experiment_requests(path, VOCAB, flags.max_model_len)
         folder = out / path.stem
-        measured = [_measure(engine, core, recorder, requests, folder / f"repeat{k}", path.stem)
-                    for k in range(repeats)]
+        measured, same_run = [], []
+        for k in range(repeats):
+            metrics, rows = _measure(engine, core, recorder, requests, folder / f"repeat{k}", path.stem)
+            measured.append(metrics)
+            same_run.append(_predict(path.stem, meta, flags, num_blocks, fit_linear(rows)["cost_model"])[0])
         predicted, sim = _predict(path.stem, meta, flags, num_blocks, fit["cost_model"])
-        report["workloads"][path.stem] = _compare(measured, predicted, calibration == path)
+        result = _compare(measured, predicted, calibration == path)
+        result["same_run"] = _same_run(measured, same_run)
+        result["step_speed"] = [_decode_speed(folder / f"repeat{k}" / "trace.jsonl") for k in range(repeats)]
+        report["workloads"][path.stem] = result
         _figure(folder / "cdf.png", path.stem, folder, repeats, sim)
         say(f"{path.stem}: " + ", ".join(f"{k} {v['error']:+.1%}" for k, v in report["workloads"][path.stem]
                                          ["metrics"].items() if k in TARGETS and v["error"] is not None))
@@ -75,7 +85,7 @@ def _measure(engine, core, recorder, requests, folder: Path, label: str) -> dict
     metrics = load_measured(folder / "bench.json").metrics
     metrics["preemptions"] = float(sum(len(r["preempted"]) for r in recorder.rows))
     metrics["kv_usage_peak"] = max(r["kv_usage"] for r in recorder.rows)
-    return metrics
+    return metrics, list(recorder.rows)
 
 
 def _predict(name: str, meta: dict, flags: EngineFlags, num_blocks: int, cost_model: dict):
@@ -108,6 +118,24 @@ def _compare(measured: list[dict], predicted: dict, in_sample: bool) -> dict:
                     "spread": float((values.max() - values.min()) / mean) if mean else 0.0}
     within = {k: abs(v["error"]) <= 0.10 for k, v in out.items() if k in TARGETS and v["error"] is not None}
     return {"in_sample": in_sample, "metrics": out, "within_10pct": within}
+
+
+def _same_run(measured: list[dict], predicted: list[dict]) -> dict:
+    """Per target metric, the mean signed error of cbsim calibrated on each repeat's own recorded steps
+    (the machine's speed in that very run): what is left is the simulator's, not the machine's drift."""
+    out = {}
+    for key in TARGETS:
+        errors = [p[key] / m[key] - 1.0 for m, p in zip(measured, predicted) if m.get(key) and p.get(key)]
+        if errors:
+            out[key] = {"error": float(np.mean(errors)), "errors": errors}
+    return out
+
+
+def _decode_speed(trace: Path) -> float | None:
+    """Median seconds of the run's steps that decode one request alone: the machine's speed that run."""
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    alone = [r["time_s"] for r in rows if not r["prefill"] and len(r["decode"]) == 1]
+    return float(np.median(alone)) if alone else None
 
 
 def _figure(path: Path, name: str, folder: Path, repeats: int, sim) -> None:
