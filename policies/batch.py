@@ -287,7 +287,8 @@ class BatchBuilder:
         else:
             target = self.kv.held_for(req, req.num_computed_tokens, alloc)
         extra = target - req.num_blocks
-        if extra + self._input_gap(req, alloc) > self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
+        if extra + self._input_gap(req, alloc) > \
+                self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
             return False
         self._take(req, num_tokens, target, extra)
         self._admitted(req, num_tokens)

@@ -92,6 +92,10 @@ class SarathiConfig(Budgets, FairConfig):
                 self.chunk_size)
         require(self.running_order in ("decodes_first", "admission"), "running_order",
                 "decodes_first or admission", self.running_order)
+        require(self.running_order == "decodes_first" or (self.queue_policy == "fcfs" and self.dynamic_chunk is None
+                                                          and self.encoder is None), "running_order",
+                "decodes_first with queue_policy fair, dynamic_chunk or an encoder budget (the admission-order "
+                "pass models none of them)", self.running_order)
         self.validate_fair()
 
 

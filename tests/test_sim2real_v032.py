@@ -47,3 +47,17 @@ def test_version_0_32_resolves_its_scheduler_settings(version, chunked):
 def test_earlier_versions_resolve_none_of_them(version):
     settings, _ = vllm_server.resolve({}, Context(None, 4096, version), "server.args")
     assert not set(V032) & set(settings)
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"running_order": "lifo"}, "decodes_first or admission"),
+    ({"running_order": "admission", "queue_policy": "fair", "tenant_weights": {"a": 1}}, "queue_policy fair"),
+    ({"running_order": "admission", "dynamic_chunk": {"target_chunk": 256}}, "dynamic_chunk"),
+])
+def test_running_order_is_checked(options, needle):
+    from cbsim.errors import ConfigError
+    from cbsim.policies import make_policy
+
+    with pytest.raises(ConfigError, match="running_order") as err:
+        make_policy({"name": "sarathi", **options})
+    assert needle in str(err.value)

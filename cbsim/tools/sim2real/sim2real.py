@@ -10,7 +10,8 @@ less its null block). DIR/sim2real.json holds, per workload and metric, the meas
 the prediction, the signed error (predicted / measured - 1) and the measured spread over repeats
 ((max - min) / mean); `same_run`, the error of cbsim calibrated on each repeat's own recorded steps (the
 machine's speed in that very run, so what remains is the simulator's own error); `step_speed`, the median
-time of a one-decode step in each run (the calibration's too): how fast the shared machine was; DIR/<workload>/cdf.png puts the measured and predicted TTFT, ITL and E2E side by side.
+time of a one-decode step in each run (the calibration's too): how fast the shared machine was.
+DIR/<workload>/cdf.png puts the measured and predicted TTFT, ITL and E2E side by side.
 
 Measured and predicted KV usage differ in definition: vLLM's usage counts blocks held by requests (cached
 blocks nobody holds count as free), cbsim's kv_blocks_used counts cached blocks too.
