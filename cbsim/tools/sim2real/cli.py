@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _run_command(group: typer.Typer) -> None:
-    from .driver import EngineFlags
+    from .engine_flags import EngineFlags
 
     defaults = EngineFlags()
 

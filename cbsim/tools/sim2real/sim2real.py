@@ -25,7 +25,8 @@ import numpy as np
 
 from cbsim.measured import load_measured, simulated_metrics
 
-from .driver import EngineFlags, bench_json, engine_core, replay, start_engine
+from .driver import bench_json, engine_core, replay, start_engine
+from .engine_flags import EngineFlags
 from .linear_fit import fit_linear
 from .recorder import StepRecorder
 from .vllm_scheduler import VLLM_VERSION
