@@ -54,7 +54,8 @@ def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
     def make_kv():
         return KVCache(units, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * units)),
                        kv_cfg.reserve_full_prompt, bytes_per_token,
-                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block, window=window)
+                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block, window=window,
+                       check_full_input=kv_cfg.check_full_input)
 
     return model, cost, make_kv, settings
 

@@ -44,6 +44,9 @@ class KVCacheConfig:
     watermark: float = option(0.01, help="fraction of blocks kept free when admitting a new request")
     reserve_full_prompt: bool = option(False, help="admit a request only if its whole input fits, not just "
                                        "its first chunk")
+    check_full_input: bool = option(False, help="admit a request only if its whole input would fit in the free "
+                                    "blocks, but take blocks for its first chunk only (vLLM 0.32's "
+                                    "scheduler_reserve_full_isl; server.version 0.32 or later sets it)")
     prefix_caching: bool = option(False, help="keep computed full prompt blocks in a radix tree after their request "
                                   "ends, shared by later requests with the same prefix (Request.prefix_hashes); "
                                   "unreferenced ones are evicted LRU when blocks run out")

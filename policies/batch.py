@@ -296,7 +296,8 @@ class BatchBuilder:
         else:
             target = self.kv.held_for(req, req.num_computed_tokens, alloc)
         extra = target - req.num_blocks
-        if extra > self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
+        if extra + self._input_gap(req, alloc) > \
+                self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
             return False
         self._take(req, num_tokens, target, extra)
         self._admitted(req, num_tokens)
@@ -312,7 +313,8 @@ class BatchBuilder:
         refs = self._refs
         claimed = sum(prefix.unit_blocks for node in path if node.refs + refs.get(node, 0) == 0)
         extra = target - held
-        if extra + claimed > self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
+        if extra + claimed + self._input_gap(req, alloc) > \
+                self.free - self.kv.watermark_blocks - self._reserve_blocks(req, alloc):
             return False
         for node in path:
             refs[node] = refs.get(node, 0) + 1
@@ -334,6 +336,16 @@ class BatchBuilder:
         """Decode reserve: tokens kept free for future decodes (0 when off)."""
         reserve = self.state.reserve
         return self._running_future * reserve.ratio + self._admitted_future if reserve is not None else 0.0
+
+    def _input_gap(self, req: Request, alloc_tokens: int) -> int:
+        """With kv.check_full_input: the blocks `req`'s whole input needs beyond this admission's
+        `alloc_tokens`, which must be free too, though only the allocation is taken (vLLM 0.32's
+        scheduler_reserve_full_isl: allocate_slots(full_sequence_must_fit=True) checks the blocks of
+        min(num_tokens, max_model_len), prefix hits counted, against the free blocks, then allocates the
+        chunk). 0 without it."""
+        if not self.kv.check_full_input:
+            return 0
+        return self.kv.blocks_for(max(alloc_tokens, req.num_tokens)) - self.kv.blocks_for(alloc_tokens)
 
     def _reserve_blocks(self, req: Request, alloc_tokens: int) -> int:
         """Blocks an admission of `req` (allocating `alloc_tokens` tokens' blocks) must leave free for

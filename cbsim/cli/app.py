@@ -24,6 +24,7 @@ from cbsim.cli import fit as fit_commands
 from cbsim.cli import profile as profile_commands
 from cbsim.cli import regress as regress_commands
 from cbsim.cli import scoreboard as scoreboard_commands
+from cbsim.cli import sim2real as sim2real_commands
 from cbsim.cli import sweep as sweep_commands
 from cbsim.cli import tune as tune_commands
 from cbsim.cli import workloads as workload_commands
@@ -219,7 +220,8 @@ def schema(readme: Optional[Path] = typer.Option(None, "--readme", help="rewrite
 # Every command family, imported by name: a reader (and the import graph) sees each command here.
 # Each module keeps its heavy imports inside its commands, so `cbsim --help` stays fast.
 for _commands in (profile_commands, fit_commands, workload_commands, sweep_commands, regress_commands,
-                  compare_commands, calibrate_commands, catalog_commands, tune_commands, scoreboard_commands):
+                  compare_commands, calibrate_commands, catalog_commands, tune_commands, scoreboard_commands,
+                  sim2real_commands):
     _commands.register(app)
 
 

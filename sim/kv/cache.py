@@ -49,9 +49,10 @@ class KVCache:
     def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0,
                  reserve_full_prompt: bool = False, bytes_per_token: float = 0.0,
                  prefix_caching: bool = False, hash_block_size: int | None = None,
-                 window: WindowPages | None = None):
+                 window: WindowPages | None = None, check_full_input: bool = False):
         """`num_blocks` and `watermark_blocks` in the cache's units (all-layer blocks; with `window`,
-        g layer-pages); `bytes_per_token` across all layers."""
+        g layer-pages); `bytes_per_token` across all layers. `check_full_input`: an admission needs its
+        whole input's blocks free but takes only its chunk's (policies/batch.py BatchBuilder._input_gap)."""
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         if window is not None and (prefix_caching or window.block_size != block_size):
@@ -60,6 +61,7 @@ class KVCache:
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
         self.reserve_full_prompt = reserve_full_prompt
+        self.check_full_input = check_full_input
         self.bytes_per_token = bytes_per_token
         self.free_blocks = num_blocks
         self.host_blocks = 0
