@@ -15,11 +15,11 @@ import yaml
 
 from cbsim.cli.errors import user_errors
 from cbsim.core.atomic import write_file_atomic
-from cbsim.cli.logs import log, progress_wanted
+from cbsim.cli.logs import log
+from cbsim.cli.progress import Reporter
 from cbsim.core.errors import ConfigError
 from cbsim.core.units import limit_seconds
 from cbsim.sim.metrics.summary_units import display, unit_of
-from cbsim.sim.outputs.progress import Progress
 
 
 def register(app: typer.Typer) -> None:
@@ -36,12 +36,7 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
           plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots")):
     """Run an experiment over a grid of config values and seeds; finished points are kept, so a
     rerun resumes where a killed sweep stopped."""
-    # lazy (module docstring): the sweep and rich
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bars
-
-    from cbsim.core.atomic import locked
+    from cbsim.core.atomic import locked  # lazy (module docstring): the sweep
     from cbsim.preflight import check_writable
     from cbsim.tools.sweep.sweep import load_sweep, run_sweep
 
@@ -49,14 +44,13 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
     spec = load_sweep(file)
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    bars = Bars(*columns, transient=False, console=Console(stderr=True), disable=not progress_wanted(False))
-    with locked(target), bars as progress:  # one sweep writes a folder at a time
-        task = progress.add_task(spec.name, total=None)
+    with locked(target), Reporter() as report:  # one sweep writes a folder at a time; the bar ends first
+        bar = report.task(f"sweep {spec.name}")
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
-                          on_start=lambda done, total: progress.update(task, completed=done, total=total),
-                          on_point=lambda record, done, total: progress.update(task, completed=done))
+                          on_start=lambda done, total: report.update(bar, done=done, total=total),
+                          on_point=lambda record, done, total: report.update(bar, done=done,
+                                                                             status=point_text(record)))
     failed = table[table["status"] != "ok"]
     typer.echo(f"{len(table)} runs, {len(failed)} failed; results: {target / 'results.parquet'}")
     for _, row in failed.drop_duplicates("error").head(5).iterrows():
@@ -84,8 +78,8 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
              rate_key: str = typer.Option("workload.arrival.rate", "--rate-key", help="the key searched over"),
              set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: workload.num_requests=500"),
              out: Optional[Path] = typer.Option(None, "--out", help="write every probe to this CSV"),
-             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a probe run "
-                                        "longer than 2 s reports every 5 s)")):
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar on stderr (as "
+                                        "--log-level warning)")):
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
     import pandas as pd  # lazy (module docstring), as the capacity search
 
@@ -101,13 +95,15 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         if name in limits:  # the second would silently replace the first
             raise ConfigError("--slo", f"each metric once (a second limit on {name})", item)
         limits[name] = seconds
-    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
-                   progress=Progress() if progress_wanted(quiet) else None)
-    if policy:
-        results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_, **options)
-    else:
-        name = load_config(file, set_).policy["name"]
-        results = {name: find_capacity(file, limits, overrides=set_, **options)}
+    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished)
+    with Reporter(quiet) as report:  # the probes' bar ends before the table
+        if policy:
+            results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_,
+                                      progress=report.runs(f"capacity {file.name}"), **options)
+        else:
+            name = load_config(file, set_).policy["name"]
+            results = {name: find_capacity(file, limits, overrides=set_, progress=report.runs(f"capacity {name}"),
+                                           **options)}
     width = max(len(label) for label in results)
     typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {display(k, v)}" for k, v in limits.items()))
     for label, result in results.items():
@@ -126,6 +122,12 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         out.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(out, lambda tmp: pd.concat(frames, ignore_index=True).to_csv(tmp, index=False))
         typer.echo(f"probes: {out}")
+
+
+def point_text(record: dict) -> str:
+    """A finished sweep point as its bar shows it: 'last: policy.token_budget=512, seed 1 ok (3 s)'."""
+    params = ", ".join(f"{key}={value}" for key, value in record["params"].items())
+    return f"last: {params}{', ' if params else ''}seed {record['seed']} {record['status']} ({record['wall_seconds']:.0f} s)"
 
 
 def _policy(text: str):

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from cbsim.cli.errors import user_errors
-from cbsim.cli.logs import log, progress_wanted
+from cbsim.cli.logs import log
+from cbsim.cli.progress import Reporter
 
 
 def register(app: typer.Typer) -> None:
@@ -46,21 +47,26 @@ def tune(file: Path = typer.Argument(..., help="tune YAML (base, slo, gpus, sear
         rate = record.get("rate")
         text = "failed: " + str(record["error"]) if record["status"] != "ok" else \
             f"capacity {rate:.4g} req/s" if rate is not None else "no rate met the SLO"
-        if progress_wanted(False):  # progress, on stderr: the stage lines and the answer are the results
-            typer.echo(f"    [{done}/{total}] {label}: {text} ({record['wall_seconds']:.0f} s)", err=True)
+        report.update(bar, done=done, total=total, status=f"last: {label}: {text} ({record['wall_seconds']:.0f} s)")
+
+    stages: list[str] = []  # the results: printed once the bar has ended (cbsim/cli/progress.py)
 
     def on_stage(outcome) -> None:
         if outcome.status == "skipped":
-            typer.echo(f"  {outcome.stage.name}: skipped ({outcome.reason})")
+            stages.append(f"  {outcome.stage.name}: skipped ({outcome.reason})")
         else:
-            typer.echo(f"  {outcome.stage.name} = {outcome.winner.label} ({outcome.status}, "
-                       f"{len(outcome.candidates)} candidates): {outcome.why}")
+            stages.append(f"  {outcome.stage.name} = {outcome.winner.label} ({outcome.status}, "
+                          f"{len(outcome.candidates)} candidates): {outcome.why}")
+        report.update(bar, name=f"tune {spec.name}: {len(stages)} stages done")
 
-    typer.echo(f"tune {spec.name}: stages in their fixed order (docs/howto/tune-sla.md)")
-    with locked(target):  # one tune writes a folder at a time (cbsim/core/atomic.py)
+    with locked(target), Reporter() as report:  # one tune writes a folder at a time (cbsim/core/atomic.py)
+        bar = report.task(f"tune {spec.name}")
         result = run_tune(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed, on_point=on_point, on_stage=on_stage)
         files = write_outputs(result, target, plots=plots)
+    typer.echo(f"tune {spec.name}: stages in their fixed order (docs/howto/tune-sla.md)")
+    for line in stages:
+        typer.echo(line)
     spans = [r["shortest_probe"] for r in result.records.values() if r.get("shortest_probe") is not None]
     warning = short_probe_warning(min(spans) if spans else None, f"tune {spec.name}")
     if warning:
