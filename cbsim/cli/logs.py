@@ -2,7 +2,7 @@
 
 Everything cbsim reports besides results goes through Python's `logging` under the "cbsim" logger:
 warnings ("warning: ..."), and progress, which is info: the commands' progress bar (cbsim/cli/progress.py)
-show at the default level, info, and not with -q (warning) or --log-level warning. Results (the summary,
+shows at the default level, info, and not with -q (warning) or --log-level warning. Results (the summary,
 tables, file paths) are on stdout, never mixed with those lines.
 """
 from __future__ import annotations

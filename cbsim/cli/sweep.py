@@ -33,7 +33,11 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
           backend: str = typer.Option("local", "--backend", help="local (processes) or ray"),
           address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address to join (ray backend)"),
           retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun points recorded as failed"),
-          plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots")):
+          plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots"),
+          seeds: Optional[List[int]] = typer.Option(None, "--seed", min=0, help="run every grid point with these "
+                                                    "seeds instead of the file's `seeds` (repeatable)"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar on stderr (as --log-level "
+                                     "warning)")):
     """Run an experiment over a grid of config values and seeds; finished points are kept, so a
     rerun resumes where a killed sweep stopped."""
     from cbsim.core.atomic import locked  # lazy (module docstring): the sweep
@@ -42,9 +46,10 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
 
     check_parallel_options(backend, workers)
     spec = load_sweep(file)
+    spec.seeds = seeds_option(seeds) or spec.seeds
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
-    with locked(target), Reporter() as report:  # one sweep writes a folder at a time; the bar ends first
+    with locked(target), Reporter(quiet) as report:  # one sweep writes a folder at a time; the bar ends first
         bar = report.task(f"sweep {spec.name}")
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
@@ -72,7 +77,8 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
              lo: Optional[float] = typer.Option(None, "--lo", help="first rate tried (default: the experiment's)"),
              hi: Optional[float] = typer.Option(None, "--hi", help="upper rate (default: doubling until an SLO fails)"),
              tol: float = typer.Option(0.05, "--tol", help="stop when the failing rate is within (1 + tol) x the passing"),
-             seeds: Optional[List[int]] = typer.Option(None, "--seed", help="seeds that must all meet the SLOs"),
+             seeds: Optional[List[int]] = typer.Option(None, "--seed", min=0, help="seeds that must all meet the SLOs "
+                                                       "(repeatable; default 0)"),
              min_finished: float = typer.Option(0.99, "--min-finished", help="fraction of requests a run must "
                                                 "finish (not reject) to count as meeting the SLOs"),
              rate_key: str = typer.Option("workload.arrival.rate", "--rate-key", help="the key searched over"),
@@ -95,7 +101,8 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         if name in limits:  # the second would silently replace the first
             raise ConfigError("--slo", f"each metric once (a second limit on {name})", item)
         limits[name] = seconds
-    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished)
+    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds_option(seeds) or (0,)),
+                   min_finished=min_finished)
     with Reporter(quiet) as report:  # the probes' bar ends before the table
         if policy:
             results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_,
@@ -136,6 +143,14 @@ def _policy(text: str):
     if not isinstance(value, (str, dict)):
         raise ConfigError("--policy", "a policy name or a YAML mapping {name: ..., options}", text)
     return value
+
+
+def seeds_option(seeds: list[int] | None) -> list[int] | None:
+    """--seed of the commands that run several seeds (sweep, capacity, tune): distinct integers (>= 0 by the
+    option's own check); None when not given, so the file's seeds stand."""
+    if seeds and len(set(seeds)) != len(seeds):
+        raise ConfigError("--seed", "distinct seeds (each once)", seeds)
+    return list(seeds) if seeds else None
 
 
 def check_parallel_options(backend: str, workers: int | None) -> None:
