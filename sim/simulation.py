@@ -130,5 +130,7 @@ def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequ
     if progress is not None:
         env.process(progress.watch(env, feed))
     env.run(until=drained if max_time is None else max_time)
+    if progress is not None:
+        progress.finish(env, feed)
     if isinstance(feed.requests, RequestTable):  # fold in the requests that finished since the last sweep
         feed.requests.retire_done(force=True)

@@ -15,7 +15,6 @@ import typer
 
 from cbsim.policies import policy_help
 from cbsim.sim.costmodels.registry import engine_of
-from cbsim.sim.outputs.progress import Progress
 
 from cbsim.cli import calibrate as calibrate_commands
 from cbsim.cli import catalog as catalog_commands
@@ -29,7 +28,8 @@ from cbsim.cli import sweep as sweep_commands
 from cbsim.cli import tune as tune_commands
 from cbsim.cli import workloads as workload_commands
 from cbsim.cli.errors import user_errors
-from cbsim.cli.logs import app_options, progress_wanted, warn
+from cbsim.cli.logs import app_options, warn
+from cbsim.cli.progress import Reporter
 from cbsim.core.errors import ConfigError
 from cbsim.sim.metrics.summary_units import display
 
@@ -55,8 +55,8 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
                                              "vllm bench flags below describe (cbsim/cli/quick_run.py)"),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: policy.token_budget=1024"),
         out: Optional[Path] = typer.Option(None, "--out", help="results folder (default: output.dir or results/<name>)"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a run longer than "
-                                   "2 s reports every 5 s)"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar on stderr (as --log-level "
+                                   "warning)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that holds other files "
                                        "(cbsim's own earlier results are replaced without it)"),
         seed: Optional[int] = typer.Option(None, "--seed", min=0, help="the run's seed (the file's `seed`; "
@@ -104,9 +104,8 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
         raise err.in_file(str(file)) if not out and file else err
     key = "--out" if out else "output.dir" if cfg.output.dir else "name"
     check_target(target, key, overwrite)  # refused before simulating, and no other writer while it runs
-    with locked(target):
-        results = run_experiment(cfg, out_dir=target, progress=Progress() if progress_wanted(quiet) else None,
-                                 overwrite=overwrite)
+    with locked(target), Reporter(quiet) as report:  # the bar ends before the summary (cli/progress.py)
+        results = run_experiment(cfg, out_dir=target, progress=report.runs(f"run {cfg.name}"), overwrite=overwrite)
     print_summary(cfg, results, target)
 
 

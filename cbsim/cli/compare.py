@@ -27,21 +27,30 @@ def register(app: typer.Typer) -> None:
                         set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: "
                                                                  "policy.token_budget=1024"),
                         overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that "
-                                                       "holds other files")):
+                                                       "holds other files"),
+                        warmup: int = typer.Option(0, "--warmup", min=0, help="leave the first N requests sent out "
+                                                   "of the latencies, on both sides (per-request measured data)"),
+                        warmup_s: float = typer.Option(0.0, "--warmup-s", min=0.0, help="leave the requests sent in "
+                                                       "the first S seconds out of the latencies, on both sides "
+                                                       "(measured start_times)")):
         """Run an experiment and compare its TTFT, TPOT, ITL, E2E and throughput with a measured benchmark."""
         from cbsim.tools.compare.compare import compare, write
+        from cbsim.tools.compare.pairing import Warmup
 
         from cbsim.core.atomic import check_target
 
         if out is not None:  # refused before simulating
             check_target(out, "--out", overwrite)
-        result = compare(experiment, measured, overrides=set_)
+        window = Warmup(warmup, warmup_s)  # checked before simulating
+        result = compare(experiment, measured, overrides=set_, warmup=window)
         target = out or Path("results") / f"{result.results.config.name}-compare"
         write(result, target, overwrite)
         typer.echo(f"measured: {result.measured.source} ({result.measured.format})")
         for note in result.notes:
             typer.echo(f"note: {note}")
         typer.echo(format_table(result.rows))
+        if result.per_request:
+            typer.echo(format_pairs(result.per_request))
         typer.echo(f"results: {target}")
 
 
@@ -63,4 +72,16 @@ def format_table(rows: dict) -> str:
             lines.append(f"{name:<{width}}  {row.measured * scale:>15.4g}  {row.simulated * scale:>15.4g}  "
                          f"{row.error * 100:>+8.1f}")
     lines.append("error % = (simulated - measured) / measured")
+    return "\n".join(lines)
+
+
+def format_pairs(errors: dict) -> str:
+    """The per-request errors of the paired requests (cbsim/tools/compare/pairing.py), in % and ms."""
+    width = max(len(f"{name}_per_request") for name in errors)
+    lines = [f"{'paired requests':<{width}}  {'pairs':>6}  {'median error %':>14}  {'p90 |error| %':>13}  "
+             f"{'median diff (ms)':>16}"]
+    for name, e in errors.items():
+        lines.append(f"{f'{name}_per_request':<{width}}  {e.pairs:>6}  {e.median * 100:>+14.1f}  "
+                     f"{e.p90_abs * 100:>13.1f}  {e.median_diff * 1e3:>+16.4g}")
+    lines.append("per request: error = (simulated - measured) / measured of request i, simulated and measured")
     return "\n".join(lines)

@@ -1,8 +1,8 @@
 """The `cbsim` app's options before any command: --version, --log-level, -v / -q; logging on stderr.
 
 Everything cbsim reports besides results goes through Python's `logging` under the "cbsim" logger:
-warnings ("warning: ..."), and progress, which is info: a run's progress lines (sim/outputs/progress.py)
-show at the default level, info, and not with -q (warning) or --log-level warning. Results (the summary,
+warnings ("warning: ..."), and progress, which is info: the commands' progress bar (cbsim/cli/progress.py)
+shows at the default level, info, and not with -q (warning) or --log-level warning. Results (the summary,
 tables, file paths) are on stdout, never mixed with those lines.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def warn(lines: list[str]) -> None:
 
 
 def progress_wanted(quiet: bool) -> bool:
-    """A command's progress lines: unless its own --quiet, or the log level is above info."""
+    """A command's progress bar: unless its own --quiet, or the log level is above info."""
     return not quiet and log.isEnabledFor(logging.INFO)
 
 

@@ -15,11 +15,11 @@ import yaml
 
 from cbsim.cli.errors import user_errors
 from cbsim.core.atomic import write_file_atomic
-from cbsim.cli.logs import log, progress_wanted
+from cbsim.cli.logs import log
+from cbsim.cli.progress import Reporter
 from cbsim.core.errors import ConfigError
 from cbsim.core.units import limit_seconds
 from cbsim.sim.metrics.summary_units import display, unit_of
-from cbsim.sim.outputs.progress import Progress
 
 
 def register(app: typer.Typer) -> None:
@@ -33,30 +33,29 @@ def sweep(file: Path = typer.Argument(..., help="sweep YAML (base, set, grid, se
           backend: str = typer.Option("local", "--backend", help="local (processes) or ray"),
           address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address to join (ray backend)"),
           retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun points recorded as failed"),
-          plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots")):
+          plots: bool = typer.Option(True, "--plots/--no-plots", help="write the sweep plots"),
+          seeds: Optional[List[int]] = typer.Option(None, "--seed", min=0, help="run every grid point with these "
+                                                    "seeds instead of the file's `seeds` (repeatable)"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar on stderr (as --log-level "
+                                     "warning)")):
     """Run an experiment over a grid of config values and seeds; finished points are kept, so a
     rerun resumes where a killed sweep stopped."""
-    # lazy (module docstring): the sweep and rich
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bars
-
-    from cbsim.core.atomic import locked
+    from cbsim.core.atomic import locked  # lazy (module docstring): the sweep
     from cbsim.preflight import check_writable
     from cbsim.tools.sweep.sweep import load_sweep, run_sweep
 
     check_parallel_options(backend, workers)
     spec = load_sweep(file)
+    spec.seeds = seeds_option(seeds) or spec.seeds
     target = out or Path("results") / "sweeps" / spec.name
     check_writable(target, "--out" if out else "name")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    bars = Bars(*columns, transient=False, console=Console(stderr=True), disable=not progress_wanted(False))
-    with locked(target), bars as progress:  # one sweep writes a folder at a time
-        task = progress.add_task(spec.name, total=None)
+    with locked(target), Reporter(quiet) as report:  # one sweep writes a folder at a time; the bar ends first
+        bar = report.task(f"sweep {spec.name}")
         table = run_sweep(spec, out_dir=target, workers=workers, backend=backend, address=address,
                           retry_failed=retry_failed,
-                          on_start=lambda done, total: progress.update(task, completed=done, total=total),
-                          on_point=lambda record, done, total: progress.update(task, completed=done))
+                          on_start=lambda done, total: report.update(bar, done=done, total=total),
+                          on_point=lambda record, done, total: report.update(bar, done=done,
+                                                                             status=point_text(record)))
     failed = table[table["status"] != "ok"]
     typer.echo(f"{len(table)} runs, {len(failed)} failed; results: {target / 'results.parquet'}")
     for _, row in failed.drop_duplicates("error").head(5).iterrows():
@@ -78,14 +77,15 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
              lo: Optional[float] = typer.Option(None, "--lo", help="first rate tried (default: the experiment's)"),
              hi: Optional[float] = typer.Option(None, "--hi", help="upper rate (default: doubling until an SLO fails)"),
              tol: float = typer.Option(0.05, "--tol", help="stop when the failing rate is within (1 + tol) x the passing"),
-             seeds: Optional[List[int]] = typer.Option(None, "--seed", help="seeds that must all meet the SLOs"),
+             seeds: Optional[List[int]] = typer.Option(None, "--seed", min=0, help="seeds that must all meet the SLOs "
+                                                       "(repeatable; default 0)"),
              min_finished: float = typer.Option(0.99, "--min-finished", help="fraction of requests a run must "
                                                 "finish (not reject) to count as meeting the SLOs"),
              rate_key: str = typer.Option("workload.arrival.rate", "--rate-key", help="the key searched over"),
              set_: Optional[List[str]] = typer.Option(None, "--set", help="override a key: workload.num_requests=500"),
              out: Optional[Path] = typer.Option(None, "--out", help="write every probe to this CSV"),
-             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (a probe run "
-                                        "longer than 2 s reports every 5 s)")):
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar on stderr (as "
+                                        "--log-level warning)")):
     """Find the highest arrival rate meeting every SLO, per policy (bracketing, then bisection)."""
     import pandas as pd  # lazy (module docstring), as the capacity search
 
@@ -101,13 +101,16 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         if name in limits:  # the second would silently replace the first
             raise ConfigError("--slo", f"each metric once (a second limit on {name})", item)
         limits[name] = seconds
-    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds or (0,)), min_finished=min_finished,
-                   progress=Progress() if progress_wanted(quiet) else None)
-    if policy:
-        results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_, **options)
-    else:
-        name = load_config(file, set_).policy["name"]
-        results = {name: find_capacity(file, limits, overrides=set_, **options)}
+    options = dict(rate_key=rate_key, lo=lo, hi=hi, rel_tol=tol, seeds=tuple(seeds_option(seeds) or (0,)),
+                   min_finished=min_finished)
+    with Reporter(quiet) as report:  # the probes' bar ends before the table
+        if policy:
+            results = find_capacities(file, limits, [_policy(p) for p in policy], overrides=set_,
+                                      progress=report.runs(f"capacity {file.name}"), **options)
+        else:
+            name = load_config(file, set_).policy["name"]
+            results = {name: find_capacity(file, limits, overrides=set_, progress=report.runs(f"capacity {name}"),
+                                           **options)}
     width = max(len(label) for label in results)
     typer.echo(f"capacity ({rate_key}) under " + ", ".join(f"{k} <= {display(k, v)}" for k, v in limits.items()))
     for label, result in results.items():
@@ -128,12 +131,26 @@ def capacity(file: Path = typer.Argument(..., help="experiment YAML"),
         typer.echo(f"probes: {out}")
 
 
+def point_text(record: dict) -> str:
+    """A finished sweep point as its bar shows it: 'last: policy.token_budget=512, seed 1 ok (3 s)'."""
+    params = ", ".join(f"{key}={value}" for key, value in record["params"].items())
+    return f"last: {params}{', ' if params else ''}seed {record['seed']} {record['status']} ({record['wall_seconds']:.0f} s)"
+
+
 def _policy(text: str):
     """A --policy value: a name, or a YAML mapping of the whole policy section."""
     value = yaml.safe_load(text)
     if not isinstance(value, (str, dict)):
         raise ConfigError("--policy", "a policy name or a YAML mapping {name: ..., options}", text)
     return value
+
+
+def seeds_option(seeds: list[int] | None) -> list[int] | None:
+    """--seed of the commands that run several seeds (sweep, capacity, tune): distinct integers (>= 0 by the
+    option's own check); None when not given, so the file's seeds stand."""
+    if seeds and len(set(seeds)) != len(seeds):
+        raise ConfigError("--seed", "distinct seeds (each once)", seeds)
+    return list(seeds) if seeds else None
 
 
 def check_parallel_options(backend: str, workers: int | None) -> None:

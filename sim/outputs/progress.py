@@ -57,7 +57,19 @@ class Progress:
             step = min(max(step * min(4.0, max(0.25, self.check / max(now - last, 1e-9))), MIN_STEP), MAX_STEP)
             last = now
             if now >= self.next_line:
-                finished = (requests.done_count() if isinstance(requests, RequestTable)
-                            else sum(1 for r in requests if r.status >= Status.FINISHED))
-                self.say(f"simulated {env.now:,.1f} s; {finished:,}/{len(requests):,} requests done "
-                         f"({feed.index:,} arrived)")
+                self.count(env.now, _finished(requests), len(requests), feed.index)
+
+    def finish(self, env, feed) -> None:
+        """The run's last count, once its event loop has ended (drained, or cut at max_time)."""
+        self.count(env.now, _finished(feed.requests), len(feed.requests), feed.index)
+
+    def count(self, simulated: float, finished: int, total: int, arrived: int) -> None:
+        """A line about the run so far (a reporter that draws a bar overrides this: cbsim/cli/progress.py)."""
+        self.say(f"simulated {simulated:,.1f} s; {finished:,}/{total:,} requests done ({arrived:,} arrived)")
+
+
+def _finished(requests) -> int:
+    """How many of a run's requests are finished (or rejected: done)."""
+    if isinstance(requests, RequestTable):
+        return requests.done_count()
+    return sum(1 for r in requests if r.status >= Status.FINISHED)

@@ -21,6 +21,9 @@ from cbsim.api import run_experiment
 from cbsim.config import ExperimentConfig, apply_overrides, load_config, read_yaml
 from cbsim.core.errors import ConfigError
 from cbsim.tools.compare.measured import METRICS, MeasuredRun, load_measured, simulated_metrics
+from cbsim.tools.compare.pairing import (PairErrors, Warmup, kept_measured, kept_simulated, measured_frame,
+                                         measured_metrics, pairing, request_errors, simulated_frame,
+                                         simulated_metrics_kept)
 from cbsim.sim.metrics.knee import knee_note
 
 
@@ -38,6 +41,8 @@ class CompareResult:
     results: object  # cbsim.api.Results of the simulated run
     notes: list[str] = field(default_factory=list)  # what the comparison assumed, for the user to read
     out_dir: Path | None = None
+    per_request: dict[str, PairErrors] = field(default_factory=dict)  # latency -> errors of the paired requests
+    warmup: Warmup = field(default_factory=Warmup)  # requests left out of the latencies on both sides
 
     def to_dict(self) -> dict:
         """compare.json: {metric: {measured, simulated, error}} plus a `meta` entry."""
@@ -52,29 +57,59 @@ class CompareResult:
                        "simulated_finished": self.results.summary.get("num_finished"),
                        "load_vs_capacity": self.results.summary.get("load_vs_capacity"),
                        "near_knee": knee_note(self.results.summary) is not None,
-                       "skipped": list(self.measured.skipped), "notes": self.notes}
+                       "skipped": list(self.measured.skipped), "notes": self.notes,
+                       "warmup": {"requests": self.warmup.requests, "seconds": self.warmup.seconds}}
+        if self.per_request:  # pairing.py: measured request i beside simulated request i
+            out["per_request"] = {name: {"pairs": e.pairs, "median_error": e.median, "p90_abs_error": e.p90_abs,
+                                         "median_diff": e.median_diff} for name, e in self.per_request.items()}
         return out
 
 
 def compare(experiment, measured, out_dir: str | Path | None = None,
-            overrides: list[str] | None = None) -> CompareResult:
+            overrides: list[str] | None = None, warmup: Warmup | None = None) -> CompareResult:
     """Run `experiment` (YAML path, mapping or ExperimentConfig) and compare it with `measured` (a file
-    or a MeasuredRun). With `out_dir`, writes the run's results there plus compare.json and, when the
-    measured file has per-request data, compare_cdf.png."""
+    or a MeasuredRun). With per-request measured data, the requests are paired and `warmup` may leave the
+    first ones out of the latencies (pairing.py). With `out_dir`, writes the run's results there plus
+    compare.json and, when the measured file has per-request data, compare_cdf.png."""
     run = measured if isinstance(measured, MeasuredRun) else load_measured(measured)
+    warmup = warmup or Warmup()
+    if warmup and not run.has_lengths:  # refused before simulating
+        raise ConfigError("--warmup" if warmup.requests else "--warmup-s", "a measured file with per-request "
+                          "details (vLLM --save-result --save-detailed, SGLang --output-details)",
+                          has_got=False, file=run.source or None)
     cfg, notes = experiment_config(experiment, run, overrides)
     results = run_experiment(cfg)
-    simulated = simulated_metrics(results)
-    rows = {name: Row(run.metrics[name], simulated[name], (simulated[name] - run.metrics[name]) / run.metrics[name])
-            for name in METRICS if name in run.metrics and name in simulated}
+    measured_side, simulated, per_request, more = _sides(run, results, warmup)
+    notes += more
+    rows = {name: Row(measured_side[name], simulated[name],
+                      (simulated[name] - measured_side[name]) / measured_side[name])
+            for name in METRICS if name in measured_side and name in simulated}
     notes += _caveats(run, rows)
     knee = knee_note(results.summary)  # a stage within 10 % of the simulated capacity is flagged
     if knee:
         notes.append(knee)
-    result = CompareResult(rows, run, results, notes)
+    result = CompareResult(rows, run, results, notes, per_request=per_request, warmup=warmup)
     if out_dir is not None:
         write(result, out_dir)
     return result
+
+
+def _sides(run: MeasuredRun, results, warmup: Warmup) -> tuple[dict, dict, dict, list[str]]:
+    """The measured and simulated metrics (after the warm-up, when there is one), the per-request errors
+    of the paired requests, and the notes (pairing.py)."""
+    if not run.has_lengths:
+        return run.metrics, simulated_metrics(results), {}, []
+    measured, simulated = measured_frame(run), simulated_frame(results)
+    paired, why = pairing(run, simulated)
+    notes = [] if paired else [why]
+    keep = kept_measured(run, measured, warmup) if warmup else np.ones(len(measured), dtype=bool)
+    errors = request_errors(measured, simulated, keep) if paired else {}
+    if not warmup:
+        return run.metrics, simulated_metrics(results), errors, notes
+    kept = keep if paired else kept_simulated(simulated, warmup)
+    notes.append(f"warm-up: {warmup.describe()} left out of the latencies ({int((~keep).sum())} measured, "
+                 f"{int((~kept).sum())} simulated); throughputs are whole-run numbers and not compared")
+    return measured_metrics(run, measured, keep), simulated_metrics_kept(results, simulated, kept), errors, notes
 
 
 def write(result: CompareResult, out_dir: str | Path, overwrite: bool = False) -> Path:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 
 from cbsim.core import bounds
 from cbsim.sim.metrics import column_percentiles
@@ -55,6 +56,7 @@ class MeasuredRun:
     ttfts: np.ndarray | None = None  # seconds, per successful request
     e2e: np.ndarray | None = None  # seconds: the file's latencies, else ttft + the request's gaps
     itls: np.ndarray | None = None  # seconds: every gap of every successful request, flattened
+    itl_counts: np.ndarray | None = None  # gaps per successful request: where each one's gaps lie in `itls`
     start_times: np.ndarray | None = None  # seconds since the first send, per successful request
     request_rate: float | None = None  # requests/s the client aimed at; inf: all sent at once
     burstiness: float | None = None  # vLLM: gamma shape of the send gaps (1 = Poisson)
@@ -112,13 +114,7 @@ def simulated_metrics(results) -> dict[str, float]:
     """
     df = results.requests
     done = df[df["status"] == "finished"]
-    columns = {"ttft": done["ttft"], "tpot": done.loc[done["output_len"] > 1, "tpot"], "e2e": done["e2e"]}
-    out: dict[str, float] = {}
-    for name, column in columns.items():
-        column = column.dropna()
-        if len(column):
-            out[f"{name}_mean"] = float(column.mean())
-            out.update(zip((f"{name}_p50", f"{name}_p90", f"{name}_p99"), column_percentiles(column)))
+    out = latency_stats({"ttft": done["ttft"], "tpot": done.loc[done["output_len"] > 1, "tpot"], "e2e": done["e2e"]})
     itl = results.itl
     if itl.count:
         out["itl_mean"] = float(np.dot(itl.values, itl.weights) / itl.count)
@@ -127,6 +123,18 @@ def simulated_metrics(results) -> dict[str, float]:
         if results.summary.get(name) is not None:
             out[name] = float(results.summary[name])
     return {name: out[name] for name in METRICS if out.get(name) is not None}
+
+
+def latency_stats(samples: dict[str, pd.Series]) -> dict[str, float]:
+    """`{name}_mean`, `_p50`, `_p90`, `_p99` of each latency's samples (seconds, NaN left out; numpy's linear
+    percentiles, as the run summary and the benchmarks); nothing for a latency without samples."""
+    out: dict[str, float] = {}
+    for name, column in samples.items():
+        column = column.dropna()
+        if len(column):
+            out[f"{name}_mean"] = float(column.mean())
+            out.update(zip((f"{name}_p50", f"{name}_p90", f"{name}_p99"), column_percentiles(column)))
+    return out
 
 
 def _read_record(path: Path) -> tuple[dict, str]:
@@ -233,6 +241,7 @@ def _per_request(record: dict) -> dict:
         gaps = [_column(lists["itls"][i], None, f"itls[{i}]", "a finite number >= 0 (seconds)", _non_negative)
                 for i in ok]
         out["itls"] = np.concatenate(gaps) if gaps else np.zeros(0)
+        out["itl_counts"] = np.array([len(g) for g in gaps], dtype=np.int64)
         if "ttfts" in out:
             out["e2e"] = out["ttfts"] + np.array([g.sum() for g in gaps], dtype=np.float64)
     if "latencies" in lists:
