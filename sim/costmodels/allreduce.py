@@ -91,3 +91,13 @@ def nccl_spec(num_workers: int, hidden: int, gpu: str, topology: str = "nvswitch
         "gpu": gpu,
         "topology": topology,
     }
+
+
+def profile_collective_seconds(allreduce, pipeline, num_layers: int, tokens: float) -> float:
+    """Seconds a step of `tokens` tokens spends in a measured profile's TP all-reduces (`fitted` and
+    `vidur`): num_layers times the per-layer `allreduce` term (0 without one), or with pipeline stages
+    the longest stage's (pipeline.collective_seconds)."""
+    per_layer = allreduce.seconds(tokens) if allreduce is not None else 0.0
+    if pipeline is not None:
+        return pipeline.collective_seconds(per_layer, tokens)
+    return num_layers * per_layer if allreduce is not None else 0.0

@@ -28,7 +28,7 @@ from cbsim.core.schema import option, require
 from cbsim.sim.cost import CostModel
 from cbsim.sim.shape import StepShape
 
-from cbsim.sim.costmodels.allreduce import AllReduce
+from cbsim.sim.costmodels.allreduce import AllReduce, profile_collective_seconds
 from cbsim.sim.costmodels.engine import NO_ENGINE, CpuOverheadConfig, Engine, engine_option, resolve_engine
 from cbsim.sim.costmodels.curves import Curve, isotonic
 from cbsim.sim.costmodels.pipeline import profile_pipeline, slowest
@@ -183,10 +183,7 @@ class VidurCostModel(CostModel):
         """Seconds a step of `tokens` tokens spends in the profile's all-reduces (num_layers times the
         per-layer `allreduce` term step_time adds; 0 without one). Asked after the run for the steps
         table (sim/metrics/step_efficiency.py)."""
-        per_layer = self.allreduce.seconds(tokens) if self.allreduce is not None else 0.0
-        if self._pipeline is not None:
-            return self._pipeline.collective_seconds(per_layer, tokens)
-        return self.num_layers * per_layer if self.allreduce is not None else 0.0
+        return profile_collective_seconds(self.allreduce, self._pipeline, self.num_layers, tokens)
 
     def _prefill_attention(self, prefill: tuple) -> float:
         total = 0.0
