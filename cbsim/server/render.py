@@ -13,6 +13,7 @@ is not rendered: `unmatched` lists the wanted settings the engine would still ru
 """
 from __future__ import annotations
 
+import json
 import shlex
 
 from cbsim.server import ENGINES
@@ -44,13 +45,15 @@ def unmatched(engine: str, wanted: dict, flags: dict, context) -> dict[str, tupl
 
 
 def join(flags: dict) -> str:
-    """The flags as a command-line string (`--x` / `--no-x` for switches), shell-quoted."""
+    """The flags as a command-line string (`--x` / `--no-x` for switches, a mapping as JSON), shell-quoted."""
     parts = []
     for name, value in flags.items():
         if value is True:
             parts.append(f"--{name}")
         elif value is False:
             parts.append(f"--no-{name}")
+        elif isinstance(value, dict):  # a JSON-valued flag (vLLM's --speculative-config)
+            parts.append(f"--{name} {shlex.quote(json.dumps(value, separators=(',', ':')))}")
         else:
             parts.append(f"--{name} {shlex.quote(str(value))}")
     return " ".join(parts)

@@ -84,3 +84,25 @@ def from_sglang(flags: dict, path: str) -> dict:
     if ours == "draft_model":
         settings["speculative.model"] = flags.get("speculative-draft-model-path")
     return settings
+
+
+SGLANG_NAMES = {ours: theirs for theirs, ours in SGLANG_ALGORITHMS.items()}
+
+
+def to_vllm(section: dict) -> str:
+    """A `speculative:` section as vLLM's --speculative-config JSON (from_vllm reads it back)."""
+    config = {"method": section["method"], "num_speculative_tokens": section["num_speculative_tokens"]}
+    if section["method"] == "draft_model":
+        config["model"] = section["model"]
+    return json.dumps(config, separators=(",", ":"))
+
+
+def to_sglang(section: dict) -> dict:
+    """A `speculative:` section as SGLang's --speculative-* flags, a chain of drafts (from_sglang reads
+    them back): topk 1 and num_draft_tokens = num_steps + 1."""
+    k = section["num_speculative_tokens"]
+    flags = {"speculative-algorithm": SGLANG_NAMES[section["method"]], "speculative-num-steps": k,
+             "speculative-eagle-topk": 1, "speculative-num-draft-tokens": k + 1}
+    if section["method"] == "draft_model":
+        flags["speculative-draft-model-path"] = section["model"]
+    return flags

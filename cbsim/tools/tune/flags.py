@@ -9,12 +9,15 @@ partial-prefill limits). This file only says which simulated settings a deployme
 """
 from __future__ import annotations
 
+import json
+
 from cbsim.sim.costmodels.catalog.lookup import gpu_spec, model_spec
 from cbsim.server import ENGINES, Context, cost_model_options
 
 from cbsim.config import ExperimentConfig, pool_cost_model, pool_policy
+from cbsim.server import speculative
 from cbsim.server.render import join, render
-from cbsim.tools.tune.stages import policy_settings
+from cbsim.tools.tune.stages import policy_settings, speculative_section
 
 VLLM_POLICIES = ("sarathi", "orca")
 
@@ -47,10 +50,14 @@ def _engine_lines(config: ExperimentConfig, policy: dict, tp: int, replicas: int
     if name in VLLM_POLICIES and (name == "sarathi" or settings.get("kv_reservation") == "paged"):
         engine = "vllm"
         flags = render(engine, vllm_settings(view, settings, tp, pp), context)
+        if view.speculative:
+            flags["speculative-config"] = json.loads(speculative.to_vllm(speculative_section(view)))
         command = "vllm serve MODEL " + join(flags)
     elif name == "sglang":
         engine = "sglang"
         flags = render(engine, sglang_settings(view, settings, tp, pp, replicas), context)
+        if view.speculative:
+            flags.update(speculative.to_sglang(speculative_section(view)))
         command = "python -m sglang.launch_server --model-path MODEL " + join(flags)
     else:
         return [f"# none: policy {name} is not what vLLM V1 (sarathi, orca with paged KV) or SGLang (sglang) "

@@ -4,7 +4,10 @@ The order: (1) fix workload and SLO; (2) sweep the token budget to the knee; (3)
 chunk size; (4) set partial/long-prefill limits (short prompts overtake long ones, long ones do not
 starve); (5) admission headroom, only when preemptions are non-zero: reserve the full input vs a
 watermark; (6) the queue policy: FCFS guardrails first, then LPM/affinity for cache locality;
-(7) P/D, only if TTFT and TPOT cannot both be met with reasonable chunking. Step 1 is the tune
+(7) P/D, only if TTFT and TPOT cannot both be met with reasonable chunking; (8) speculative
+decoding's draft length, when the base speculates: speculation pays at small decode batches and
+costs at large ones (docs/concepts/speculative-decoding.md), so the capacity under the SLO decides
+where this workload's load falls, k = 0 (off) included. Step 1 is the tune
 file itself (workload, SLO, GPU budget); cbsim adds the deployment shape (TP x replicas over the
 budget) and the policy before step 2, and max running requests beside the token budget.
 
@@ -254,6 +257,51 @@ def _queue_defaults(ctx: StageContext) -> list:
     return out
 
 
+# --- speculative decoding ----------------------------------------------------------------------
+
+SPECULATIVE_KS = (1, 2, 3, 4, 5)  # draft lengths tried by default (vLLM's EAGLE examples use 2-5)
+
+
+def _check_speculative(value, path: str) -> None:
+    if value is None or value == 0 or isinstance(value, dict):
+        return
+    _int_or_null(1, null=False)(value, path)
+
+
+def _speculative_overrides(value, ctx: StageContext) -> dict:
+    if value is None or value == 0:
+        return {"speculative": None}
+    if isinstance(value, dict):
+        return {"speculative": value}
+    return {"speculative": {**speculative_section(ctx.config), "num_speculative_tokens": value}}
+
+
+def speculative_section(config: ExperimentConfig) -> dict:
+    """The incumbent's speculative section as a mapping ({} without one)."""
+    section = config.speculative
+    if section is None or isinstance(section, dict):
+        return dict(section or {})
+    return {k: v for k, v in dataclasses.asdict(section).items() if v is not None}
+
+
+def _speculative_applies(ctx: StageContext) -> str | None:
+    if not ctx.config.speculative:
+        return "the base has no speculative section (no drafter to tune: list mappings to try one)"
+    if ctx.config.cluster.mode == "pd":
+        return "the incumbent is a P/D split: speculative decoding runs on colocated clusters"
+    return None
+
+
+def _speculative_defaults(ctx: StageContext) -> list:
+    return _first(speculative_section(ctx.config)["num_speculative_tokens"], [0, *SPECULATIVE_KS])
+
+
+def _speculative_label(value) -> str:
+    if value is None or value == 0:
+        return "off"
+    return f"k={value}" if isinstance(value, int) else _flow(value)
+
+
 # --- P/D --------------------------------------------------------------------------------------------
 
 def _pd_overrides(value, ctx: StageContext) -> dict:
@@ -374,5 +422,10 @@ STAGES: list[Stage] = [
     Stage("pd", "7: colocated or a P/D split of the budget", "'colocated' or {prefill: GPUs, decode: GPUs, "
           "prefill_tp, decode_tp}", _check_pd, _pd_overrides, _pd_defaults, label=_pd_label,
           applies=_pd_applies, when=_pd_when),
+    Stage("speculative", "8: speculative decoding's draft length at the load the SLO allows",
+          "num_speculative_tokens values of the base's speculative section (0 or null: off), or whole "
+          "speculative mappings", _check_speculative, _speculative_overrides, _speculative_defaults,
+          label=_speculative_label, applies=_speculative_applies,
+          shows=("tpot_p50", "mean_acceptance_length", "tokens_per_gap")),
 ]
 STAGE_NAMES = [stage.name for stage in STAGES]

@@ -37,8 +37,9 @@ from cbsim.tools.sweep.sweep import load_finished, point_id, run_parallel, write
 from cbsim.tools.tune.spec import TuneSpec, base_config, load_tune, set_strings
 from cbsim.tools.tune.stages import STAGES, Stage, StageContext, policy_settings
 
-KEPT_METRICS = ("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "queue_delay_p50", "throughput_tokens_per_s",
-                "num_preemptions", "short_p_mean", "finished_fraction")
+KEPT_METRICS = tuple(dict.fromkeys(("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "queue_delay_p50",
+                                     "throughput_tokens_per_s", "num_preemptions", "short_p_mean",
+                                     "finished_fraction", *(m for stage in STAGES for m in stage.shows))))
 
 
 @dataclass(frozen=True)
