@@ -1,0 +1,173 @@
+"""Agentic sessions in the simulation (workloads/agentic.py, workloads/clients.py, sim/router.py,
+sim/metrics/session_metrics.py).
+
+Property: over random programs (turns, parallel tool calls, sub-agents), policies, cache sizes and
+replica counts, every request is sent exactly once and completes or is rejected exactly once, a turn
+is sent only after each request it waits for has left plus its delay (turn order, tool gaps,
+sub-agents before their parent resumes), every session completes, finished turns emit exactly
+output_len tokens, no KV block stays held, no client sends before its time, time never runs
+backwards within a request, and fast-forward changes nothing. Then: session affinity keeps each
+agent on one replica, KV residency and recompute respond to the cache size, the per-agent times add
+up to the makespan, and a run is byte-identical for a seed.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cbsim.api import run_experiment
+from cbsim.policies import make_policy
+from cbsim.sim.costmodels import load_cost_model
+from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.request import Status
+from cbsim.sim.simulation import simulate
+from cbsim.workloads import build_run, parse_workload
+
+LINEAR = {"type": "linear", "base": 0.013, "per_token": 0.0007, "per_kv_token": 3e-6}
+
+
+def agentic_workload(sessions, turns, calls, probability, children, concurrency, seed):
+    mapping = {
+        "arrival": {"type": "poisson", "rate": 2.0},
+        "prompt_len": {"type": "uniform", "min": 8, "max": 60},
+        "output_len": {"type": "uniform", "min": 1, "max": 30},
+        "agentic": {"sessions": sessions, "system_prompt_len": 32, "turns": {"type": "uniform", "min": 1, "max": turns},
+                    "tool_calls": {"type": "uniform", "min": 1, "max": calls},
+                    "tool_time": {"type": "lognormal", "median": 0.5, "sigma": 1.0},
+                    "tool_result_len": {"type": "uniform", "min": 1, "max": 40},
+                    "subagent_probability": probability, "subagent_count": {"type": "uniform", "min": 1, "max": children},
+                    "subagent_turns": {"type": "uniform", "min": 1, "max": 3}},
+    }
+    if concurrency:
+        mapping["max_concurrency"] = concurrency
+    return build_run(parse_workload(mapping), np.random.default_rng(seed))
+
+
+def simulate_sessions(run, policy, num_blocks, replicas, router, fast_forward=True, max_model_len=100_000):
+    settings_ = ReplicaSettings(max_model_len=max_model_len, fast_forward=fast_forward, swap_bandwidth=1e9)
+    kvs = []
+
+    def make_kv():
+        kvs.append(KVCache(num_blocks, 16, 0, False, 1024.0, prefix_caching=True, hash_block_size=16))
+        return kvs[-1]
+
+    simulate(run.requests, lambda: make_policy(policy), load_cost_model(LINEAR), make_kv, settings_,
+             replicas=replicas, router=router, max_time=1e6, clients=run.clients)
+    return kvs
+
+
+POLICY = st.sampled_from([{"name": "sarathi", "token_budget": 256, "max_num_seqs": 8},
+                          {"name": "prefill_first"},
+                          {"name": "sglang", "token_budget": 512, "chunked_prefill_size": 128}])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(1, 3), st.sampled_from([0.0, 0.5]), st.integers(1, 3),
+       st.sampled_from([None, 1, 3]), st.integers(0, 99), POLICY, st.integers(40, 400), st.integers(1, 3),
+       st.sampled_from(["round_robin", "least_loaded", "session_affinity", "prefix_affinity"]),
+       st.sampled_from([512, 100_000]))
+def test_agentic_invariants(sessions, turns, calls, probability, children, concurrency, seed, policy, blocks,
+                            replicas, router, max_model_len):
+    run = agentic_workload(sessions, turns, calls, probability, children, concurrency, seed)
+    plan = run.clients
+    planned = {r.id: r.arrival for r in run.requests}
+    kvs = simulate_sessions(run, policy, blocks, replicas, router, max_model_len=max_model_len)
+    requests = run.requests
+    by_id = {r.id: r for r in requests}
+    assert all(r.status in (Status.FINISHED, Status.REJECTED) for r in requests)  # each exactly once: its status
+    for r in requests:
+        if r.status == Status.FINISHED:
+            assert r.num_output_tokens == r.output_len  # tokens conserved
+            assert r.arrival <= r.first_scheduled <= r.first_token_time <= r.completion_time  # time goes forward
+        else:
+            assert r.reject_reason
+        assert r.num_blocks == 0 and r.num_swapped_blocks == 0
+        for pred, delay in plan.waits[r.id]:  # sent only after what it waits for, plus the tool time
+            p = by_id[pred]
+            left = p.completion_time if p.status == Status.FINISHED else p.arrival
+            assert r.arrival >= left + delay - 1e-9 or p.status == Status.REJECTED
+            assert r.arrival >= p.arrival
+        if not plan.waits[r.id]:
+            assert r.arrival >= planned[r.id] - 1e-12  # a session never starts before its planned time
+    assert all(kv.free_blocks + kv.prefix.evictable_blocks == kv.num_blocks for kv in kvs)
+    if concurrency:  # a client holds a whole session: its sessions never overlap another client's count
+        starts = sorted(min(by_id[rid].arrival for rid in s) for s in plan.sessions)
+        ends = sorted(max(by_id[rid].completion_time if by_id[rid].status == Status.FINISHED else by_id[rid].arrival
+                          for rid in s) for s in plan.sessions)
+        events = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends], key=lambda e: (e[0], e[1]))
+        assert max(np.cumsum([e for _, e in events])) <= concurrency
+    if router == "session_affinity":
+        homes = {}
+        for r in requests:
+            if r.replica >= 0:
+                assert homes.setdefault(r.session, r.replica) == r.replica
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 99), POLICY, st.integers(40, 300))
+def test_fast_forward_changes_nothing_with_agentic_sessions(sessions, seed, policy, blocks):
+    def outcome(fast_forward):
+        run = agentic_workload(sessions, 4, 2, 0.5, 2, None, seed)
+        simulate_sessions(run, policy, blocks, 2, "session_affinity", fast_forward=fast_forward)
+        return [(r.arrival, r.first_token_time, r.completion_time, r.status, r.replica) for r in run.requests]
+
+    assert outcome(True) == outcome(False)
+
+
+CONFIG = {
+    "name": "agentic", "seed": 7, "cost_model": {"type": "roofline", "gpu": "h100", "tp": 1},
+    "policy": {"name": "sarathi"},
+    "cluster": {"replicas": 2, "router": "session_affinity", "kv_cache": {"prefix_caching": True}},
+    "workload": {"arrival": {"type": "poisson", "rate": 1.0},
+                 "prompt_len": {"type": "uniform", "min": 100, "max": 400},
+                 "output_len": {"type": "uniform", "min": 20, "max": 200},
+                 "agentic": {"sessions": 12, "system_prompt_len": 512, "turns": {"type": "uniform", "min": 2, "max": 6},
+                             "tool_calls": {"type": "uniform", "min": 1, "max": 3},
+                             "tool_time": {"type": "exponential", "mean": 1.0},
+                             "tool_result_len": {"type": "uniform", "min": 50, "max": 400},
+                             "subagent_probability": 0.3, "subagent_turns": {"type": "fixed", "value": 2}}},
+    "output": {"plots": False, "formats": ["csv", "parquet"]},
+}
+
+
+def with_cluster(**cluster):
+    return {**CONFIG, "cluster": {**CONFIG["cluster"], **cluster}}
+
+
+def test_affinity_keeps_history_resident_and_the_times_add_up(tmp_path):
+    res = run_experiment(CONFIG, out_dir=tmp_path / "a")
+    s, t = res.summary, res.turns
+    assert s["num_sessions"] == 12 and s["num_subagents"] > 0 and s["num_rejected"] == 0
+    assert s["session_kv_resident_fraction"] == 1.0 and s["session_recomputed_tokens"] == 0  # room for all
+    assert s["session_reusable_tokens"] > 0 and not t["moved"].any()
+    agents = res.sessions
+    np.testing.assert_allclose(agents["makespan"], agents["serving_time"] + agents["tool_time"]
+                               + agents["subagent_wait"], atol=1e-9)
+    shares = s["session_serving_share"] + s["session_tool_share"] + s["session_subagent_share"]
+    assert abs(shares - 1.0) < 1e-9
+    assert set(pd.read_csv(tmp_path / "a" / "sessions.csv")["agent"]) == set(agents["agent"])
+    assert len(pd.read_parquet(tmp_path / "a" / "session_turns.parquet")) == len(res.requests)
+
+
+def test_round_robin_moves_turns_and_a_small_cache_evicts_history_in_the_gaps():
+    moved = run_experiment(with_cluster(router="round_robin")).summary
+    assert moved["session_recomputed_moved_tokens"] > 0
+    small = run_experiment(with_cluster(replicas=1, kv_cache={"prefix_caching": True, "num_blocks": 400})).summary
+    assert small["session_recomputed_tokens"] > 0 and small["session_recomputed_moved_tokens"] == 0
+    assert small["session_kv_resident_fraction"] < 1.0
+
+
+def test_same_seed_gives_byte_identical_session_tables(tmp_path):
+    def digests(out):
+        return {n: hashlib.sha256((out / n).read_bytes()).hexdigest()
+                for n in ("requests.csv", "sessions.csv", "session_turns.csv", "summary.json")}
+
+    run_experiment(CONFIG, out_dir=tmp_path / "a")
+    run_experiment(CONFIG, out_dir=tmp_path / "b")
+    a, b = digests(tmp_path / "a"), digests(tmp_path / "b")
+    assert {k: v for k, v in a.items() if k != "summary.json"} == {k: v for k, v in b.items() if k != "summary.json"}
