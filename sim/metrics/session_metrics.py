@@ -14,7 +14,8 @@ An agent's makespan (first send to last end) splits exactly into
 - sub-agent wait: the gap before a turn that waited for its sub-agents (their last end minus the
   spawning turn's end).
 
-KV between turns. Turn k+1's prompt starts with turn k's, so what turn k put in the prefix cache
+KV between turns. Turn k+1's prompt starts with turn k's prompt and output (its `history_tokens`),
+so what turn k put in the prefix cache
 (its full cache units: `unit_tokens`, the cache's granule; cbsim's cache holds prompt units, so turn
 k's output is never among them) is *reusable* by turn k+1. What its admission found cached of that
 is *resident*; the rest is *recomputed*: evicted during the gap, or on another replica (`moved`: the
@@ -56,6 +57,7 @@ def turn_frame(requests: pd.DataFrame, program, unit_tokens: int) -> pd.DataFram
         "subagent_wait_before": np.where(spawned, gap, 0.0),
         "tool_calls_after": np.array([len(program.tool_times[int(r)]) for r in ids], dtype=np.int64),
         "prompt_len": prompt, "output_len": requests["output_len"].to_numpy(),
+        "history_tokens": np.where(has, prompt[prev] + requests["output_len"].to_numpy()[prev], 0),
         "reusable_tokens": reusable, "cached_tokens": cached, "resident_tokens": resident,
         "recomputed_tokens": reusable - resident,
         "moved": has & (replica != replica[prev]),

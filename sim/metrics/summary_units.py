@@ -13,8 +13,9 @@ import re
 
 # stems of time-valued keys: <stem>_p<q>, <stem>_max, <stem>_mean, or the stem itself
 LATENCY_STEMS = ("ttft", "tpot", "itl", "e2e", "queue_delay", "transfer_time", "link_queue", "backpressure_wait",
-                 "prefill_kv_held", "stall", "session_makespan", "first_turn_ttft", "followup_ttft")
-OTHER_TIMES = ("makespan", "short_p_mean", "short_p_max", "stall_seconds_total", "sim_wall_seconds")
+                 "prefill_kv_held", "stall", "first_turn_ttft", "followup_ttft")
+OTHER_TIMES = ("makespan", "short_p_mean", "short_p_max", "stall_seconds_total", "sim_wall_seconds",
+               "session_makespan_p50", "session_makespan_p90", "session_makespan_p99")
 UNITS = {  # exact keys that are not times
     "throughput_tokens_per_s": "tokens/s", "throughput_requests_per_s": "requests/s",
     "goodput_requests_per_s": "requests/s", "goodput_per_gpu": "requests/s per GPU",
@@ -33,7 +34,8 @@ _MEANINGS = {
     "backpressure_wait": "P/D: prefilled, waiting for room on a decode replica",
     "prefill_kv_held": "P/D: time the prefill side holds a request's KV",
     "stall": "an ITL gap above metrics.stall_factor x the run's median ITL",
-    "session_makespan": "agentic: a top-level session's first send to its last turn's end",
+    **{f"session_makespan_p{q}": f"agentic: p{q} of a top-level session's first send to its last turn's end"
+       for q in (50, 90, 99)},
     "first_turn_ttft": "agentic: TTFT of agents' first turns", "followup_ttft": "agentic: TTFT of later turns",
     "session_kv_resident_fraction": "agentic: history tokens found cached / reusable (resident through the gaps)",
     "session_reusable_tokens": "agentic: history tokens the previous turn left in the prefix cache",
