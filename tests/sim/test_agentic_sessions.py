@@ -22,7 +22,8 @@ from cbsim.policies import make_policy
 from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
-from cbsim.sim.request import Status
+from cbsim.sim.request import Request, Status
+from cbsim.sim.router import SessionAffinity
 from cbsim.sim.simulation import simulate
 from cbsim.workloads import build_run, parse_workload
 
@@ -31,7 +32,7 @@ from test_invariants_prefix import Checked
 LINEAR = {"type": "linear", "base": 0.013, "per_token": 0.0007, "per_kv_token": 3e-6}
 
 
-def agentic_workload(sessions, turns, calls, probability, children, concurrency, seed):
+def agentic_workload(sessions, turns, calls, probability, children, concurrency, seed, timeout=None):
     mapping = {
         "arrival": {"type": "poisson", "rate": 2.0},
         "prompt_len": {"type": "uniform", "min": 8, "max": 60},
@@ -45,6 +46,8 @@ def agentic_workload(sessions, turns, calls, probability, children, concurrency,
     }
     if concurrency:
         mapping["max_concurrency"] = concurrency
+    if timeout:
+        mapping["timeout"] = timeout
     return build_run(parse_workload(mapping), np.random.default_rng(seed))
 
 
@@ -76,10 +79,10 @@ POLICY = st.sampled_from([{"name": "sarathi", "token_budget": 256, "max_num_seqs
 @given(st.integers(1, 6), st.integers(1, 5), st.integers(1, 3), st.sampled_from([0.0, 0.5]), st.integers(1, 3),
        st.sampled_from([None, 1, 3]), st.integers(0, 99), POLICY, st.integers(40, 400), st.integers(1, 3),
        st.sampled_from(["round_robin", "least_loaded", "session_affinity", "prefix_affinity"]),
-       st.sampled_from([512, 100_000]))
+       st.sampled_from([512, 100_000]), st.sampled_from([None, None, 0.4]))
 def test_agentic_invariants(sessions, turns, calls, probability, children, concurrency, seed, policy, blocks,
-                            replicas, router, max_model_len):
-    run = agentic_workload(sessions, turns, calls, probability, children, concurrency, seed)
+                            replicas, router, max_model_len, timeout):
+    run = agentic_workload(sessions, turns, calls, probability, children, concurrency, seed, timeout)
     plan = run.clients
     planned = {r.id: r.arrival for r in run.requests}
     kvs, recorder = simulate_sessions(run, policy, blocks, replicas, router, max_model_len=max_model_len)
@@ -88,7 +91,8 @@ def test_agentic_invariants(sessions, turns, calls, probability, children, concu
     emitted = np.bincount(runs["request_id"].astype(np.int64), weights=runs["tokens"], minlength=len(requests))
     steps = recorder.step_table()
     assert (steps["kv_blocks_used"] <= blocks).all()  # never over-committed
-    if not steps["preemptions"].any():  # tokens conserved: computed + cache hits == needed
+    timed_out = any(r.reject_reason.startswith("timeout") for r in requests)  # computed, then dropped
+    if not steps["preemptions"].any() and not timed_out:  # tokens conserved: computed + cache hits == needed
         needed = sum(r.prompt_len + r.output_len - 1 for r in requests if r.status == Status.FINISHED)
         hits = sum(kv.prefix.hit_tokens.get(r.id, 0) for kv in kvs for r in requests if r.status == Status.FINISHED)
         assert steps["prefill_tokens"].sum() + steps["decode_tokens"].sum() + hits == needed
@@ -105,7 +109,7 @@ def test_agentic_invariants(sessions, turns, calls, probability, children, concu
             p = by_id[pred]
             left = p.completion_time if p.status == Status.FINISHED else p.arrival
             assert r.arrival >= left + delay - 1e-9 or p.status == Status.REJECTED
-            assert r.arrival >= p.arrival
+            assert r.arrival >= p.arrival + delay - 1e-9
         if not plan.waits[r.id]:
             assert r.arrival >= planned[r.id] - 1e-12  # a session never starts before its planned time
     assert all(kv.free_blocks + kv.prefix.evictable_blocks == kv.num_blocks for kv in kvs)
@@ -175,3 +179,30 @@ def test_round_robin_moves_turns_and_a_small_cache_evicts_history_in_the_gaps():
     assert small["session_recomputed_tokens"] > 0 and small["session_recomputed_moved_tokens"] == 0
     assert small["session_kv_resident_fraction"] < 1.0
 
+
+
+class Replica:  # what the routers read of a replica
+    def __init__(self, index, load):
+        self.index, self.incoming, self.running = index, [], []
+        self.waiting = [Request(100 + index, 0.0, load, 1)]
+
+
+def test_session_affinity_keeps_a_session_home_and_sends_the_rest_to_the_least_loaded():
+    replicas = [Replica(0, 500), Replica(1, 100)]
+    router = SessionAffinity(replicas)
+    first = Request(0, 0.0, 10, 1, session=7)
+    assert router.route(first) is replicas[1]  # least loaded
+    replicas[1].waiting.append(Request(99, 0.0, 1000, 1))  # now the busier one
+    assert router.route(Request(1, 1.0, 10, 1, session=7)) is replicas[1]  # stays home
+    assert router.route(Request(2, 1.0, 10, 1, session=8)) is replicas[0]
+    assert router.route(Request(3, 1.0, 10, 1)) is replicas[0] and router.home == {7: replicas[1], 8: replicas[0]}
+
+
+def test_pd_refuses_agentic_sessions_naming_the_key():
+    import pytest
+
+    from cbsim.core.errors import ConfigError
+
+    cluster = {"mode": "pd", "prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    with pytest.raises(ConfigError, match="workload.agentic: expected null with cluster.mode pd"):
+        run_experiment({**CONFIG, "cluster": cluster})
