@@ -135,7 +135,7 @@ class Results:
                            stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
                            cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools, kv_blocks=self.kv_blocks,
                            transfers=self.transfers, handoffs=self.handoffs)
-        if self.turns is not None:  # agentic sessions: one session's turns on a timeline
+        if self.turns is not None and self.turns["complete"].any():  # agentic: one session's turns on a timeline
             from cbsim.sim.outputs.session_timeline import plot_session_timeline
 
             written.append(plot_session_timeline(self.turns, self.requests, out / "session_timeline.png"))

@@ -20,6 +20,10 @@ so what turn k put in the prefix cache
 k's output is never among them) is *reusable* by turn k+1. What its admission found cached of that
 is *resident*; the rest is *recomputed*: evicted during the gap, or on another replica (`moved`: the
 two turns ran on different replicas). A failed previous turn leaves nothing reusable, and a turn never admitted reuses nothing.
+
+A run cut by `sim.max_time` may leave sessions open (a turn unfinished, or never sent: a turn not
+sent yet keeps its session's start as its arrival). Their turns and agents are marked `complete`
+False and carry no times; the makespan keys and shares are over the complete sessions only.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import numpy as np
 import pandas as pd
 
 from cbsim.sim.metrics.summary import column_percentiles, json_number
+
+TIMES = ("sent", "end", "serving_time", "gap_before", "tool_time_before", "subagent_wait_before")  # per turn, in s
 
 
 def turn_frame(requests: pd.DataFrame, program, unit_tokens: int) -> pd.DataFrame:
@@ -48,8 +54,11 @@ def turn_frame(requests: pd.DataFrame, program, unit_tokens: int) -> pd.DataFram
     resident = np.minimum(cached, reusable)
     gap = np.where(has, sent - end[prev], 0.0)
     spawned = np.array([_spawned(program, int(r)) for r in ids], dtype=bool)  # waited for sub-agents
-    return pd.DataFrame({
-        "request_id": ids, "session": np.asarray(program.session)[agent], "agent": agent,
+    session = np.asarray(program.session)[agent]
+    done = np.isin(requests["status"].to_numpy(), ["finished", "rejected"])
+    complete = pd.Series(done).groupby(session).transform("all").to_numpy()  # a session a cut left open: no times
+    frame = pd.DataFrame({
+        "request_id": ids, "session": session, "agent": agent, "complete": complete,
         "parent_agent": np.asarray(program.parent)[agent], "turn": turn, "status": requests["status"].to_numpy(),
         "replica": replica, "sent": sent, "ttft": requests["ttft"].to_numpy(), "end": end,
         "serving_time": end - sent, "gap_before": gap,
@@ -62,20 +71,23 @@ def turn_frame(requests: pd.DataFrame, program, unit_tokens: int) -> pd.DataFram
         "recomputed_tokens": reusable - resident,
         "moved": has & (replica != replica[prev]),
     })
+    frame.loc[~complete, list(TIMES)] = np.nan
+    return frame
 
 
 def session_frame(turns: pd.DataFrame) -> pd.DataFrame:
     """One row per agent (top-level sessions and sub-agents), in agent order."""
     g = turns.groupby("agent", sort=True)
     out = pd.DataFrame({
-        "session": g["session"].first(), "parent_agent": g["parent_agent"].first(), "turns": g["turn"].count(),
+        "session": g["session"].first(), "parent_agent": g["parent_agent"].first(), "complete": g["complete"].all(),
+        "turns": g["turn"].count(),
         "failed_turns": g["status"].agg(lambda s: int((s != "finished").sum())),
         "start": g["sent"].min(), "end": g["end"].max(),
     })
     out["makespan"] = out["end"] - out["start"]
     for name in ("serving_time", "tool_time_before", "subagent_wait_before", "tool_calls_after", "reusable_tokens",
                  "resident_tokens", "recomputed_tokens"):
-        out[name.replace("_before", "").replace("_after", "")] = g[name].sum()
+        out[name.replace("_before", "").replace("_after", "")] = g[name].sum(min_count=1)
     out["recomputed_moved_tokens"] = turns["recomputed_tokens"].where(turns["moved"], 0).groupby(turns["agent"]).sum()
     out["final_context"] = g["prompt_len"].last() + g["output_len"].last()
     return out.reset_index()
@@ -84,8 +96,10 @@ def session_frame(turns: pd.DataFrame) -> pd.DataFrame:
 def session_summary(turns: pd.DataFrame, sessions: pd.DataFrame, prefix_caching: bool) -> dict:
     """Summary keys of an agentic run (units: sim/metrics/summary_units.py)."""
     top = sessions[sessions["parent_agent"] < 0]
+    out = {"num_sessions": len(top), "num_subagents": int((sessions["parent_agent"] >= 0).sum()),
+           "num_sessions_incomplete": int((~top["complete"]).sum())}
+    top = top[top["complete"]]
     span = float(top["makespan"].sum())
-    out = {"num_sessions": len(top), "num_subagents": int((sessions["parent_agent"] >= 0).sum())}
     for q, v in zip((50, 90, 99), column_percentiles(top["makespan"])):
         out[f"session_makespan_p{q}"] = v
     for name, column in (("serving", "serving_time"), ("tool", "tool_time"), ("subagent", "subagent_wait")):

@@ -26,8 +26,8 @@ LABEL_GAP = 0.045  # share of the time axis between two history labels of one la
 
 
 def chosen_session(turns: pd.DataFrame) -> int:
-    """The session to draw (see the module docstring)."""
-    per = turns.groupby("session").agg(agents=("agent", "nunique"), start=("sent", "min"), end=("end", "max"))
+    """The session to draw among those complete (see the module docstring)."""
+    per = turns[turns["complete"]].groupby("session").agg(agents=("agent", "nunique"), start=("sent", "min"), end=("end", "max"))
     per["makespan"] = per["end"] - per["start"]
     per["agents"] = per["agents"].where(per["agents"] <= MAX_LANES, 0)  # too many lanes: drawn last
     per = per.reset_index().sort_values(["agents", "makespan", "session"], ascending=[False, False, True])

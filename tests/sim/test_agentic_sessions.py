@@ -172,6 +172,17 @@ def test_affinity_keeps_history_resident_and_the_times_add_up(tmp_path):
     assert len(pd.read_parquet(tmp_path / "a" / "session_turns.parquet")) == len(res.requests)
 
 
+def test_a_cut_run_times_only_complete_sessions_and_without_a_cache_nothing_is_resident():
+    res = run_experiment({**with_cluster(kv_cache={"prefix_caching": False}), "sim": {"max_time": 20.0}})
+    s, agents = res.summary, res.sessions
+    assert 0 < s["num_sessions_incomplete"] < s["num_sessions"]
+    assert agents.loc[~agents["complete"], "makespan"].isna().all()
+    done = agents[agents["complete"]]
+    np.testing.assert_allclose(done["makespan"], done["serving_time"] + done["tool_time"] + done["subagent_wait"])
+    assert min(s["session_serving_share"], s["session_tool_share"], s["session_subagent_share"]) >= 0
+    assert s["session_kv_resident_fraction"] == 0.0 and s["session_recomputed_tokens"] == s["session_reusable_tokens"] > 0
+
+
 def test_round_robin_moves_turns_and_a_small_cache_evicts_history_in_the_gaps():
     moved = run_experiment(with_cluster(router="round_robin")).summary
     assert moved["session_recomputed_moved_tokens"] > 0
