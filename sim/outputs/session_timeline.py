@@ -6,8 +6,9 @@ a program. Each turn is a bar from its send to its end, split
 as the request table splits it (queue: send to first scheduled; prefill: to the first token;
 decode: to the end); after a turn, its tool calls as a hatched bar (the slowest call's duration,
 labelled with the number of parallel calls) or, for a turn that spawned sub-agents, a dotted line
-to the next send and an arrow to each child's lane. Above each later turn: the history tokens its
-admission found cached out of those reusable (session_metrics.py).
+to the next send and an arrow to each child's lane. Above the later turns (one label per LABEL_GAP
+of the axis, so none overlap): the history tokens its admission found cached out of those reusable
+(session_metrics.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from cbsim.sim.outputs.figure import new_figure, save_png, styled
 QUEUE, PREFILL, DECODE, TOOL = "0.75", "tab:blue", "tab:orange", "tab:green"
 DPI = 110
 MAX_LANES = 5
-LABEL_GAP = 0.045  # share of the time axis between two history labels of one lane (closer ones are left out)
+LABEL_GAP = 0.08  # share of the time axis between two history labels of one lane (closer ones are left out)
 
 
 def chosen_session(turns: pd.DataFrame) -> int:
