@@ -57,6 +57,8 @@ class Results:
     preemptions: pd.DataFrame | None = None  # one row per preemption (metrics.preemption_frame)
     transfers: pd.DataFrame | None = None  # every booked transfer: host swaps, P/D hops (metrics.transfer_frame)
     handoffs: pd.DataFrame | None = None  # P/D: one row per hand-off (metrics.handoff_frame)
+    turns: pd.DataFrame | None = None  # agentic sessions: one row per turn (metrics.turn_frame)
+    sessions: pd.DataFrame | None = None  # agentic sessions: one row per agent (metrics.session_frame)
     kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
     kv_unit_tokens: float | None = None  # tokens one of those blocks holds (a sliding window's units: fewer)
     files: dict | None = None  # what write() wrote: file name -> bytes
@@ -102,7 +104,7 @@ class Results:
         say(f"writing tables to {shown}" + (" (and plotting)" if cfg.output.plots else ""))
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
-                  ("transfers", self.transfers))
+                  ("transfers", self.transfers), ("sessions", self.sessions), ("session_turns", self.turns))
         for name, frame in tables:
             if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
                 continue
@@ -129,10 +131,15 @@ class Results:
         from cbsim.sim.outputs.plots import plot_run  # lazy: matplotlib, as in write
 
         cfg = self.config
-        return plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
-                        stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
-                        cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools, kv_blocks=self.kv_blocks,
-                        transfers=self.transfers, handoffs=self.handoffs)
+        written = plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
+                           stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
+                           cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools, kv_blocks=self.kv_blocks,
+                           transfers=self.transfers, handoffs=self.handoffs)
+        if self.turns is not None and self.turns["complete"].any():  # agentic: one session's turns on a timeline
+            from cbsim.sim.outputs.session_timeline import plot_session_timeline
+
+            written.append(plot_session_timeline(self.turns, self.requests, out / "session_timeline.png"))
+        return written
 
     def _write_dashboards(self, out: Path) -> list[Path]:
         """dashboard.png (and per pool of a P/D run: sim/outputs/dashboard.py)."""
@@ -230,6 +237,13 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)
         summary.update(metrics.prefix_summary(table, kvs))
+    turns = sessions = None
+    if workload.agentic is not None:  # agentic sessions: per-turn and per-agent tables, summary keys
+        prefix = kvs[0].prefix
+        unit = prefix.unit_tokens if prefix is not None else parsed_sections(cfg).workload.hash_block_size
+        turns = metrics.turn_frame(table, workload.agentic, unit)
+        sessions = metrics.session_frame(turns)
+        summary.update(metrics.session_summary(turns, sessions, prefix is not None))
     summary["sim_wall_seconds"] = wall
     if dropped is not None:  # trace rows its rules removed, by rule (workloads/trace_source.py)
         summary["dropped_rows"] = dropped
@@ -240,7 +254,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     warn_run_outside([replica.cost for replica in pool], steps, table)  # a calibrated engine's domain
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
-                      kv_unit_tokens=pool[0].kv.unit_tokens)
+                      kv_unit_tokens=pool[0].kv.unit_tokens, turns=turns, sessions=sessions)
     if out_dir is not None:
         results.write(out_dir, progress, overwrite=overwrite)
     return results

@@ -131,9 +131,9 @@ def simulate_run(cfg: ExperimentConfig, requests, rng: np.random.Generator, prog
     try:  # a step or transfer time the guard refuses (sim/durations.py) names the experiment file too
         if cfg.cluster.mode == "pd":
             if clients is not None:
-                raise ConfigError("workload.max_concurrency" if clients.closed_loop else "workload.timeout",
-                                  "null with cluster.mode pd (clients and timeouts run on colocated clusters)",
-                                  clients.max_concurrency if clients.closed_loop else clients.timeout, file=cfg.source)
+                key, value = _client_key(clients)
+                raise ConfigError(key, "null with cluster.mode pd (clients, agentic sessions and timeouts run on "
+                                  "colocated clusters)", value, file=cfg.source)
             recorder, replicas, cluster = simulate_pd(requests, prefill, decode, links, router=cfg.cluster.router,
                                                       max_time=cfg.sim.max_time, progress=progress)
             pools = {"prefill": list(range(prefill.replicas)),
@@ -145,6 +145,15 @@ def simulate_run(cfg: ExperimentConfig, requests, rng: np.random.Generator, prog
         return recorder, replicas, {"cluster": list(range(cfg.cluster.replicas))}, None
     except ConfigError as err:
         raise err.in_file(cfg.source)
+
+
+def _client_key(clients) -> tuple[str, object]:
+    """The workload key (and its value) that made a run's clients."""
+    if clients.waits is not None:
+        return "workload.agentic", "a mapping"
+    if clients.closed_loop:
+        return "workload.max_concurrency", clients.max_concurrency
+    return "workload.timeout", clients.timeout
 
 
 def client_frontend(cfg: ExperimentConfig, requests):

@@ -117,10 +117,11 @@ class LinkConfig:
 @dataclass
 class ClusterConfig:
     replicas: int = option(1, help="number of replicas (each one GPU group running the policy)")
-    router: Literal["round_robin", "least_loaded", "kv_aware", "prefix_affinity"] = option(
+    router: Literal["round_robin", "least_loaded", "kv_aware", "prefix_affinity", "session_affinity"] = option(
         "round_robin", help="how arrivals pick a replica: round_robin | least_loaded (fewest outstanding tokens) | "
                             "kv_aware (most free + evictable KV blocks) | prefix_affinity (longest cached prefix of "
-                            "the request, ties least loaded)")
+                            "the request, ties least loaded) | session_affinity (an agentic session stays on the "
+                            "replica of its first request, which goes to the least loaded)")
     gpu: str | None = option(None, help="GPU for KV sizing; default: the cost model's gpu")
     tp: int | None = option(None, help="tensor-parallel degree for KV sizing; default: the cost model's tp or 1")
     max_model_len: int | None = option(None, help="longest prompt + output a request may have; default: the model's")

@@ -36,6 +36,7 @@ class Request:
     adapter: str | None = None  # the LoRA adapter it asks for (policies/lora.py); None: base model
     # encoder inputs (images) in the prompt: (offset, length) placeholders, sorted (policies/encoder.py); None: text
     mm_inputs: tuple[tuple[int, int], ...] | None = None
+    session: int | None = None  # its agentic session (agent), for session-affinity routing; None: none
     # progress
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

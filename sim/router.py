@@ -87,5 +87,31 @@ class PrefixAffinity:
         return min(self.replicas, key=lambda r: (-cached_tokens(r, req), outstanding_tokens(r), r.index))
 
 
+class SessionAffinity:
+    """Keep a session on its replica: a request of an agentic session (`req.session`, workloads/agentic.py)
+    joins the replica its session's first request joined; that first request, and a request of no
+    session, joins the least loaded replica (ties: lowest index).
+
+    As vLLM production-stack's `--routing-logic session` (SessionRouter, routing_logic.py: the session id
+    from the `--session-key` header picks a replica on a consistent-hash ring; no session id: the replica
+    with the lowest QPS) and llm-d's `session-affinity-scorer` (the replica that served the session
+    before, named by a session cookie). Where the first replica is picked differs (a hash ring spreads
+    sessions blindly, this picks the least loaded); that the session then stays is the same. A session
+    stays whatever the replica's load (production-stack's ring does not rebalance either).
+    """
+
+    def __init__(self, replicas: Sequence):
+        self.replicas = replicas
+        self.home: dict[int, object] = {}  # session -> its replica
+
+    def route(self, req: Request):
+        home = self.home.get(req.session) if req.session is not None else None
+        if home is None:
+            home = min(self.replicas, key=lambda r: (outstanding_tokens(r), r.index))
+            if req.session is not None:
+                self.home[req.session] = home
+        return home
+
+
 ROUTERS = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "kv_aware": KVAware,
-           "prefix_affinity": PrefixAffinity}
+           "prefix_affinity": PrefixAffinity, "session_affinity": SessionAffinity}

@@ -97,6 +97,8 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
         settings = replace(settings, client_timeout=clients.timeout)
     if replicas > 1 and router != "round_robin":  # the router reads the replicas' progress at each arrival
         settings = replace(settings, runs_end_before_horizon=True)
+        if clients is not None and clients.sequenced:  # a reply elsewhere may route a request amid a run,
+            settings = replace(settings, fast_forward=False)  # whose steps are committed only at its end
     pool = [make_replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
                          noise=noise, pull=feed.deliver_until) for i in range(replicas)]
     if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves

@@ -4,7 +4,9 @@ Sources: an explicit list, a real trace (Azure LLM 2023, Mooncake, ShareGPT / ar
 Vidur processed traces) or a user's dataset (raw ShareGPT JSON, BurstGPT, generic CSV/JSONL, vLLM
 bench results), or synthetic arrival processes (load stages among them) and length distributions,
 optionally with shared system prompts or multi-turn conversations that fill `Request.prefix_hashes`.
-Clients may be closed-loop (max_concurrency, think time, sessions) and give up (timeout).
+Clients may be closed-loop (max_concurrency, think time, sessions) and give up (timeout). Agentic
+sessions (agentic.py) are programs of turns over one growing context, with tool calls (tool_times.py)
+and sub-agents between turns.
 
     cfg = parse_workload(experiment["workload"])          # ConfigError names the bad key
     requests = build_requests(cfg, np.random.default_rng(seed), base_dir=experiment_dir)

@@ -8,7 +8,8 @@ result depends only on the config, the files it names and the state of `rng`.
 `build_run` adds what the run needs beyond the requests: the trace rows its rules dropped, notes
 for the summary (how a text dataset's lengths were counted) and the clients' plan (timeouts,
 closed loop: sessions and think times, drawn last so open-loop workloads draw exactly as before).
-Closed-loop requests carry their *planned* send times until the run decides the real ones.
+Closed-loop requests carry their *planned* send times until the run decides the real ones. An
+agentic workload (workloads/agentic.py) adds its program: every request's session, turn and waits.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from cbsim.sim.durations import CLOCK_LIMIT
 from cbsim.sim.request import Request
 from cbsim.sim.request_table import RequestTable
 
+from cbsim.workloads.agentic import AgenticProgram, build_program
 from cbsim.workloads.arrivals import StagesArrival, sample_arrivals
 from cbsim.workloads.clients import ClientPlan
 from cbsim.workloads.config import MAX_REQUESTS, WorkloadConfig
@@ -54,6 +56,7 @@ class Workload:
     dropped: dict[str, int] | None = None  # trace rows dropped, by rule (None: not a trace)
     notes: dict[str, object] = field(default_factory=dict)  # summary entries (token_lengths, ...)
     clients: ClientPlan | None = None  # None: open loop without timeouts
+    agentic: AgenticProgram | None = None  # agentic sessions, rows named by request id (None: none)
 
 
 def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None,
@@ -62,9 +65,11 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
     requests (text only, no prefixes, tenants or adapters, open loop without timeouts) come as a
     RequestTable (sim/request_table.py: the same requests, as columns) instead of a list."""
     plain = as_table and not (cfg.source == "requests" or cfg.tenants or cfg.multimodal or cfg.adapters
-                              or cfg.closed_loop or cfg.timeout is not None)
+                              or cfg.closed_loop or cfg.timeout is not None or cfg.agentic is not None)
     make = make_table_or_requests if plain else make_requests
     notes, sessions, dropped = {}, None, None
+    if cfg.agentic is not None:
+        return _from_agentic(cfg, rng, base_dir, path)
     if cfg.source == "requests":
         rows = cfg.requests
         requests = make_requests(np.array([r.arrival for r in rows], dtype=np.float64),
@@ -91,6 +96,27 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
     if cfg.adapters:
         _draw_adapters(cfg.adapters, requests, rng)
     return Workload(requests, dropped, notes, clients)
+
+
+def _from_agentic(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None, path: str) -> Workload:
+    """Agentic sessions: their program's rows as requests (each labelled with its agent, the session
+    the router keeps together), the clients that send each row when its waits are over, then the
+    tenants and adapters as for any source."""
+    starts = sample_arrivals(cfg.arrival, cfg.agentic.sessions, rng)
+    _check_clock(starts, f"{path}.arrival")
+    program = build_program(cfg.agentic, starts, cfg.prompt_len, cfg.output_len, rng, base_dir, path)
+    requests = make_requests(program.arrival, program.prompt_len, program.output_len, program.hashes)
+    ids = np.empty(len(requests), dtype=np.int64)
+    ids[np.argsort(program.arrival, kind="stable")] = np.arange(len(requests))
+    program = program.renumbered(ids)
+    for req, agent in zip(requests, program.agent.tolist()):
+        req.session = agent
+    clients = ClientPlan(cfg.timeout, cfg.max_concurrency, None, program.sessions, waits=program.waits)
+    if cfg.tenants:
+        _draw_tenants(cfg.tenants, requests, rng)
+    if cfg.adapters:
+        _draw_adapters(cfg.adapters, requests, rng)
+    return Workload(requests, None, {}, clients, program)
 
 
 def _draw_tenants(mix: dict, requests: list[Request], rng: np.random.Generator) -> None:

@@ -18,6 +18,15 @@ A reply counts when the scheduler finishes the request (the front end's streamin
 waited for). A failed turn (rejected, timed out) does not end its session: the next turn is sent
 as if the reply had come, with the prompt the plan gave it.
 
+Agentic sessions (workloads/agentic.py) are programs rather than chains: a request may wait for
+several others (a turn for the slowest of its parallel tool calls, a parent turn for its
+sub-agents), given in `waits` as (request, delay) pairs; it is sent at the latest of those replies
+plus their delays, once all of them have left. A client holds a whole session (its sub-agents
+included, so a session may have several requests in flight) and takes the next one when every
+request of it has left. Without `max_concurrency` every session has its own client (sessions start
+at their planned times, open loop). Plain sessions are the special case of one wait on the previous
+turn, delayed by the think time, and keep their own path here.
+
 Timeouts are the replicas' (sim/replica.py, `client_timeout`); the feed only learns that a
 request left, by `leave`.
 """
@@ -42,14 +51,21 @@ class ClientPlan:
     think: np.ndarray | None = None  # by request id: seconds a client waits after a reply before sending it
     sessions: list[list[int]] | None = None  # request ids of each session, turns in order (closed loop)
     client_arrival: np.ndarray | None = None  # by request id: client send times, when a front end delays arrival
+    # agentic sessions: by request id, the (request, delay) pairs it waits for (empty: a session's start)
+    waits: list[tuple[tuple[int, float], ...]] | None = None
 
     @property
     def closed_loop(self) -> bool:
         return self.max_concurrency is not None
 
+    @property
+    def sequenced(self) -> bool:
+        """Sends follow replies: a closed loop, or agentic sessions (open loop or not)."""
+        return self.closed_loop or self.waits is not None
+
     def feed(self, env, requests):
-        """The arrival feed of a closed-loop run (None: open loop, the plain ArrivalFeed)."""
-        return ClientFeed(env, requests, self) if self.closed_loop else None
+        """The arrival feed of a run whose sends follow replies (None: open loop, the plain ArrivalFeed)."""
+        return ClientFeed(env, requests, self) if self.sequenced else None
 
 
 class ClientFeed:
@@ -78,8 +94,22 @@ class ClientFeed:
         self.in_flight = 0
         self.max_in_flight = 0
         self._wake = None
-        for _ in range(min(plan.max_concurrency, len(self.sessions))):
+        if plan.waits is not None:
+            self._program(plan.waits)
+        clients = len(self.sessions) if plan.max_concurrency is None else plan.max_concurrency
+        for _ in range(min(clients, len(self.sessions))):
             self._start_session(0.0, first=True)
+
+    def _program(self, waits) -> None:
+        """Agentic sessions: who waits for whom, and how many requests of each session are left."""
+        self.waits = waits
+        self.missing = [len(w) for w in waits]  # replies each request still waits for
+        self.dependents: list[list[int]] = [[] for _ in waits]
+        for rid, pairs in enumerate(waits):
+            for pred, _ in pairs:
+                self.dependents[pred].append(rid)
+        self.replied: dict[int, float] = {}  # request id -> when it left
+        self.left = [len(session) for session in self.sessions]
 
     # -- planning sends ------------------------------------------------------------------
     def _start_session(self, free_at: float, first: bool = False) -> None:
@@ -104,10 +134,25 @@ class ClientFeed:
         """`req` finished or failed at `time`: its client sends the session's next turn, or is free."""
         self.in_flight -= 1
         s, k = self.turn[req.id]
+        if self.plan.waits is not None:
+            self._release(req.id, s, time)
+            return
         session = self.sessions[s]
         if k + 1 < len(session):
             self._schedule(time + self._think(session[k + 1]), session[k + 1])
         else:
+            self._start_session(time)
+
+    def _release(self, rid: int, s: int, time: float) -> None:
+        """Agentic: `rid` left at `time`; send each request that waited for it and now for nobody, at
+        the latest of its waits' replies plus delays; a session with nothing left frees its client."""
+        self.replied[rid] = time
+        for waiter in self.dependents[rid]:
+            self.missing[waiter] -= 1
+            if self.missing[waiter] == 0:
+                self._schedule(max(self.replied[p] + delay for p, delay in self.waits[waiter]), waiter)
+        self.left[s] -= 1
+        if self.left[s] == 0:
             self._start_session(time)
 
     # -- the ArrivalFeed interface -------------------------------------------------------

@@ -8,6 +8,9 @@ Invariant: a parsed WorkloadConfig names exactly one source, and every error nam
   distributions, optionally a `shared_prefix` structure (`num_requests` may be left out with load
   stages: the stages then say how many requests arrive).
 
+A synthetic source may instead be `agentic` (workloads/agentic.py): `agentic.sessions` sessions start
+at `arrival`'s times, each a program of turns, tool calls and sub-agents (no `num_requests`).
+
 Any source may add clients: `max_concurrency` (closed loop, with `think_time`) and `timeout`
 (clients.py). Without `arrival`, a closed-loop synthetic or untimed trace source sends all at once.
 
@@ -26,10 +29,12 @@ from cbsim.core.schema import coerce, option, parse, require
 from cbsim.sim.durations import CLOCK_LIMIT
 from cbsim.core.units import Seconds
 
+from cbsim.workloads.agentic import TAGGED as AGENTIC_TAGGED, AgenticConfig, check_agentic
 from cbsim.workloads.arrivals import ARRIVALS, AllAtOnceArrival, ArrivalConfig, StagesArrival
 from cbsim.workloads.lengths import LENGTHS, LengthConfig
 from cbsim.workloads.multimodal import MultimodalConfig, check_mm_inputs
 from cbsim.workloads.prefixes import SharedPrefixConfig
+from cbsim.workloads.tool_times import TOOL_TIMES
 from cbsim.workloads.trace_source import TraceConfig
 from cbsim.workloads.traces import LENGTH_ONLY_FORMATS
 
@@ -89,6 +94,10 @@ class WorkloadConfig:
         None, help="synthetic only: images in prompts {tokens_per_image, fraction, images, offset}: a request carries "
                    "them with probability fraction (drawn after everything else) and its prompt grows by their "
                    "placeholders (workloads/multimodal.py); null: text only")
+    agentic: AgenticConfig | None = option(
+        None, help="synthetic only: agentic sessions {sessions, turns, tool_calls, tool_time, tool_result_len, "
+                   "subagent_*}: programs whose turns extend one context, with tool calls and sub-agents between "
+                   "turns (workloads/agentic.py); arrival gives the sessions' starts; null: none")
     max_concurrency: int | None = option(
         None, help="closed loop: at most N requests in flight (like vllm bench serve --max-concurrency); a request "
                    "is sent at its arrival time or when a client is free, whichever is later (without 'arrival': "
@@ -130,6 +139,8 @@ class WorkloadConfig:
         """Tokens per block of the requests' prefix_hashes, or None when they carry none."""
         if self.shared_prefix is not None:
             return self.shared_prefix.hash_block_size
+        if self.agentic is not None:
+            return self.agentic.hash_block_size
         if self.trace is not None and (self.trace.format in HASHED_FORMATS or self.trace.turns == "all"):
             return self.trace.hash_block_size
         return None
@@ -143,15 +154,29 @@ def parse_workload(mapping, path: str = "workload") -> WorkloadConfig:
     """Validate a `workload:` mapping; raises ConfigError naming the key path of the first problem."""
     if not isinstance(mapping, dict):
         raise ConfigError(path, "a mapping (the workload section)", mapping)
-    plain = {k: v for k, v in mapping.items() if k not in _TAGGED}
+    plain = {k: v for k, v in mapping.items() if k not in _TAGGED and k != "agentic"}
     _precheck(WorkloadConfig, plain, path)
     cfg = parse(WorkloadConfig, plain, path)
     tagged = {k: parse_tagged(kinds, mapping[k], f"{path}.{k}")
               for k, kinds in _TAGGED.items() if mapping.get(k) is not None}
+    if mapping.get("agentic") is not None:
+        tagged["agentic"] = parse_agentic(mapping["agentic"], f"{path}.agentic")
     cfg = dataclasses.replace(cfg, **tagged)
     if cfg.closed_loop and cfg.arrival is None and _untimed(cfg):
         cfg = dataclasses.replace(cfg, arrival=AllAtOnceArrival())  # N clients sending back to back
     check_workload(cfg, path)
+    return cfg
+
+
+def parse_agentic(mapping, path: str) -> AgenticConfig:
+    """Validate a `workload.agentic` mapping: its plain keys, then each distribution by its `type`."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(path, "a mapping (the agentic section)", mapping)
+    cfg = parse(AgenticConfig, {k: v for k, v in mapping.items() if k not in AGENTIC_TAGGED}, path)
+    tagged = {k: parse_tagged(TOOL_TIMES if k == "tool_time" else LENGTHS, mapping[k], f"{path}.{k}")
+              for k in AGENTIC_TAGGED if mapping.get(k) is not None}
+    cfg = dataclasses.replace(cfg, **tagged)
+    check_agentic(cfg, path)
     return cfg
 
 
@@ -201,6 +226,8 @@ def check_workload(cfg: WorkloadConfig, path: str = "workload") -> None:
     if cfg.think_time and not cfg.closed_loop:
         raise ConfigError(f"{path}.think_time", "0 without max_concurrency (think time is a closed-loop client's; "
                           "open-loop multi-turn gaps are shared_prefix.think_time)", cfg.think_time)
+    if cfg.agentic is not None:
+        _check_agentic(cfg, path)
     if cfg.source == "requests":
         _check_requests(cfg, path)
     elif cfg.source == "trace":
@@ -249,7 +276,28 @@ def _check_trace(cfg: WorkloadConfig, path: str) -> None:
                 cfg.shared_prefix.mode)
 
 
+def _check_agentic(cfg: WorkloadConfig, path: str) -> None:
+    """Agentic sessions are a synthetic source of their own: the section says how many sessions."""
+    if cfg.source != "synthetic":
+        raise ConfigError(f"{path}.agentic", f"no agentic sessions beside '{cfg.source}' (they are a synthetic "
+                          "source: arrival, prompt_len and output_len with agentic.sessions)", has_got=False)
+    for name, why in (("num_requests", "agentic.sessions says how many sessions start"),
+                      ("shared_prefix", "agentic.system_prompt_len gives the shared prefix; turns extend the "
+                                        "history themselves"),
+                      ("multimodal", "agentic prompts are text")):
+        if getattr(cfg, name) is not None:
+            raise ConfigError(f"{path}.{name}", f"null with agentic ({why})", getattr(cfg, name))
+    if cfg.think_time:
+        raise ConfigError(f"{path}.think_time", "0 with agentic (the gaps between turns are tool calls: "
+                          "agentic.tool_time)", cfg.think_time)
+    for name in ("arrival", "prompt_len", "output_len"):
+        if getattr(cfg, name) is None:
+            raise missing(f"{path}.{name}", "a mapping with a 'type' key")
+
+
 def _check_synthetic(cfg: WorkloadConfig, path: str) -> None:
+    if cfg.agentic is not None:
+        return  # _check_agentic
     if all(getattr(cfg, k) is None for k in ("num_requests", "arrival", "prompt_len", "output_len")):
         raise ConfigError(path, "one source: 'requests', 'trace', or 'num_requests' with 'arrival', "
                                 "'prompt_len' and 'output_len'", has_got=False)

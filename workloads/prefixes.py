@@ -115,8 +115,8 @@ def multi_turn(cfg: SharedPrefixConfig, starts: np.ndarray, user_len: np.ndarray
         for i in range(first, last):
             clock = clock if i == first else clock + think[i]
             arrival[i], prompt[i] = clock, context + user_len[i]
-            _extend(chain, int(prompt[i]) // cfg.hash_block_size, cfg.hash_block_size, sys_len,
-                    None if system is None else int(system[c]), c)
+            extend_chain(chain, int(prompt[i]) // cfg.hash_block_size, cfg.hash_block_size, sys_len,
+                         None if system is None else int(system[c]), c)
             chains.append(tuple(chain))
             context = int(prompt[i]) + int(output_len[i])
     return arrival, prompt, chains
@@ -135,11 +135,13 @@ def session_chains(sessions: np.ndarray, prompt_len: np.ndarray, block_size: int
     return out
 
 
-def _extend(chain: list[int], blocks: int, block_size: int, sys_len: int, system: int | None, conv: int) -> None:
-    """Grow a conversation's chain to `blocks` blocks; blocks wholly inside the system prompt share its ids."""
+def extend_chain(chain: list[int], blocks: int, block_size: int, sys_len: int, system: int | None, conv: int,
+                 kind: int = _CONVERSATION) -> None:
+    """Grow a conversation's chain to `blocks` blocks; blocks wholly inside the system prompt share its ids
+    (`kind`: the content-id kind of the conversation's own blocks; agents use their own, workloads/agentic.py)."""
     for j in range(len(chain), blocks):
         inside_system = system is not None and (j + 1) * block_size <= sys_len
-        content = content_id(_SYSTEM, system, j) if inside_system else content_id(_CONVERSATION, conv, j)
+        content = content_id(_SYSTEM, system, j) if inside_system else content_id(kind, conv, j)
         chain.append(block_hash(chain[-1] if chain else 0, content))
 
 

@@ -64,6 +64,9 @@ def client_lines(cfg) -> list[str]:
     if cfg.closed_loop:
         lines.append(f"closed loop: at most {cfg.max_concurrency} requests in flight, think time {cfg.think_time:g} s; "
                      "arrivals above are planned times, the run decides the real ones")
+    if cfg.agentic is not None:
+        lines.append(f"agentic: {cfg.agentic.sessions} sessions; every turn's arrival above is its session's start, "
+                     "the run sends each turn after its previous reply and tool calls or sub-agents")
     if cfg.timeout is not None:
         lines.append(f"client timeout: {cfg.timeout:g} s (an unfinished request is aborted and counts as failed)")
     return lines

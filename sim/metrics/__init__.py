@@ -15,6 +15,7 @@ its own file, loaded when first used:
 - summary.py          summarize (the flat JSON-ready summary)
 - pool_metrics.py     preemptions, transfers, P/D hand-offs, pool utilisation and queues
 - prefix_metrics.py   prefix-cache hits and evictions
+- session_metrics.py  agentic sessions: per-turn and per-agent tables, KV residency between turns
 - recorder.py         Recorder: the compact step rows and token runs the engine writes while it runs
 - growable.py         the growable typed columns the recorder keeps
 - step_efficiency.py  FLOPs, HBM bytes, MFU and collective time per step
@@ -38,6 +39,7 @@ _HOME = {
     "recovery_summary": "pool_metrics", "time_average": "pool_metrics", "transfer_frame": "pool_metrics",
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
+    "turn_frame": "session_metrics", "session_frame": "session_metrics", "session_summary": "session_metrics",
     "request_frame": "request_metrics",
     "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",

@@ -13,15 +13,18 @@ import re
 
 # stems of time-valued keys: <stem>_p<q>, <stem>_max, <stem>_mean, or the stem itself
 LATENCY_STEMS = ("ttft", "tpot", "itl", "e2e", "queue_delay", "transfer_time", "link_queue", "backpressure_wait",
-                 "prefill_kv_held", "stall")
-OTHER_TIMES = ("makespan", "short_p_mean", "short_p_max", "stall_seconds_total", "sim_wall_seconds")
+                 "prefill_kv_held", "stall", "first_turn_ttft", "followup_ttft")
+OTHER_TIMES = ("makespan", "short_p_mean", "short_p_max", "stall_seconds_total", "sim_wall_seconds",
+               "session_makespan_p50", "session_makespan_p90", "session_makespan_p99")
 UNITS = {  # exact keys that are not times
     "throughput_tokens_per_s": "tokens/s", "throughput_requests_per_s": "requests/s",
     "goodput_requests_per_s": "requests/s", "goodput_per_gpu": "requests/s per GPU",
     "slo_attainment": "fraction", "kv_usage_mean": "fraction", "kv_usage_p99": "fraction", "mfu_mean": "fraction",
     "hbm_util_mean": "fraction", "collective_share": "fraction", "prefix_hit_rate": "fraction",
     "tenant_jain_index": "fraction", "dec_at_p_mean": "tokens", "dec_at_p_min": "tokens",
-    "swapped_bytes": "bytes", "kv_transfer_bytes": "bytes",
+    "swapped_bytes": "bytes", "kv_transfer_bytes": "bytes", "session_kv_resident_fraction": "fraction",
+    "session_reusable_tokens": "tokens", "session_recomputed_tokens": "tokens",
+    "session_recomputed_moved_tokens": "tokens",
 }
 _LATENCY = re.compile(r"^(%s)(_p\d+(\.\d+)?|_max|_mean)?$" % "|".join(LATENCY_STEMS))
 _MEANINGS = {
@@ -31,6 +34,13 @@ _MEANINGS = {
     "backpressure_wait": "P/D: prefilled, waiting for room on a decode replica",
     "prefill_kv_held": "P/D: time the prefill side holds a request's KV",
     "stall": "an ITL gap above metrics.stall_factor x the run's median ITL",
+    **{f"session_makespan_p{q}": f"agentic: p{q} of a top-level session's first send to its last turn's end"
+       for q in (50, 90, 99)},
+    "first_turn_ttft": "agentic: TTFT of agents' first turns", "followup_ttft": "agentic: TTFT of later turns",
+    "session_kv_resident_fraction": "agentic: history tokens found cached / reusable (resident through the gaps)",
+    "session_reusable_tokens": "agentic: history tokens the previous turn left in the prefix cache",
+    "session_recomputed_tokens": "agentic: reusable history tokens recomputed (evicted in a gap, or on another "
+    "replica)", "session_recomputed_moved_tokens": "agentic: of those, on another replica than the turn before",
     "short_p_mean": "per long prompt: last completion of the short requests in the system at its arrival, minus "
     "that arrival (short_P)", "short_p_max": "short_P, the largest",
     "dec_at_p_mean": "per long prompt: short requests' decode tokens during its prefill (dec@P)",
@@ -86,6 +96,7 @@ def schema_markdown() -> str:
     for key, unit in UNITS.items():
         shown = "%" if key == "slo_attainment" else unit
         lines.append(f"| `{key}` | {unit} | {shown} | {_MEANINGS.get(key, '')} |")
-    lines.append("| `<pool>_utilization`, `*_share` | fraction | fraction | |")
+    lines.append("| `<pool>_utilization`, `*_share` | fraction | fraction | (agentic: `session_serving_share`, "
+                 "`session_tool_share`, `session_subagent_share` of the sessions' summed makespan) |")
     lines.append("| every other key (`num_*`, ...) | count | count | |")
     return "\n".join(lines) + "\n"

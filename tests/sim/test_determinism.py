@@ -1,4 +1,5 @@
-"""Same config and seed: byte-identical request and step files; another seed: different ones."""
+"""Same config and seed: byte-identical request and step files (and an agentic run's session tables);
+another seed: different ones."""
 import hashlib
 
 from cbsim.api import run_experiment
@@ -39,3 +40,17 @@ def test_cost_noise_is_seeded_and_needs_residuals(tmp_path):
 
     with pytest.raises(ConfigError, match="sim.cost_noise"):
         run_experiment({**CONFIG, "sim": {"cost_noise": True}})
+
+
+def test_agentic_sessions_give_byte_identical_tables(tmp_path):
+    from test_agentic_sessions import CONFIG as AGENTIC
+
+    def files(out):
+        return {n: hashlib.sha256((out / n).read_bytes()).hexdigest()
+                for n in ("requests.csv", "steps.parquet", "sessions.csv", "session_turns.csv")}
+
+    a = run_experiment(AGENTIC, out_dir=tmp_path / "a")
+    run_experiment(AGENTIC, out_dir=tmp_path / "b")
+    run_experiment({**AGENTIC, "seed": 8}, out_dir=tmp_path / "c")
+    assert files(tmp_path / "a") == files(tmp_path / "b") != files(tmp_path / "c")
+    assert a.summary["num_subagents"] > 0
