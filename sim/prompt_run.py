@@ -8,8 +8,9 @@ as the step would be; a request that finishes leaves at its step's end while the
 requests wait, only steps whose chunk takes the whole token budget run (nothing can be admitted beside
 it). The run stops before KV runs short, before the simulation's end, and at the next outside event.
 
-Arrivals inside a run. Where the replica alone receives every arrival (one replica, open loop:
-Replica.arrivals is the feed) and the policy states its admission (Policy.steady_admission: the head
+Arrivals inside a run. Where the replica knows ahead which arrivals it will receive (open loop: one
+replica, Replica.arrivals is the feed; several under round_robin, the replica's own RoutedArrivals, and the
+other replicas' arrivals are no outside event) and the policy states its admission (Policy.steady_admission: the head
 of the waiting queue, fresh, admitted as admit_prefills does), an arrival is not an outside event. The
 run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each request at its time, and the
 replica's reject_reason says which it will turn away); a request waits from the first step that starts

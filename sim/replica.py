@@ -119,7 +119,9 @@ class Replica:
         # the simulation's end (max_time): every step of a fast-forwarded run ends before it, since a run is
         # committed at its end and SimPy stops there; stepping commits each step that ended by then
         self.stop_time = math.inf
-        self.arrivals = None  # the arrival feed, where this replica alone receives every arrival, open loop
+        # open loop, where the arrivals this replica will receive are known ahead: the feed (it alone receives
+        # them) or its RoutedArrivals (round_robin, sim/simulation.py); a prompt run looks ahead in it
+        self.arrivals = None
         self.takes_arrivals_until = -math.inf  # amid a prompt run: its end (it pulls each arrival by then)
         self._judged: dict[int, str] = {}  # request id -> reject_reason, judged before it arrived (judge_ahead)
         self.process = env.process(self.run())

@@ -24,6 +24,10 @@ def outstanding_tokens(replica) -> int:
 
 
 class RoundRobin:
+    """Each arrival to the next replica in turn, whatever they hold: so where the k-th request a replica will
+    receive sits among those not routed yet is known ahead (`upcoming`), and a replica's run may look ahead
+    at its own arrivals (sim/simulation.py RoutedArrivals)."""
+
     def __init__(self, replicas: Sequence):
         self.replicas = replicas
         self.next = 0
@@ -32,6 +36,12 @@ class RoundRobin:
         replica = self.replicas[self.next]
         self.next = (self.next + 1) % len(self.replicas)
         return replica
+
+    def upcoming(self, position: int, k: int) -> int:
+        """Of the requests not routed yet, the place (0: the next one) of the k-th that will go to the replica
+        at `position` in the routed-over list."""
+        count = len(self.replicas)
+        return (position - self.next) % count + k * count
 
 
 class LeastLoaded:

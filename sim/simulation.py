@@ -23,6 +23,7 @@ from cbsim.sim.replica import Replica, ReplicaSettings
 from cbsim.sim.request import Request
 from cbsim.sim.request_table import RequestTable
 from cbsim.sim.router import ROUTERS
+from cbsim.sim.row_order import by_replica
 
 
 class ArrivalFeed:
@@ -78,6 +79,26 @@ class ArrivalFeed:
         self.on_done()
 
 
+class RoutedArrivals:
+    """The requests one replica of several will receive, looked at before they are routed, where the router
+    routes by count alone (RoundRobin.upcoming): `peek(k)`, the k-th of them (ArrivalFeed.peek's contract),
+    and `next_time`, when the next one arrives. A run of that replica takes them as a lone replica's run
+    takes the feed's (sim/prompt_run.py), and other replicas' arrivals are no outside event for it; the feed
+    still routes every request at its time."""
+
+    def __init__(self, feed: ArrivalFeed, position: int):
+        self.feed = feed
+        self.position = position  # the replica's place in the list the router routes over
+
+    def peek(self, k: int) -> Request | None:
+        return self.feed.peek(self.feed.router.upcoming(self.position, k))
+
+    @property
+    def next_time(self) -> float:
+        req = self.peek(0)
+        return math.inf if req is None else req.arrival
+
+
 def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cost: CostModel,
              make_kv: Callable[[], KVCache], settings: ReplicaSettings, replicas: int = 1,
              router: str = "round_robin", max_time: float | None = None,
@@ -104,13 +125,18 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     if clients is None and replicas == 1:  # every arrival goes to it, open loop: a prompt run may look ahead
         pool[0].arrivals = feed
         feed.taken_until = lambda: pool[0].takes_arrivals_until
+    elif clients is None and hasattr(ROUTERS[router], "upcoming"):  # each sees its own arrivals ahead
+        for position, replica in enumerate(pool):
+            view = replica.arrivals = RoutedArrivals(feed, position)
+            replica.horizon = lambda view=view: view.next_time  # other replicas' arrivals do not touch it
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 
 
 def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequence[Replica], router: str,
                 max_time: float | None, busy: Callable[[], bool] = lambda: False, progress=None) -> None:
-    """Route arrivals over `entry` and run until every request is done (or `max_time`).
+    """Route arrivals over `entry` and run until every request is done (or `max_time`); then the
+    replicas' recorder holds its rows in the step table's order (sim/row_order.py).
 
     Done: the feed is empty, every replica idle with nothing landed, and `busy()` false (P/D: no
     request waiting for decode room or on a link). `progress` watches from a process of its own."""
@@ -134,3 +160,4 @@ def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequ
         progress.finish(env, feed)
     if isinstance(feed.requests, RequestTable):  # fold in the requests that finished since the last sweep
         feed.requests.retire_done(force=True)
+    by_replica(replicas[0].recorder, feed.requests)  # the step table's row order, one rule
