@@ -76,6 +76,32 @@ class PromptRun:
     columns: dict
 
 
+def cut_prompt_run(run: PromptRun, count: int) -> PromptRun:
+    """Steps 0..count-1 of `run` (a request routed here arrives during it: sim/replica.py), exactly the run
+    those steps alone make. Only a run that admits nobody is cut (a replica that cannot know its arrivals
+    ahead takes none inside a run): its one prompt keeps the chunks of the kept steps and holds the blocks
+    of its context, which the commit grows it to."""
+    if count == len(run.ends):
+        return run
+    (segment,) = run.prompts
+    kept = segment.chunks[:count]
+    sampled = segment.sampled if segment.sampled is not None and segment.sampled < count else None
+    return PromptRun((segment._replace(chunks=kept, sampled=sampled, blocks=0),), run.ends[:count],
+                     {req: j for req, j in run.finish.items() if j < count},
+                     {name: column[:count - 1] for name, column in run.columns.items()})
+
+
+def tokens_by_step(run: PromptRun, shape) -> list[int]:
+    """Per step of `run`, what committing it takes off its requests' outstanding tokens (sim/router.py): the
+    tokens it computes (its chunks, one a decode row), and one more per request that leaves at its end (the
+    token it sampled last, which it never computes)."""
+    done = [sum(c for c, _ in shape.prefill) + len(shape.decode)]
+    done += (run.columns["prefill_tokens"] + run.columns["decode_tokens"]).tolist()
+    for j in run.finish.values():
+        done[j] += 1
+    return done
+
+
 def replica_leaps_prompts(replica) -> bool:
     """What of may_leap_prompt holds for the replica's whole life, decided once (Replica.run, before its
     first step): nothing that changes from step to step or must see each step (noise, recorded shapes,

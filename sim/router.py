@@ -10,10 +10,11 @@ from typing import Sequence
 from cbsim.sim.request import Request
 
 
-def outstanding_tokens(replica) -> int:
+def outstanding_tokens(replica, at: float | None = None) -> int:
     """Work a replica still owes: prompt and output tokens not yet computed, routed (not yet
-    visible: it arrived during a step), waiting and running."""
-    total = 0
+    visible: it arrived during a step), waiting and running; at time `at`, less what the steps of a run
+    in flight that ended before then computed (sim/run_progress.py)."""
+    total = -replica.progress.tokens_done(at) if at is not None and replica.progress is not None else 0
     for req in replica.incoming:
         total += req.prompt_len + req.output_len - req.num_computed_tokens
     for req in replica.waiting:
@@ -45,13 +46,17 @@ class RoundRobin:
 
 
 class LeastLoaded:
-    """The replica with the fewest outstanding tokens (ties: lowest index)."""
+    """The replica with the fewest outstanding tokens (ties: lowest index). It reads nothing a run in flight
+    does not report (`sees_runs`: outstanding_tokens at the arrival), so a replica's runs go on past the
+    arrivals routed elsewhere (sim/simulation.py)."""
+
+    sees_runs = True
 
     def __init__(self, replicas: Sequence):
         self.replicas = replicas
 
     def route(self, req: Request):
-        return min(self.replicas, key=lambda r: (outstanding_tokens(r), r.index))
+        return min(self.replicas, key=lambda r: (outstanding_tokens(r, req.arrival), r.index))
 
 
 class KVAware:

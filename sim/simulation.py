@@ -68,6 +68,11 @@ class ArrivalFeed:
         index = self.index + k
         return self.take(index) if index < len(self.requests) else None
 
+    def time_of(self, k: int) -> float:
+        """When the k-th request not routed yet arrives (inf: past the last)."""
+        req = self.peek(k)
+        return math.inf if req is None else req.arrival
+
     def run(self):
         env = self.env
         while self.index < len(self.requests):
@@ -77,6 +82,9 @@ class ArrivalFeed:
                 yield UrgentTimeout(env, delay_to(env.now, wake))
             self.deliver_until(max(env.now, arrival))
         self.on_done()
+
+
+RUN_AHEAD = 2  # a least-loaded replica's runs price steps up to the (RUN_AHEAD x replicas)-th next arrival
 
 
 class RoutedArrivals:
@@ -95,8 +103,7 @@ class RoutedArrivals:
 
     @property
     def next_time(self) -> float:
-        req = self.peek(0)
-        return math.inf if req is None else req.arrival
+        return self.feed.time_of(self.feed.router.upcoming(self.position, 0))
 
 
 def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cost: CostModel,
@@ -116,7 +123,9 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     feed = (clients and clients.feed(env, requests)) or ArrivalFeed(env, requests)
     if clients is not None:
         settings = replace(settings, client_timeout=clients.timeout)
-    if replicas > 1 and router != "round_robin":  # the router reads the replicas' progress at each arrival
+    routes = ROUTERS[router]
+    sees_runs = clients is None and getattr(routes, "sees_runs", False)
+    if replicas > 1 and router != "round_robin" and not sees_runs:  # it reads the replicas' state at each arrival
         settings = replace(settings, runs_end_before_horizon=True)
     pool = [make_replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
                          noise=noise, pull=feed.deliver_until) for i in range(replicas)]
@@ -125,10 +134,16 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     if clients is None and replicas == 1:  # every arrival goes to it, open loop: a prompt run may look ahead
         pool[0].arrivals = feed
         feed.taken_until = lambda: pool[0].takes_arrivals_until
-    elif clients is None and hasattr(ROUTERS[router], "upcoming"):  # each sees its own arrivals ahead
+    elif clients is None and hasattr(routes, "upcoming"):  # each sees its own arrivals ahead
         for position, replica in enumerate(pool):
             view = replica.arrivals = RoutedArrivals(feed, position)
             replica.horizon = lambda view=view: view.next_time  # other replicas' arrivals do not touch it
+    elif sees_runs:  # the router reads what a run in flight reports: an arrival routed here cuts the run
+        for replica in pool:
+            # (an arrival elsewhere does not end a run; the horizon only bounds the steps a run prices ahead:
+            # about one arrival in `replicas` comes here, and a run it cuts wasted the steps priced past it)
+            replica.horizon = lambda: feed.time_of(RUN_AHEAD * replicas - 1)
+            replica.cut_by_arrivals = True
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 
