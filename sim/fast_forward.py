@@ -175,8 +175,7 @@ def held_blocks(running, block_size: int, steps: int) -> tuple[np.ndarray, np.nd
     return contexts, np.maximum(needed, reserved[None, :])
 
 
-def cut_run(ends, extra, at: float):
-    """The part of a run whose steps start before `at` (closed loop: a request routed here arrives
-    during the run); the first step always stays."""
-    keep = 1 + int(np.searchsorted(ends[:-1], at, side="left"))
-    return ends[:keep], extra[:keep]
+def cut_run(ends, at: float) -> int:
+    """How many of a run's steps start before `at` (a request routed here arrives during the run); the first
+    always stays."""
+    return 1 + int(np.searchsorted(ends[:-1], at, side="left"))

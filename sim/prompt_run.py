@@ -8,8 +8,9 @@ as the step would be; a request that finishes leaves at its step's end while the
 requests wait, only steps whose chunk takes the whole token budget run (nothing can be admitted beside
 it). The run stops before KV runs short, before the simulation's end, and at the next outside event.
 
-Arrivals inside a run. Where the replica alone receives every arrival (one replica, open loop:
-Replica.arrivals is the feed) and the policy states its admission (Policy.steady_admission: the head
+Arrivals inside a run. Where the replica knows ahead which arrivals it will receive (open loop: one
+replica, Replica.arrivals is the feed; several under round_robin, the replica's own RoutedArrivals, and the
+other replicas' arrivals are no outside event) and the policy states its admission (Policy.steady_admission: the head
 of the waiting queue, fresh, admitted as admit_prefills does), an arrival is not an outside event. The
 run looks ahead in the feed (ArrivalFeed.peek; the feed still routes each request at its time, and the
 replica's reject_reason says which it will turn away); a request waits from the first step that starts
@@ -73,6 +74,32 @@ class PromptRun:
     ends: list[float]
     finish: dict
     columns: dict
+
+
+def cut_prompt_run(run: PromptRun, count: int) -> PromptRun:
+    """Steps 0..count-1 of `run` (a request routed here arrives during it: sim/replica.py), exactly the run
+    those steps alone make. Only a run that admits nobody is cut (a replica that cannot know its arrivals
+    ahead takes none inside a run): its one prompt keeps the chunks of the kept steps and holds the blocks
+    of its context, which the commit grows it to."""
+    if count == len(run.ends):
+        return run
+    (segment,) = run.prompts
+    kept = segment.chunks[:count]
+    sampled = segment.sampled if segment.sampled is not None and segment.sampled < count else None
+    return PromptRun((segment._replace(chunks=kept, sampled=sampled, blocks=0),), run.ends[:count],
+                     {req: j for req, j in run.finish.items() if j < count},
+                     {name: column[:count - 1] for name, column in run.columns.items()})
+
+
+def tokens_by_step(run: PromptRun, shape) -> list[int]:
+    """Per step of `run`, what committing it takes off its requests' outstanding tokens (sim/router.py): the
+    tokens it computes (its chunks, one a decode row), and one more per request that leaves at its end (the
+    token it sampled last, which it never computes)."""
+    done = [sum(c for c, _ in shape.prefill) + len(shape.decode)]
+    done += (run.columns["prefill_tokens"] + run.columns["decode_tokens"]).tolist()
+    for j in run.finish.values():
+        done[j] += 1
+    return done
 
 
 def replica_leaps_prompts(replica) -> bool:

@@ -35,6 +35,7 @@ from cbsim.sim.plan import StepPlan
 from cbsim.sim.preemption import make_recovery
 from cbsim.sim.request import Request, Status
 from cbsim.sim.roles import Colocated
+from cbsim.sim.run_progress import RunProgress
 from cbsim.sim.shape import StepShape
 from cbsim.sim.state import SchedulerState, Victim
 
@@ -53,7 +54,7 @@ class ReplicaSettings:
     max_fast_forward: int = 4096
     # P/D decode side: an outside event (a reservation for a transfer) can take KV blocks mid-step,
     # so a fast-forwarded run must end before the horizon, not merely start before it; likewise when a
-    # router reads the replicas' progress at each arrival (several replicas, any router but round_robin)
+    # router reads the replicas' KV caches at each arrival (several replicas, kv_aware or prefix_affinity)
     runs_end_before_horizon: bool = False
     record_shapes: bool = False  # keep every step's shape (held-out batches for the profiler)
     max_predicted_ttft: float | None = None  # early admission control (sim/admission.py); None: admit all
@@ -114,12 +115,16 @@ class Replica:
         self.step_start = 0.0
         self.step_end: float | None = None  # end of the step (or fast-forwarded run) in progress, if any
         self._wake = None
-        self._cut = None  # closed loop: triggered by an arrival routed here during a fast-forwarded run
+        self._cut = None  # triggered by an arrival routed here during a run that it cuts (cut_by_arrivals)
+        self.cut_by_arrivals = False  # a request routed here cuts a run in flight (a router that sees runs)
+        self.progress = None  # the run in flight, where a router reads it (sim/run_progress.py), else None
         self._resume_at = None
         # the simulation's end (max_time): every step of a fast-forwarded run ends before it, since a run is
         # committed at its end and SimPy stops there; stepping commits each step that ended by then
         self.stop_time = math.inf
-        self.arrivals = None  # the arrival feed, where this replica alone receives every arrival, open loop
+        # open loop, where the arrivals this replica will receive are known ahead: the feed (it alone receives
+        # them) or its RoutedArrivals (round_robin, sim/simulation.py); a prompt run looks ahead in it
+        self.arrivals = None
         self.takes_arrivals_until = -math.inf  # amid a prompt run: its end (it pulls each arrival by then)
         self._judged: dict[int, str] = {}  # request id -> reject_reason, judged before it arrived (judge_ahead)
         self.process = env.process(self.run())
@@ -255,6 +260,7 @@ class Replica:
         # what of the runs' eligibility holds for the replica's whole life, decided once, after its wiring
         # (a P/D role, closed-loop clients) and before its first step
         leaps, leaps_prompts = replica_leaps(self), core.replica_leaps_prompts(self)
+        cuttable = self.cut_by_arrivals or self.on_leave is not None  # closed loop: a reply sends requests here
         while True:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
@@ -289,7 +295,12 @@ class Replica:
                 leaps_prompts and core.may_leap_prompt(self, plan, shape, swap_bytes) else None
             if prompt is not None:
                 end = self.step_end = self.takes_arrivals_until = prompt.ends[-1]
-                yield env.timeout(delay_to(env.now, end))
+                if not cuttable:
+                    yield env.timeout(delay_to(env.now, end))
+                else:  # a request routed here mid-run cuts the run short
+                    self.progress = RunProgress.of_steps(prompt.ends, core.tokens_by_step(prompt, shape))
+                    prompt = core.cut_prompt_run(prompt, (yield from self._cuttable(prompt.ends)))
+                    end = prompt.ends[-1]
                 step_apply.commit_prompt_run(self, prompt)
                 self.takes_arrivals_until = -math.inf
             elif run is None:
@@ -299,15 +310,19 @@ class Replica:
             else:
                 ends, extra = run
                 end = self.step_end = float(ends[-1])
-                if self.on_leave is None:
+                if not cuttable:
                     yield env.timeout(delay_to(env.now, end))
-                else:  # closed loop: a request sent here mid-run cuts the run short
-                    ends, extra = yield from self._cuttable_run(ends, extra)
+                else:  # a request routed here mid-run cuts the run short
+                    if self.cut_by_arrivals:
+                        self.progress = RunProgress.of_decodes(ends, state.running)
+                    count = yield from self._cuttable(ends)
+                    ends, extra = ends[:count], extra[:count]
                     end = float(ends[-1])
                 if len(ends) == 1:
                     self.commit(plan, end)
                 else:
                     step_apply.commit_run(self, ends, extra, plan.hold_finished)
+            self.progress = None
             self.step_end = None
             self.role.committed(plan, end)
             self._resume_at = end  # the exact sum, whatever SimPy's clock rounded to
@@ -316,24 +331,25 @@ class Replica:
             if self.on_leave is not None:  # closed loop: every request leaving at this instant leaves first
                 yield env.timeout(0)
 
-    def _cuttable_run(self, ends, extra):
-        """Closed loop: wait out a fast-forwarded run, unless a request routed here arrives during it
-        (a reply elsewhere sent it); then only the run's steps that start before that arrival run,
-        exactly what stepping one by one would do. Returns the (ends, extra) that ran."""
+    def _cuttable(self, ends):
+        """Wait out a run whose steps end at `ends`, unless a request routed here arrives during it; then only
+        the run's steps that start before that arrival run, exactly what stepping one by one would do.
+        Returns how many of its steps ran (the first always does)."""
         env = self.env
         self._cut = env.event()
         done = env.timeout(delay_to(env.now, float(ends[-1])))
         yield done | self._cut
+        count = len(ends)
         if self._cut.triggered:
-            kept, extra = cut_run(ends, extra, self._cut.value)
-            if len(kept) < len(ends):
-                ends = kept
-                self.step_end = float(ends[-1])
+            kept = cut_run(ends, self._cut.value)
+            if kept < count:
+                count = kept
+                self.step_end = float(ends[count - 1])
                 yield env.timeout(delay_to(env.now, self.step_end))
             elif not done.processed:  # (a Timeout counts as triggered from its creation)
                 yield done
         self._cut = None
-        return ends, extra
+        return count
 
     def _priced(self, plan: StepPlan, shape: StepShape, swap_bytes: float, start: float) -> tuple[float, float]:
         """(the forward's seconds as the cost model prices them, noise included; the step's whole time:

@@ -149,6 +149,17 @@ class RequestTable:
             values[row] = value
         return values
 
+    def renumber_steps(self, names, renumber) -> None:
+        """Fields `names` (step indices) of every request, live or retired, through `renumber` (an array of
+        indices to an array of indices; sim/row_order.py gives the step table its order after the run)."""
+        for name in names:
+            self._columns[name] = renumber(self._columns[name])
+        live = list(self._live.values())
+        for name in names:
+            values = renumber(np.array([getattr(req, name) for req in live], dtype=np.int64)).tolist()
+            for req, value in zip(live, values):
+                setattr(req, name, value)
+
     def done_count(self) -> int:
         """Requests that have finished or been rejected."""
         retired = int(np.count_nonzero(self._columns["status"] >= Status.FINISHED))

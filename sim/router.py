@@ -10,10 +10,11 @@ from typing import Sequence
 from cbsim.sim.request import Request
 
 
-def outstanding_tokens(replica) -> int:
+def outstanding_tokens(replica, at: float | None = None) -> int:
     """Work a replica still owes: prompt and output tokens not yet computed, routed (not yet
-    visible: it arrived during a step), waiting and running."""
-    total = 0
+    visible: it arrived during a step), waiting and running; at time `at`, less what the steps of a run
+    in flight that ended before then computed (sim/run_progress.py)."""
+    total = -replica.progress.tokens_done(at) if at is not None and replica.progress is not None else 0
     for req in replica.incoming:
         total += req.prompt_len + req.output_len - req.num_computed_tokens
     for req in replica.waiting:
@@ -24,6 +25,10 @@ def outstanding_tokens(replica) -> int:
 
 
 class RoundRobin:
+    """Each arrival to the next replica in turn, whatever they hold: so where the k-th request a replica will
+    receive sits among those not routed yet is known ahead (`upcoming`), and a replica's run may look ahead
+    at its own arrivals (sim/simulation.py RoutedArrivals)."""
+
     def __init__(self, replicas: Sequence):
         self.replicas = replicas
         self.next = 0
@@ -33,15 +38,25 @@ class RoundRobin:
         self.next = (self.next + 1) % len(self.replicas)
         return replica
 
+    def upcoming(self, position: int, k: int) -> int:
+        """Of the requests not routed yet, the place (0: the next one) of the k-th that will go to the replica
+        at `position` in the routed-over list."""
+        count = len(self.replicas)
+        return (position - self.next) % count + k * count
+
 
 class LeastLoaded:
-    """The replica with the fewest outstanding tokens (ties: lowest index)."""
+    """The replica with the fewest outstanding tokens (ties: lowest index). It reads nothing a run in flight
+    does not report (`sees_runs`: outstanding_tokens at the arrival), so a replica's runs go on past the
+    arrivals routed elsewhere (sim/simulation.py)."""
+
+    sees_runs = True
 
     def __init__(self, replicas: Sequence):
         self.replicas = replicas
 
     def route(self, req: Request):
-        return min(self.replicas, key=lambda r: (outstanding_tokens(r), r.index))
+        return min(self.replicas, key=lambda r: (outstanding_tokens(r, req.arrival), r.index))
 
 
 class KVAware:

@@ -23,6 +23,7 @@ from cbsim.sim.replica import Replica, ReplicaSettings
 from cbsim.sim.request import Request
 from cbsim.sim.request_table import RequestTable
 from cbsim.sim.router import ROUTERS
+from cbsim.sim.row_order import by_replica
 
 
 class ArrivalFeed:
@@ -67,6 +68,11 @@ class ArrivalFeed:
         index = self.index + k
         return self.take(index) if index < len(self.requests) else None
 
+    def time_of(self, k: int) -> float:
+        """When the k-th request not routed yet arrives (inf: past the last)."""
+        req = self.peek(k)
+        return math.inf if req is None else req.arrival
+
     def run(self):
         env = self.env
         while self.index < len(self.requests):
@@ -76,6 +82,28 @@ class ArrivalFeed:
                 yield UrgentTimeout(env, delay_to(env.now, wake))
             self.deliver_until(max(env.now, arrival))
         self.on_done()
+
+
+RUN_AHEAD = 2  # a least-loaded replica's runs price steps up to the (RUN_AHEAD x replicas)-th next arrival
+
+
+class RoutedArrivals:
+    """The requests one replica of several will receive, looked at before they are routed, where the router
+    routes by count alone (RoundRobin.upcoming): `peek(k)`, the k-th of them (ArrivalFeed.peek's contract),
+    and `next_time`, when the next one arrives. A run of that replica takes them as a lone replica's run
+    takes the feed's (sim/prompt_run.py), and other replicas' arrivals are no outside event for it; the feed
+    still routes every request at its time."""
+
+    def __init__(self, feed: ArrivalFeed, position: int):
+        self.feed = feed
+        self.position = position  # the replica's place in the list the router routes over
+
+    def peek(self, k: int) -> Request | None:
+        return self.feed.peek(self.feed.router.upcoming(self.position, k))
+
+    @property
+    def next_time(self) -> float:
+        return self.feed.time_of(self.feed.router.upcoming(self.position, 0))
 
 
 def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cost: CostModel,
@@ -95,7 +123,9 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     feed = (clients and clients.feed(env, requests)) or ArrivalFeed(env, requests)
     if clients is not None:
         settings = replace(settings, client_timeout=clients.timeout)
-    if replicas > 1 and router != "round_robin":  # the router reads the replicas' progress at each arrival
+    routes = ROUTERS[router]
+    sees_runs = clients is None and getattr(routes, "sees_runs", False)
+    if replicas > 1 and router != "round_robin" and not sees_runs:  # it reads the replicas' state at each arrival
         settings = replace(settings, runs_end_before_horizon=True)
         if clients is not None and clients.sequenced:  # a reply elsewhere may route a request amid a run,
             settings = replace(settings, fast_forward=False)  # whose steps are committed only at its end
@@ -106,13 +136,24 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
     if clients is None and replicas == 1:  # every arrival goes to it, open loop: a prompt run may look ahead
         pool[0].arrivals = feed
         feed.taken_until = lambda: pool[0].takes_arrivals_until
+    elif clients is None and hasattr(routes, "upcoming"):  # each sees its own arrivals ahead
+        for position, replica in enumerate(pool):
+            view = replica.arrivals = RoutedArrivals(feed, position)
+            replica.horizon = lambda view=view: view.next_time  # other replicas' arrivals do not touch it
+    elif sees_runs:  # the router reads what a run in flight reports: an arrival routed here cuts the run
+        for replica in pool:
+            # (an arrival elsewhere does not end a run; the horizon only bounds the steps a run prices ahead:
+            # about one arrival in `replicas` comes here, and a run it cuts wasted the steps priced past it)
+            replica.horizon = lambda: feed.time_of(RUN_AHEAD * replicas - 1)
+            replica.cut_by_arrivals = True
     run_cluster(env, feed, pool, pool, router, max_time, progress=progress)
     return recorder, pool
 
 
 def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequence[Replica], router: str,
                 max_time: float | None, busy: Callable[[], bool] = lambda: False, progress=None) -> None:
-    """Route arrivals over `entry` and run until every request is done (or `max_time`).
+    """Route arrivals over `entry` and run until every request is done (or `max_time`); then the
+    replicas' recorder holds its rows in the step table's order (sim/row_order.py).
 
     Done: the feed is empty, every replica idle with nothing landed, and `busy()` false (P/D: no
     request waiting for decode room or on a link). `progress` watches from a process of its own."""
@@ -136,3 +177,4 @@ def run_cluster(env, feed: ArrivalFeed, replicas: Sequence[Replica], entry: Sequ
         progress.finish(env, feed)
     if isinstance(feed.requests, RequestTable):  # fold in the requests that finished since the last sweep
         feed.requests.retire_done(force=True)
+    by_replica(replicas[0].recorder, feed.requests)  # the step table's row order, one rule

@@ -88,8 +88,10 @@ def test_fast_path_matches_stepping(policy, cost, specs, num_blocks, scalar_run,
 @given(st.sampled_from(["least_loaded", "kv_aware", "prefix_affinity", "round_robin"]),
        st.sampled_from(["sarathi", "orca", "prefill_first"]), WORKLOADS, st.integers(26, 120))
 def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
-    """A router that reads the replicas' progress at an arrival sees what stepping one by one shows it:
-    a fast-forwarded run ends before the next arrival, so it is committed by then."""
+    """A router that reads the replicas' state at an arrival sees what stepping one by one shows it: a run
+    reports its progress to least_loaded, and ends before the next arrival under kv_aware and
+    prefix_affinity; round robin reads nothing. The step table's rows come in one order either way
+    (sim/row_order.py: by replica, then each replica's own order)."""
     def routed(fast_forward: bool):
         requests, t = [], 0.0
         for i, (gap, prompt, output) in enumerate(specs):
@@ -101,13 +103,38 @@ def test_fast_path_keeps_routing(router, policy, specs, num_blocks):
                                router=router, max_time=1e6)
         return requests, recorder
 
-    (stepped, stepped_rec), (fast, fast_rec) = routed(False), routed(True)
-    times = [(r.replica, r.status, r.first_token_time, r.completion_time, r.first_scheduled) for r in stepped]
-    assert times == [(r.replica, r.status, r.first_token_time, r.completion_time, r.first_scheduled) for r in fast]
-    one, other = stepped_rec.step_table(), fast_rec.step_table()  # rows of several replicas interleave
-    order, other_order = np.lexsort((one["start"], one["replica"])), np.lexsort((other["start"], other["replica"]))
-    for name in one:
-        assert np.array_equal(one[name][order], other[name][other_order]), name
+    stepped, fast = routed(False), routed(True)
+    assert [r.replica for r in stepped[0]] == [r.replica for r in fast[0]]
+    assert_same_run(stepped, fast)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["round_robin", "least_loaded"]), st.sampled_from(sorted(POLICIES)),
+       st.sampled_from(["linear", "vidur", "roofline"]), WORKLOADS, st.integers(2, 4), st.integers(26, 160),
+       st.sampled_from([1e6, 1e6, 2.0]), st.sampled_from([(False, False), (False, False), (True, False), (False, True)]),
+       st.sampled_from([1, 4, 20]))
+def test_runs_go_on_past_other_replicas_arrivals(router, policy, cost, specs, replicas, num_blocks, max_time, kv,
+                                                 pace):
+    """Several replicas: under round_robin each replica's runs look ahead at the requests it will receive
+    (sim/simulation.py RoutedArrivals) and admit them as a lone replica's do; under least_loaded the router
+    reads, at each arrival, what the runs in flight have done by then (sim/run_progress.py), and a request
+    routed to a replica cuts its run. Either way other replicas' arrivals do not end a run, and the tables
+    equal stepping one by one's, rows in the step table's order, every step index renumbered with them
+    (also where the simulation stops mid-run, under reserve_full_prompt and with prefix caching)."""
+    def routed(fast_forward: bool):
+        requests, t = [], 0.0
+        for i, (gap, prompt, output) in enumerate(specs):
+            t += gap / pace
+            requests.append(Request(i, t, prompt, output))
+        settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward, swap_bandwidth=1e9)
+        recorder, _ = simulate(requests, lambda: make_policy(POLICIES[policy]), cost_model(cost),
+                               lambda: KVCache(num_blocks, 16, 1, kv[0], 1024.0, prefix_caching=kv[1]), settings_,
+                               replicas=replicas, router=router, max_time=max_time)
+        return requests, recorder
+
+    stepped, fast = routed(False), routed(True)
+    assert [r.replica for r in stepped[0]] == [r.replica for r in fast[0]]
+    assert_same_run(stepped, fast)
 
 
 # sarathi under budgets, seats and caches that an admission inside a prompt run can hit (a budget the
@@ -150,6 +177,27 @@ def test_runs_admit_arrivals_as_stepping_does(policy, cost, specs, num_blocks, w
         return requests, recorder
 
     assert_same_run(one(False), one(True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["round_robin", "least_loaded"]), st.sampled_from(sorted(ADMITTING)), SPREAD,
+       st.integers(2, 3), st.integers(12, 160), st.sampled_from([1, 4, 12]), st.booleans())
+def test_runs_on_several_replicas_admit_arrivals(router, policy, specs, replicas, num_blocks, watermark, reserve):
+    """The admissions around prompt runs (test_runs_admit_arrivals_as_stepping_does) on each of several
+    replicas: round-robin ones each take only their own arrivals inside their runs; least-loaded ones plan
+    each admission after the arrival cuts the run."""
+    def routed(fast_forward: bool):
+        requests, t = [], 0.0
+        for i, (gap, prompt, output) in enumerate(specs):
+            t += gap / replicas
+            requests.append(Request(i, t, prompt, output))
+        settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward)
+        recorder, _ = simulate(requests, lambda: make_policy(ADMITTING[policy]), cost_model("linear"),
+                               lambda: KVCache(num_blocks, 16, watermark, reserve, 1024.0), settings_,
+                               replicas=replicas, router=router)
+        return requests, recorder
+
+    assert_same_run(routed(False), routed(True))
 
 
 @pytest.mark.parametrize("policy, specs", [
