@@ -114,6 +114,12 @@ class EngineTerms:
                              "(detokenising, IPC, streaming)")
     output_lag_steps: int = option(0, help="pipelined engines: a token reaches the client this many steps later "
                                    "while the replica keeps stepping")
+    swap_preemption: bool = option(True, help="the engine can preempt by swapping a victim's KV to host memory "
+                                   "(vLLM V0 --preemption-mode swap); false: it recomputes only (vLLM V1, SGLang), "
+                                   "and preemption.mode swap or auto simulates a swap it lacks, with a warning")
+    swap_bandwidth_gb_s: float = option(0.0, help="GB/s the engine's KV swap achieves between GPU and host (the "
+                                        "default of preemption.swap_bandwidth_gb_s); 0: no data, the PCIe 4 x16 "
+                                        "peak (25) is used")
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -135,6 +141,7 @@ TERM_NAMES = tuple(f.name for f in dataclasses.fields(EngineTerms))
 KERNEL_CLASSES = ("gemm", "attention", "collective", "moe")
 CLASS_TERMS = tuple(f"{c}_scale" for c in KERNEL_CLASSES)
 FRONTEND_TERMS = ("frontend_s", "frontend_per_prompt_token_s", "stream_s", "output_lag_steps")
+SWAP_TERMS = ("swap_preemption", "swap_bandwidth_gb_s")  # preemption's, not the step's: never calibrated
 
 
 @dataclass(frozen=True)

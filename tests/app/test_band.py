@@ -124,3 +124,14 @@ def test_the_band_keys_are_documented():
     assert unit_of("ttft_p50_low") == "s" and unit_of("capacity_requests_per_s_high") == "requests/s"
     assert unit_of("band_step_scale_low") == "factor" and unit_of("load_vs_capacity") == "ratio"
     assert "`<key>_low`, `<key>_high`" in schema_markdown() and "`band_source`" in schema_markdown()
+
+
+def test_compare_table_has_a_band_column():
+    from cbsim.cli.compare import format_table
+    from cbsim.tools.compare.compare import Row
+
+    rows = {"ttft_p50": Row(0.5, 0.1, 4.0), "e2e_p50": Row(2.0, 2.1, 0.05)}
+    table = format_table(rows, {"ttft_p50": (0.08, 0.3), "e2e_p50": (1.9, 2.4)})
+    ttft, e2e = (next(line for line in table.splitlines() if line.startswith(name)) for name in ("ttft_p50", "e2e_p50"))
+    assert "80 .. 300 *" in ttft and e2e.endswith("1900 .. 2400") and "band (ms)" in table
+    assert "band" not in format_table(rows)
