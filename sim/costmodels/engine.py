@@ -23,10 +23,11 @@ do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` thr
     step    = forward + host, or max(forward, host) with `overlap` (async scheduling: the host
               prepares step k+1 while the GPU runs step k)
 
-Two terms change what the cost model prices rather than this sum: `cuda_graph_padding` (a graph step
+Some terms change what the cost model prices rather than this sum: `cuda_graph_padding` (a graph step
 runs at its captured batch size, cuda_graphs.py; `graph_tokens`) and `custom_all_reduce_max_bytes`
-(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py), and
-`decode_attention_per_query_head` (the decode kernel's grid, attention_structure.py). The roofline
+(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py),
+`decode_attention_per_query_head` (the decode kernel's grid, attention_structure.py) and
+`fused_moe_exposed` (how much of its weight streaming the fused-MoE kernel hides, moe_gemms.py). The roofline
 reads them; the measured cost models (vidur, fitted) were timed eagerly with NCCL and ignore them.
 
 The front-end terms do not change the step; they move what the client sees (sim/metrics/client_view.py):
@@ -95,6 +96,9 @@ class EngineTerms:
     custom_all_reduce_max_bytes: float = option(
         0.0, help="vLLM's custom all-reduce (custom_allreduce.py) for TP all-reduces below this many bytes (8 MiB "
         "in vLLM) where it applies (2 GPUs or NVSwitch, 2/4/6/8 GPUs, one node); NCCL otherwise; 0: NCCL always")
+    fused_moe_exposed: float = option(0.0, help="MoE: the fraction of the shorter of compute and weight streaming "
+                                      "that the engine's fused-MoE kernel leaves exposed (vLLM's Triton fused_moe: "
+                                      "0.4, moe_gemms.py); 0: they overlap fully, as a dense GEMM's (roofline only)")
     collective_launch_s: float = option(0.0, help="eager: CPU seconds to launch one TP all-reduce (2 per layer)")
     collective_per_rank_s: float = option(0.0, help="eager: extra CPU seconds per all-reduce per TP rank beyond the "
                                           "first (more worker processes to synchronise)")
