@@ -21,15 +21,11 @@ from cbsim.sim.metrics.summary_units import schema_markdown, unit_of
 from cbsim.tools.compare.compare import compare
 from cbsim.tools.compare.measured import MeasuredRun
 
+from test_knee import RUN as KNEE_RUN
+
 runner = CliRunner()
 PROFILE = "a100-llama-2-70b-tp2-published.json"  # shipped, with out-of-fold residuals
-RUN = {"name": "band", "seed": 0, "model": "llama-3-8b", "cost_model": {"type": "roofline", "gpu": "h100"},
-       "cluster": {"kv_cache": {"num_blocks": "auto"}}, "policy": {"name": "sarathi", "token_budget": 512,
-                                                                  "max_num_seqs": 64},
-       "workload": {"num_requests": 300, "arrival": {"type": "poisson", "rate": 2.0},
-                    "prompt_len": {"type": "lognormal", "median": 800, "sigma": 0.8, "max": 4096},
-                    "output_len": {"type": "fixed", "value": 128}},
-       "output": {"plots": False, "trace": False}}
+RUN = {**KNEE_RUN, "name": "band", "workload": {**KNEE_RUN["workload"], "num_requests": 300}}  # test_knee's run
 
 
 def with_band(config: dict, rate: float | None = None, **band) -> dict:
