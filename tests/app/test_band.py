@@ -131,3 +131,15 @@ def test_compare_table_has_a_band_column():
     ttft, e2e = (next(line for line in table.splitlines() if line.startswith(name)) for name in ("ttft_p50", "e2e_p50"))
     assert "80 .. 300 *" in ttft and e2e.endswith("1900 .. 2400") and "band (ms)" in table
     assert "band" not in format_table(rows)
+
+
+def test_a_pd_run_scales_both_pools():
+    small = ["workload.num_requests=120", "output.plots=false", "output.trace=false"]
+    base = run_experiment("experiments/pd_vs_colocated.yaml", overrides=small).summary
+    same = run_experiment("experiments/pd_vs_colocated.yaml", overrides=small + ["metrics.band.step_scales=[1,1]"]).summary
+    assert same["ttft_p50_low"] == same["ttft_p50_high"] == base["ttft_p50"]
+    wide = run_experiment("experiments/pd_vs_colocated.yaml", overrides=small + ["metrics.band.step_scales=[0.9,1.2]"])
+    cfg = scaled_config(wide.config, {"prefill": 2.0, "decode": 3.0})
+    assert cfg.cluster.prefill.cost_model["engine"]["kernel_scale"] == 2.0
+    assert cfg.cluster.decode.cost_model["engine"]["kernel_scale"] == 3.0
+    assert wide.summary["ttft_p50_low"] < base["ttft_p50"] < wide.summary["ttft_p50_high"]
