@@ -25,6 +25,7 @@ from cbsim.sim.costmodels.catalog.lookup import model_spec
 from cbsim.sim.costmodels.catalog.specs import DEFAULT_MODEL
 from cbsim.sim import metrics
 from cbsim.sim.admission import REASON_PREFIX
+from cbsim.band import band_plan, band_summary
 from cbsim.bench_result import bench_result
 from cbsim.build import client_frontend, simulate_run
 from cbsim.sim.metrics.client_view import client_view
@@ -201,6 +202,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         base_dir = Path(cfg.source).parent if cfg.source else None
         workload = build_run(parsed_sections(cfg).workload, rng, base_dir, as_table=True)
         requests, dropped = workload.requests, workload.dropped
+        band = band_plan(cfg, parsed_sections(cfg).cost_models)  # a bad band is refused before simulating
     except ConfigError as err:
         raise err.in_file(cfg.source)
     frontend, client_arrival, in_order = client_frontend(cfg, requests)
@@ -250,6 +252,8 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     summary.update(workload.notes)  # token_lengths: how a text dataset was counted (approximation flagged)
     if workload.clients is not None and workload.clients.timeout is not None:
         summary["num_timed_out"] = int(table["reject_reason"].str.startswith("timeout").sum())
+    if band is not None:  # the run again at the step-time bounds (cbsim/band.py)
+        summary.update(band_summary(band, run_experiment))
     shapes = sample_shapes(pool, cfg.output.shapes, np.random.default_rng([cfg.seed, 1]))
     warn_run_outside([replica.cost for replica in pool], steps, table)  # a calibrated engine's domain
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,

@@ -19,6 +19,7 @@ from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.kv.window import cache_window
 from cbsim.sim.metrics.client_view import frontend_delays, shift_arrivals
 from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
+from cbsim.sim.preemption import swap_bandwidth
 from cbsim.sim.replica import ReplicaSettings
 from cbsim.sim.request_table import RequestTable
 from cbsim.sim.simulation import simulate
@@ -37,7 +38,8 @@ def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
     bytes_per_token = kv_bytes_per_gpu(cfg, model, cost)  # what a swap moves per GPU
     settings = ReplicaSettings(
         preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
-        swap_bandwidth=cfg.preemption.swap_bandwidth_gb_s * 1e9,
+        swap_bandwidth=swap_bandwidth(cfg.preemption.swap_bandwidth_gb_s, getattr(cost, "engine", None),
+                                      cfg.preemption.mode),
         max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
         record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
         admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens,

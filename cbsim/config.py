@@ -168,8 +168,9 @@ class PreemptionConfig:
         "last_admitted", help="which running request to evict: last_admitted (vLLM FCFS); lowest_priority (vLLM "
         "priority); shortest_remaining (fewest output tokens left); lowest_cache_value (fewest computed tokens "
         "that a recompute would have to prefill again, cached shared prefix not counted); see policies/batch.py")
-    swap_bandwidth_gb_s: float = option(25.0, help="host link bandwidth for swap, GB/s (PCIe 4 x16 ~ 25; vLLM "
-                                        "V0's per-block swap_blocks measured ~3 GB/s, vllm PR #11531)")
+    swap_bandwidth_gb_s: float | None = option(None, help="host link bandwidth for swap, GB/s; null: what the "
+                                               "engine's swap achieves (vidur-a100 presets, vLLM V0's per-block "
+                                               "swap_blocks: 3.1, vllm PR #11531), else the PCIe 4 x16 peak, 25")
     swap_space_gib: float | None = option(None, help="host swap space per GPU in GiB (vLLM V0 --swap-space, "
                                           "default 4 there); a victim whose KV does not fit in what is left is "
                                           "recomputed instead; null: unbounded")
@@ -181,7 +182,8 @@ class PreemptionConfig:
                                                        "swapped out (vLLM V0 _schedule_default)")
 
     def validate(self) -> None:
-        require(self.swap_bandwidth_gb_s > 0, "swap_bandwidth_gb_s", "a number > 0", self.swap_bandwidth_gb_s)
+        require(self.swap_bandwidth_gb_s is None or self.swap_bandwidth_gb_s > 0, "swap_bandwidth_gb_s",
+                "a number > 0 or null", self.swap_bandwidth_gb_s)
         require(self.swap_space_gib is None or self.swap_space_gib >= 0, "swap_space_gib",
                 "GiB >= 0 or null", self.swap_space_gib)
 

@@ -19,8 +19,26 @@ mode, recomputed tokens, swapped bytes).
 """
 from __future__ import annotations
 
+import warnings
+
 from cbsim.sim.request import Request, Status
 from cbsim.sim.shape import StepShape
+
+PCIE_PEAK_GB_S = 25.0  # PCIe 4 x16 host link, ~25 GB/s usable of 32: the link when the engine gives no swap figure
+
+
+def swap_bandwidth(configured_gb_s: float | None, engine, mode: str) -> float:
+    """Bytes/s a swap moves over the host link: preemption.swap_bandwidth_gb_s when given, else what the
+    engine's swap achieves (its `swap_bandwidth_gb_s`: vLLM V0's per-block copies reach ~3.1 GB/s, vllm
+    PR #11531), else the PCIe peak. A swap asked of an engine that never swaps (vLLM V1, SGLang: they
+    recompute) is simulated, with a warning that names it."""
+    terms = engine.terms if engine is not None else None
+    if mode != "recompute" and terms is not None and not terms.swap_preemption:
+        warnings.warn(f"preemption.mode {mode}: engine {engine.name} does not swap (it preempts by recompute "
+                      "only); simulating a V0-style swap it lacks", stacklevel=2)
+    if configured_gb_s is not None:
+        return configured_gb_s * 1e9
+    return (terms.swap_bandwidth_gb_s if terms is not None and terms.swap_bandwidth_gb_s > 0 else PCIE_PEAK_GB_S) * 1e9
 
 
 class Recompute:

@@ -170,7 +170,7 @@ def assert_same_run(one, other) -> None:
 # The roofline as priced before issue 28 (NCCL all-reduces, unpadded decode-only CUDA graphs, prefill attention at
 # the full rate): what the tests that pin older step times bit for bit compare against.
 PRE_ISSUE_28 = {"engine": {"preset": "vllm-v1", "custom_all_reduce_max_bytes": 0, "cuda_graph_padding": False,
-                           "cuda_graph_piecewise": False}, "prefill_occupancy": False}
+                           "cuda_graph_piecewise": False, "fused_moe_exposed": 0.0}, "prefill_occupancy": False}
 
 
 def pre_issue_28(mapping: dict) -> dict:

@@ -31,7 +31,7 @@ from cbsim.cli.errors import user_errors
 from cbsim.cli.logs import app_options, warn
 from cbsim.cli.progress import Reporter
 from cbsim.core.errors import ConfigError
-from cbsim.sim.metrics.summary_units import display
+from cbsim.sim.metrics.summary_units import band_text, display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cbsim: simulate LLM serving schedulers on calibrated step-latency cost models.")
@@ -83,7 +83,10 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
         max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="no file: at most this many "
                                                       "requests in flight (closed loop)"),
         goodput: Optional[List[str]] = typer.Option(None, "--goodput", help="SLO as vllm bench serve: ttft:500 "
-                                                    "tpot:50 (milliseconds; repeatable); sets metrics.slo")):
+                                                    "tpot:50 (milliseconds; repeatable); sets metrics.slo"),
+        band: Optional[str] = typer.Option(None, "--band", help="TTFT/E2E band from two more runs at the step-time "
+                                           "bounds: Q (a fitted model's central interval, 0.9) or LOW,HIGH (kernel "
+                                           "time factors, 0.9,1.15); sets metrics.band")):
     """Run one experiment (a YAML file, or vllm bench serve's flags) and write its results folder."""
     from cbsim.api import run_experiment  # lazy, as below: numpy and pandas (module docstring)
     from cbsim.config import load_config
@@ -95,7 +98,10 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
     flags = dict(model=model, gpu=gpu, tp=tp, rate=request_rate, burstiness=burstiness, num_prompts=num_prompts,
                  input_len=input_len, output_len=output_len, range_ratio=range_ratio, dataset_name=dataset_name,
                  policy=policy, max_concurrency=max_concurrency)
+    from cbsim.band import band_overrides
+
     source, set_ = run_source(file, flags, seed, goodput, set_)
+    set_ = [*band_overrides(band), *(set_ or [])]
     cfg = load_config(source, set_)
     target = out or cfg.output.dir or Path("results") / cfg.name
     try:
@@ -115,6 +121,7 @@ def print_summary(cfg, results, target: Path) -> None:
     from cbsim.sim.metrics import cut_warning
     from cbsim.workloads import drop_warnings
 
+    from cbsim.band import band_line
     from cbsim.sim.metrics.knee import knee_note
 
     notes = [cut_warning(results.summary), knee_note(results.summary)]  # a max_time cut; a load near the knee
@@ -126,7 +133,10 @@ def print_summary(cfg, results, target: Path) -> None:
         if key == "slo_attainment" and results.summary.get(key) is None:
             continue  # no metrics.slo: no attainment to show
         hint = HINTS.get(key, "").format(stall_factor=cfg.metrics.stall_factor)
-        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary.get(key))}{hint}")
+        shown = summary_text(key, results.summary.get(key))
+        typer.echo(f"{key:<{width}}  {shown}{hint}" + (f"  {band}" if (band := band_text(results.summary, key)) else ""))
+    if "band_source" in results.summary:  # the band's runs (cbsim/band.py)
+        typer.echo(f"{'band':<{width}}  {band_line(results.summary)}")
     if results.summary.get("dropped_rows"):
         typer.echo(f"{'dropped_rows':<{width}}  {results.summary['dropped_rows']}")
     for key in ("num_timed_out", "token_lengths", "rejected_reasons", "cut_at_max_time"):  # beyond the table

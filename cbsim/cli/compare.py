@@ -32,8 +32,13 @@ def register(app: typer.Typer) -> None:
                                                    "of the latencies, on both sides (per-request measured data)"),
                         warmup_s: float = typer.Option(0.0, "--warmup-s", min=0.0, help="leave the requests sent in "
                                                        "the first S seconds out of the latencies, on both sides "
-                                                       "(measured start_times)")):
+                                                       "(measured start_times)"),
+                        band: Optional[str] = typer.Option(None, "--band", help="each latency's band from two more "
+                                                           "runs at the step-time bounds: Q (a fitted model's "
+                                                           "central interval, 0.9) or LOW,HIGH (kernel time "
+                                                           "factors, 0.9,1.15); sets metrics.band")):
         """Run an experiment and compare its TTFT, TPOT, ITL, E2E and throughput with a measured benchmark."""
+        from cbsim.band import band_overrides
         from cbsim.tools.compare.compare import compare, write
         from cbsim.tools.compare.pairing import Warmup
 
@@ -42,24 +47,27 @@ def register(app: typer.Typer) -> None:
         if out is not None:  # refused before simulating
             check_target(out, "--out", overwrite)
         window = Warmup(warmup, warmup_s)  # checked before simulating
-        result = compare(experiment, measured, overrides=set_, warmup=window)
+        result = compare(experiment, measured, overrides=[*band_overrides(band), *(set_ or [])], warmup=window)
         target = out or Path("results") / f"{result.results.config.name}-compare"
         write(result, target, overwrite)
         typer.echo(f"measured: {result.measured.source} ({result.measured.format})")
         for note in result.notes:
             typer.echo(f"note: {note}")
-        typer.echo(format_table(result.rows))
+        typer.echo(format_table(result.rows, result.band()))
         if result.per_request:
             typer.echo(format_pairs(result.per_request))
         typer.echo(f"results: {target}")
 
 
-def format_table(rows: dict) -> str:
-    """Latencies in ms, then throughputs per second; error = (simulated - measured) / measured."""
+def format_table(rows: dict, band: dict | None = None) -> str:
+    """Latencies in ms, then throughputs per second; error = (simulated - measured) / measured. With a
+    band (CompareResult.band), each latency's simulated values at the band's low and high step time,
+    and '*' where the measured value lies outside them."""
     from cbsim.tools.compare.measured import RATES
 
     if not rows:
         return "no metric is present on both sides"
+    band = band or {}
     latency = {name: row for name, row in rows.items() if name not in RATES}
     rate = {name: row for name, row in rows.items() if name in RATES}
     width = max(len(name) for name in rows)
@@ -67,11 +75,20 @@ def format_table(rows: dict) -> str:
     for group, unit, scale in ((latency, "ms", 1e3), (rate, "/s", 1.0)):
         if not group:
             continue
-        lines.append(f"{'metric':<{width}}  {f'measured ({unit})':>15}  {f'simulated ({unit})':>15}  {'error %':>8}")
+        banded = any(name in band for name in group)
+        lines.append(f"{'metric':<{width}}  {f'measured ({unit})':>15}  {f'simulated ({unit})':>15}  {'error %':>8}"
+                     + (f"  {f'band ({unit})':>21}" if banded else ""))
         for name, row in group.items():
-            lines.append(f"{name:<{width}}  {row.measured * scale:>15.4g}  {row.simulated * scale:>15.4g}  "
-                         f"{row.error * 100:>+8.1f}")
-    lines.append("error % = (simulated - measured) / measured")
+            line = (f"{name:<{width}}  {row.measured * scale:>15.4g}  {row.simulated * scale:>15.4g}  "
+                    f"{row.error * 100:>+8.1f}")
+            if name in band:
+                low, high = band[name]
+                outside = "" if low <= row.measured <= high else " *"
+                line += f"  {f'{low * scale:.4g} .. {high * scale:.4g}':>21}{outside}"
+            lines.append(line)
+    lines.append("error % = (simulated - measured) / measured"
+                 + ("; band: simulated at the low and high step time (metrics.band), * measured outside it"
+                    if band else ""))
     return "\n".join(lines)
 
 

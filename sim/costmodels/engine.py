@@ -20,13 +20,20 @@ do not show, and every cost model (roofline, vidur, fitted) passes its `gpu` thr
     host    = host_per_step_s + host_per_seq_s * seqs + host_per_prefill_s * prefills
               + host_per_token_s * tokens           scheduling, input preparation, sampling, output
                                                     processing
-    step    = forward + host, or max(forward, host) with `overlap` (async scheduling: the host
-              prepares step k+1 while the GPU runs step k)
+    step    = forward + host                        synchronous: schedule, run, process the output
+            = max(forward, host)                    `overlap`: all host work hides behind the forward
+                                                    (SGLang's zero-overhead scheduler, TensorRT-LLM's
+                                                    overlap scheduler, vLLM V1 --async-scheduling)
+            = max(forward, s host) + (1 - s) host   `host_hidden_share` s: only that share hides (vLLM
+                                                    V0 >= 0.6 async output processing, PR #7049: step
+                                                    k's output processing runs behind step k+1's
+                                                    forward; scheduling stays on the critical path)
 
-Two terms change what the cost model prices rather than this sum: `cuda_graph_padding` (a graph step
+Some terms change what the cost model prices rather than this sum: `cuda_graph_padding` (a graph step
 runs at its captured batch size, cuda_graphs.py; `graph_tokens`) and `custom_all_reduce_max_bytes`
-(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py), and
-`decode_attention_per_query_head` (the decode kernel's grid, attention_structure.py). The roofline
+(vLLM's custom all-reduce instead of NCCL for small TP messages, custom_allreduce.py),
+`decode_attention_per_query_head` (the decode kernel's grid, attention_structure.py) and
+`fused_moe_exposed` (how much of its weight streaming the fused-MoE kernel hides, moe_gemms.py). The roofline
 reads them; the measured cost models (vidur, fitted) were timed eagerly with NCCL and ignore them.
 
 The front-end terms do not change the step; they move what the client sees (sim/metrics/client_view.py):
@@ -75,7 +82,12 @@ class EngineTerms:
     host_per_seq_s: float = option(0.0, help="host seconds per sequence in the step")
     host_per_prefill_s: float = option(0.0, help="host seconds per prefill request (chunk) in the step")
     host_per_token_s: float = option(0.0, help="host seconds per new token in the step")
-    overlap: bool = option(False, help="async scheduling: step = max(forward, host) instead of forward + host")
+    overlap: bool = option(False, help="async scheduling: step = max(forward, host) instead of forward + host "
+                           "(all host work hides behind the GPU)")
+    host_hidden_share: float = option(0.0, help="without overlap: the share of the host work that runs behind the "
+                                      "next step's forward (vLLM V0 >= 0.6 async output processing: its output "
+                                      "processing; 0.30 of the Vidur-profiled V0 host work): step = max(forward, s "
+                                      "host) + (1 - s) host; 0: synchronous")
     launch_per_layer_s: float = option(0.0, help="eager execution: CPU seconds to launch one layer's kernels "
                                        "(the forward is never faster than layers x this)")
     cuda_graph_max_batch: int = option(0, help="decode-only steps of at most this many sequences replay a CUDA "
@@ -95,6 +107,9 @@ class EngineTerms:
     custom_all_reduce_max_bytes: float = option(
         0.0, help="vLLM's custom all-reduce (custom_allreduce.py) for TP all-reduces below this many bytes (8 MiB "
         "in vLLM) where it applies (2 GPUs or NVSwitch, 2/4/6/8 GPUs, one node); NCCL otherwise; 0: NCCL always")
+    fused_moe_exposed: float = option(0.0, help="MoE: the fraction of the shorter of compute and weight streaming "
+                                      "that the engine's fused-MoE kernel leaves exposed (vLLM's Triton fused_moe: "
+                                      "0.4, moe_gemms.py); 0: they overlap fully, as a dense GEMM's (roofline only)")
     collective_launch_s: float = option(0.0, help="eager: CPU seconds to launch one TP all-reduce (2 per layer)")
     collective_per_rank_s: float = option(0.0, help="eager: extra CPU seconds per all-reduce per TP rank beyond the "
                                           "first (more worker processes to synchronise)")
@@ -114,6 +129,12 @@ class EngineTerms:
                              "(detokenising, IPC, streaming)")
     output_lag_steps: int = option(0, help="pipelined engines: a token reaches the client this many steps later "
                                    "while the replica keeps stepping")
+    swap_preemption: bool = option(True, help="the engine can preempt by swapping a victim's KV to host memory "
+                                   "(vLLM V0 --preemption-mode swap); false: it recomputes only (vLLM V1, SGLang), "
+                                   "and preemption.mode swap or auto simulates a swap it lacks, with a warning")
+    swap_bandwidth_gb_s: float = option(0.0, help="GB/s the engine's KV swap achieves between GPU and host (the "
+                                        "default of preemption.swap_bandwidth_gb_s); 0: no data, the PCIe 4 x16 "
+                                        "peak (25) is used")
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -123,6 +144,7 @@ class EngineTerms:
             require(math.isfinite(value) and value >= 0, f.name, "a finite number >= 0", value)
         for name in ("kernel_scale", *CLASS_TERMS):
             require(getattr(self, name) > 0, name, "a number > 0", getattr(self, name))
+        require(self.host_hidden_share <= 1, "host_hidden_share", "a share in [0, 1]", self.host_hidden_share)
 
     @property
     def class_scales(self) -> tuple[float, float, float, float]:
@@ -135,6 +157,7 @@ TERM_NAMES = tuple(f.name for f in dataclasses.fields(EngineTerms))
 KERNEL_CLASSES = ("gemm", "attention", "collective", "moe")
 CLASS_TERMS = tuple(f"{c}_scale" for c in KERNEL_CLASSES)
 FRONTEND_TERMS = ("frontend_s", "frontend_per_prompt_token_s", "stream_s", "output_lag_steps")
+SWAP_TERMS = ("swap_preemption", "swap_bandwidth_gb_s")  # preemption's, not the step's: never calibrated
 
 
 @dataclass(frozen=True)
@@ -176,7 +199,7 @@ NO_ENGINE = Engine(EngineTerms())
 class StepEngine:
     """Step seconds from kernel seconds, for one (layers, tp); see the module docstring."""
 
-    __slots__ = ("terms", "none", "eager_floor", "graph_floor", "graph_max", "piecewise", "padding", "overlap",
+    __slots__ = ("terms", "none", "eager_floor", "graph_floor", "graph_max", "piecewise", "padding", "overlap", "hidden",
                  "scale", "per_step", "per_seq", "per_prefill", "per_token")
 
     def __init__(self, terms: EngineTerms, num_layers: int, tp: int, none: bool = False):
@@ -187,6 +210,7 @@ class StepEngine:
         self.graph_floor, self.graph_max = t.graph_launch_s, t.cuda_graph_max_batch
         self.piecewise, self.padding = t.cuda_graph_piecewise, t.cuda_graph_padding
         self.overlap, self.scale = t.overlap, t.kernel_scale
+        self.hidden = 0.0 if t.overlap else t.host_hidden_share  # overlap hides it all already
         self.per_step, self.per_seq = t.host_per_step_s, t.host_per_seq_s
         self.per_prefill, self.per_token = t.host_per_prefill_s, t.host_per_token_s
 
@@ -233,6 +257,9 @@ class StepEngine:
         host = self.per_step + self.per_seq * seqs + self.per_prefill * prefills + self.per_token * tokens
         if self.overlap:
             return forward if forward >= host else host
+        if self.hidden:  # async output processing: that share of the host runs behind the next forward
+            behind = self.hidden * host
+            return (forward if forward >= behind else behind) + (host - behind)
         return forward + host
 
     def step_many(self, gpu: np.ndarray, seqs: int) -> np.ndarray:
@@ -243,6 +270,9 @@ class StepEngine:
         host = self.host(seqs, 0, seqs)
         if self.overlap:
             return np.where(forward >= host, forward, host)
+        if self.hidden:
+            behind = self.hidden * host
+            return np.where(forward >= behind, forward, behind) + (host - behind)
         return forward + host
 
 

@@ -193,14 +193,18 @@ class FittedCostModel(CostModel):
         w = (p - probs[i]) / (probs[i + 1] - probs[i])
         return qs[i] + w * (qs[i + 1] - qs[i])
 
-    def prediction_interval(self, shape: StepShape, q: float = 0.9) -> tuple[float, float]:
-        """Central interval holding a fraction q of measurements like this one (from residuals)."""
+    def interval_factors(self, q: float = 0.9) -> tuple[float, float]:
+        """The factors on the kernel time that bound a central fraction q of the measurements (the
+        residuals' (1 - q) / 2 and (1 + q) / 2 quantiles, out of fold): the same for every step shape."""
         if not 0.0 < q < 1.0:
             raise ValueError("q must be in (0, 1)")
+        return math.exp(self._quantile((1 - q) / 2)), math.exp(self._quantile((1 + q) / 2))
+
+    def prediction_interval(self, shape: StepShape, q: float = 0.9) -> tuple[float, float]:
+        """Central interval holding a fraction q of measurements like this one (from residuals)."""
+        low, high = self.interval_factors(q)
         gpu = self.gpu_time(shape)
-        lo = gpu * math.exp(self._quantile((1 - q) / 2))
-        hi = gpu * math.exp(self._quantile((1 + q) / 2))
-        return self._engine.step_of(lo, shape), self._engine.step_of(hi, shape)
+        return self._engine.step_of(gpu * low, shape), self._engine.step_of(gpu * high, shape)
 
     def sample_factor(self, rng: np.random.Generator) -> float:
         """A multiplicative noise factor drawn from the fit's residual distribution."""

@@ -105,10 +105,13 @@ class GemmCurve:
         return self.t0 + (compute if compute >= memory else memory)
 
     def grouped_seconds(self, groups: float, rows: float, n: float, k: float, dtype_bytes: float = 2.0,
-                        weight_bytes: float | None = None, busiest: float | None = None) -> float:
+                        weight_bytes: float | None = None, busiest: float | None = None,
+                        exposed: float = 0.0) -> float:
         """One grouped GEMM (a fused MoE kernel): `groups` weight matrices of (K x N), `rows` rows in
         all; compute is charged as if every group had `busiest` rows (default the mean) padded to
-        whole tiles; one fixed cost. 0 when there are no rows."""
+        whole tiles; one fixed cost. 0 when there are no rows. `exposed`: the fraction of the shorter
+        of the rows' useful compute and the memory time that the kernel does not hide under the longer
+        (moe_gemms.FUSED_MOE_EXPOSED for vLLM's Triton fused_moe; 0: perfect overlap, the dense rule)."""
         if rows <= 0 or groups <= 0:
             return 0.0
         wb = dtype_bytes if weight_bytes is None else weight_bytes
@@ -116,7 +119,11 @@ class GemmCurve:
         padded = groups * TILE * math.ceil(per_group / TILE)
         compute = 2.0 * padded * n * k / self.compute_rate
         memory = (groups * k * n * wb + rows * (k + n) * dtype_bytes) / self.memory_rate
-        return self.t0 + (compute if compute >= memory else memory)
+        seconds = self.t0 + (compute if compute >= memory else memory)
+        if exposed:
+            useful = 2.0 * rows * n * k / self.compute_rate
+            seconds = seconds + exposed * (useful if useful <= memory else memory)
+        return seconds
 
     def efficiency(self, m: float, n: float, k: float, dtype_bytes: float = 2.0) -> float:
         """Fraction of the roofline bound max(FLOPs / peak, bytes / HBM) this GEMM reaches."""

@@ -17,6 +17,7 @@ from cbsim.sim.costmodels.routing import UniformRouting
 
 MARLIN_BLOCKS_M = (8, 16, 32, 48, 64)  # fused_marlin_moe's row blocks, tried in this order (marlin_block_m)
 
+
 if TYPE_CHECKING:
     from cbsim.sim.costmodels.roofline import RooflineCost
 
@@ -52,7 +53,21 @@ class MoEGemms:
     (weight-only) model's run in vLLM's fused_marlin_moe, which picks its row block per call from the
     rows it is given (`marlin_block_m`): the tile of both routing modes is that block, chosen from the
     step's routed rows on this GPU (every rank's tokens with data-parallel attention) and the experts
-    this GPU holds (E / GPUs under expert parallelism)."""
+    this GPU holds (E / GPUs under expert parallelism).
+
+    Overlap: vLLM's Triton fused_moe kernel (16-bit and fp8 experts; SGLang runs a copy) does not hide its
+    weight streaming under its MMA as a dense cuBLAS GEMM does. With the engine term `fused_moe_exposed`
+    (x) each routed grouped GEMM costs max(compute, memory) + x min(the rows' useful compute, memory)
+    (GemmCurve.grouped_seconds). vllm-v1 and sglang set x = 0.4, fitted (one parameter, 0.1 steps) on
+    the only published per-batch kernel times of a tuned fused_moe we found, vllm-project/vllm PR #24700
+    (2025-09-11, `benchmarks/kernels/benchmark_moe.py --model=mistralai/Mixtral-8x7B-Instruct-v0.1 -tp=2`,
+    H100, tuned config E=8,N=7168: 144.03 us at 1 token, 483.14 at 64, 536.77 at 256, 662.33 at 512,
+    833.72 at 1024, 1122.93 at 1536; fused_moe without the router GEMM). Against those 15 rows the
+    routed experts (moe_routing random) were -12 / -26 / -15 / -12 % at 256 / 512 / 1024 / 1536 tokens
+    (prefill: compute and weight streaming of similar length) and -13..-3 % at 1-128 (decode: weight
+    streaming, unchanged); with 0.4, -3 / -12 / +4 / +1 % and -13..-1 %, median |error| 6.4 -> 3.5 %
+    (tests/sim/costmodels/test_fused_moe.py). One GPU, one model, one TP: other shapes extrapolate.
+    TensorRT-LLM's CUTLASS MoE kernels and the int4 fused_marlin_moe path are other kernels: 0 there."""
 
     def __init__(self, m: ModelSpec, tp: int, imbalance: float, wb: float, b: float, expert_parallel: bool = False,
                  data_parallel: int = 1, routing: str = "mean", weight_only: bool = False):
@@ -122,12 +137,17 @@ class MoEGemms:
 
         attention = gemms(self.attention)
         dense = gemms(self.dense)
+        router = cost._bf16_gemm_seconds(tokens, *self.router)
+        moe = gemms(self.shared) + self.routed(cost, tokens) + router * cost._moe_f  # a calibrated factor (engine.py)
+        return attention, dense, moe
+
+    def routed(self, cost: "RooflineCost", tokens: float) -> float:
+        """Seconds of one MoE layer's routed experts at `tokens` rows of this rank (the fused-MoE kernel's
+        two grouped GEMMs: what vLLM's benchmark_moe.py times; no router, no shared experts)."""
         routed_tokens = tokens * self.ranks if self.ranks > 1 else tokens
         routed = (self._random_routed(cost, routed_tokens) if self.random
                   else self._mean_routed(cost, routed_tokens))
-        router = cost._bf16_gemm_seconds(tokens, *self.router)
-        moe = gemms(self.shared) + routed * cost._moe_f + router * cost._moe_f  # a calibrated factor (engine.py)
-        return attention, dense, moe
+        return routed * cost._moe_f
 
     def _mean_routed(self, cost: "RooflineCost", routed_tokens: float) -> float:
         """The routed experts at the mean (routing "mean"): touched experts at mean rows, the busiest

@@ -304,6 +304,8 @@ class RooflineCost(CostModel):
         self._num_allreduce = 2.0 * m.num_layers + 1.0 if tp > 1 else 0.0
         self._link = link_model(g, self.topology)
         self._custom_ar_max = float(self.engine.terms.custom_all_reduce_max_bytes)
+        # the Triton fused-MoE kernel's exposed weight streaming (moe_gemms.py); int4 runs fused_marlin_moe: none
+        self._moe_exposed = 0.0 if m.weight_dtype == "int4" else float(self.engine.terms.fused_moe_exposed)
         # a decode query-key pair in units of prefill pairs (1.0, or the per-query-head kernel's slower rate)
         self._decode_pairs = decode_pair_weight(m, self.engine.terms.decode_attention_per_query_head, attn_eff)
         self._heads = m.heads_per_gpu(tp)  # query heads per GPU: prefill attention's CTAs per query block
@@ -443,7 +445,7 @@ class RooflineCost(CostModel):
                 return 0.0
             return self._padded_grouped(groups * tile * math.ceil(busiest / tile), groups, rows, k, n)
         if self._curve is not None:
-            return self._curve.grouped_seconds(groups, rows, n, k, b, self._wb, busiest)
+            return self._curve.grouped_seconds(groups, rows, n, k, b, self._wb, busiest, self._moe_exposed)
         if rows <= 0:
             return 0.0
         return _max(2.0 * groups * busiest * n * k / self._gemm_rate,
@@ -461,7 +463,8 @@ class RooflineCost(CostModel):
         if self._curve is not None and tile != TILE:
             return self._padded_grouped(tiles * tile, groups, rows, k, n)
         if self._curve is not None:
-            return self._curve.grouped_seconds(tiles, rows, n, k, b, self._wb * groups / tiles, float(TILE))
+            return self._curve.grouped_seconds(tiles, rows, n, k, b, self._wb * groups / tiles, float(TILE),
+                                               self._moe_exposed)
         return _max(2.0 * tiles * tile * n * k / self._gemm_rate,
                     (groups * k * n * self._wb + rows * (k + n) * b) / self._bw)
 

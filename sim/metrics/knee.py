@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from cbsim.sim.metrics.summary_units import band_text
 from cbsim.sim.shape import StepShape
 
 
@@ -72,6 +73,10 @@ def knee_note(summary: dict) -> str | None:
     if ratio is None or ratio < KNEE:
         return None
     where = "past its capacity" if ratio >= 1.0 else "within 10 % of its capacity"
-    return (f"near the knee: offered {summary['offered_requests_per_s']:.3g} req/s is {ratio:.0%} of the simulated "
+    note = (f"near the knee: offered {summary['offered_requests_per_s']:.3g} req/s is {ratio:.0%} of the simulated "
             f"capacity ({summary['capacity_requests_per_s']:.3g} req/s), {where}: a few % of step-time error "
             "moves TTFT and E2E by orders of magnitude here; read this stage's latencies as a band")
+    if "ttft_p50_low" not in summary:
+        return note + " (cbsim run --band)"
+    return (note + f": with step time x{summary['band_step_scale_low']:.3g} .. x{summary['band_step_scale_high']:.3g}"
+            f" TTFT p50 is {band_text(summary, 'ttft_p50')}, E2E p50 {band_text(summary, 'e2e_p50')}")

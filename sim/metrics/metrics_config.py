@@ -31,6 +31,32 @@ class SLOConfig:
 
 
 @dataclass
+class BandConfig:
+    """A prediction band on the latencies (cbsim/band.py): the run simulated again with every step's kernel
+    time at the low and at the high end of the cost model's uncertainty. Off by default (two more runs)."""
+
+    interval: float | None = option(None, help="central probability of the band from a fitted cost model's "
+                                    "out-of-fold residual quantiles (0.9: its 5th and 95th percentile step-time "
+                                    "factors); null: not from residuals")
+    step_scales: list[float] | None = option(None, help="[low, high]: factors on every step's kernel time, for any "
+                                             "cost model with an engine (roofline, vidur, fitted), e.g. a "
+                                             "scoreboard cell's or a calibration's error: [0.9, 1.15]; null: none")
+
+    def is_set(self) -> bool:
+        """Whether a band is asked for (one of interval, step_scales)."""
+        return self.interval is not None or self.step_scales is not None
+
+    def validate(self) -> None:
+        require(self.interval is None or 0 < self.interval < 1, "interval", "a probability in (0, 1) or null",
+                self.interval)
+        scales = self.step_scales
+        require(scales is None or (len(scales) == 2 and 0 < scales[0] <= 1 <= scales[1]), "step_scales",
+                "[low, high] with 0 < low <= 1 <= high, or null", scales)
+        require(self.interval is None or scales is None, "interval", "null when step_scales is set (one source "
+                "of the band)", self.interval)
+
+
+@dataclass
 class MetricsConfig:
     """How the run's results are summarised."""
 
@@ -46,6 +72,8 @@ class MetricsConfig:
                                      "traced steps, the first by arrival; 0 = none")
     trace_max_steps: int = option(50_000, help="the Perfetto trace (output.trace) holds at most this many steps, "
                                   "the first ones (~18 MB; 0 = none)")
+    band: BandConfig = option(default_factory=BandConfig, help="prediction band of TTFT and E2E near the knee: "
+                              "the run again at the low and high step-time bound (cbsim run --band)")
 
     def validate(self) -> None:
         require(self.long_prompt_threshold >= 1, "long_prompt_threshold", "an integer >= 1", self.long_prompt_threshold)

@@ -25,8 +25,11 @@ UNITS = {  # exact keys that are not times
     "swapped_bytes": "bytes", "kv_transfer_bytes": "bytes", "session_kv_resident_fraction": "fraction",
     "session_reusable_tokens": "tokens", "session_recomputed_tokens": "tokens",
     "session_recomputed_moved_tokens": "tokens",
+    "offered_requests_per_s": "requests/s", "capacity_requests_per_s": "requests/s", "load_vs_capacity": "ratio",
+    "band_source": "text", "band_step_scale_low": "factor", "band_step_scale_high": "factor",
 }
-_LATENCY = re.compile(r"^(%s)(_p\d+(\.\d+)?|_max|_mean)?$" % "|".join(LATENCY_STEMS))
+BAND_ENDS = ("_low", "_high")  # <key>_low / <key>_high: the key in the runs at the band's bounds (cbsim/band.py)
+_LATENCY = re.compile(r"^(%s)(_p\d+(\.\d+)?|_max|_mean)?(%s)?$" % ("|".join(LATENCY_STEMS), "|".join(BAND_ENDS)))
 _MEANINGS = {
     "ttft": "time to first token", "tpot": "time per output token after the first", "itl": "inter-token latency",
     "e2e": "end-to-end latency", "queue_delay": "arrival to first scheduled step",
@@ -45,6 +48,12 @@ _MEANINGS = {
     "that arrival (short_P)", "short_p_max": "short_P, the largest",
     "dec_at_p_mean": "per long prompt: short requests' decode tokens during its prefill (dec@P)",
     "dec_at_p_min": "dec@P, the smallest", "stall_seconds_total": "summed length of the stalls",
+    "offered_requests_per_s": "arrivals over their span (null for an all-at-once batch)",
+    "capacity_requests_per_s": "what the replicas complete in steady state (sim/metrics/knee.py)",
+    "load_vs_capacity": "offered / capacity: 0.9 or more is near the knee",
+    "band_source": "metrics.band: where the step-time factors come from (cbsim run --band; null key without a band)",
+    "band_step_scale_low": "the band's low factor on every step's kernel time",
+    "band_step_scale_high": "the band's high factor on every step's kernel time",
     "sim_wall_seconds": "wall-clock time of the simulation", "makespan": "first arrival to last completion", "slo_attainment": "requests meeting metrics.slo "
     "(null without an SLO)", "goodput_requests_per_s": "requests meeting metrics.slo per second (null without an SLO)",
 }
@@ -61,6 +70,8 @@ def unit_of(key: str) -> str:
         return "s"
     if key in UNITS:
         return UNITS[key]
+    if key.endswith(BAND_ENDS) and key.rsplit("_", 1)[0] in UNITS:  # capacity_requests_per_s_low, ...
+        return UNITS[key.rsplit("_", 1)[0]]
     if key.endswith("_utilization") or key.endswith("_share"):
         return "fraction"
     return "count"
@@ -76,9 +87,16 @@ def display(key: str, value) -> str:
         return f"{value * 1e3:.4g} ms"
     if unit == "fraction" and key == "slo_attainment":
         return f"{value * 100:.4g} %"
-    if unit == "count":
+    if unit in ("count", "ratio", "factor", "text"):
         return f"{value:.4g}" if isinstance(value, float) else str(value)
     return f"{value:.4g} {unit}"
+
+
+def band_text(summary: dict, key: str) -> str | None:
+    """'[39.82 ms .. 52.75 ms]': a key's values in the band's low and high runs (None without a band)."""
+    if f"{key}_low" not in summary:
+        return None
+    return f"[{display(key, summary[f'{key}_low'])} .. {display(key, summary[f'{key}_high'])}]"
 
 
 def ms(seconds) -> str:
@@ -96,6 +114,9 @@ def schema_markdown() -> str:
     for key, unit in UNITS.items():
         shown = "%" if key == "slo_attainment" else unit
         lines.append(f"| `{key}` | {unit} | {shown} | {_MEANINGS.get(key, '')} |")
+    lines.append("| `<key>_low`, `<key>_high` | the key's | the key's | metrics.band (cbsim run --band): the key "
+                 "in the run at the band's low / high step-time factor; ttft, tpot, e2e percentiles, "
+                 "capacity_requests_per_s, load_vs_capacity |")
     lines.append("| `<pool>_utilization`, `*_share` | fraction | fraction | (agentic: `session_serving_share`, "
                  "`session_tool_share`, `session_subagent_share` of the sessions' summed makespan) |")
     lines.append("| every other key (`num_*`, ...) | count | count | |")

@@ -31,7 +31,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from cbsim.sim.costmodels.catalog.lookup import model_spec
-from cbsim.sim.costmodels.engine import TERM_NAMES, load_engine
+from cbsim.sim.costmodels.engine import SWAP_TERMS, TERM_NAMES, load_engine
 
 from cbsim.api import run_experiment
 from cbsim.tools.compare.compare import experiment_config
@@ -89,7 +89,8 @@ def case_errors(cases, engine: dict) -> list[dict]:
 def calibrate_serving(cases, fit=DEFAULT_FIT, base_engine=None, max_evals: int = 60, holdout=()) -> dict:
     """Search the terms `fit`; returns the engine file's content with per-metric errors."""
     names = tuple(dict.fromkeys(fit))
-    bad = [n for n in names if n not in TERM_NAMES or n in ("overlap", "cuda_graph_max_batch", "output_lag_steps")]
+    bad = [n for n in names if n not in TERM_NAMES or n in ("overlap", "host_hidden_share", "cuda_graph_max_batch",
+                                                            "output_lag_steps", *SWAP_TERMS)]
     if bad:
         raise ConfigError("fit", "numeric engine terms (" + ", ".join(TERM_NAMES) + ")", bad[0])
     if max_evals <= len(names) + 1:  # fewer than one simplex: the search would not run at all

@@ -38,8 +38,8 @@ from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.costmodels.domain import domain_of
 from cbsim.sim.costmodels.registry import takes_engine
 from cbsim.sim.costmodels.catalog.lookup import model_spec
-from cbsim.sim.costmodels.engine import (CLASS_TERMS, FRONTEND_TERMS, NO_ENGINE, TERM_NAMES, Engine, EngineTerms,
-                                         load_engine)
+from cbsim.sim.costmodels.engine import (CLASS_TERMS, FRONTEND_TERMS, NO_ENGINE, SWAP_TERMS, TERM_NAMES, Engine,
+                                         EngineTerms, load_engine)
 from cbsim.profiler.converters.step_table import MeasuredStep
 from cbsim.tools.calibrate.identify import droppable, identification, warnings_of
 from cbsim.tools.calibrate.terms import SCALE_TERMS, bounds, class_refusals, unit
@@ -47,7 +47,8 @@ from cbsim.tools.calibrate.terms import SCALE_TERMS, bounds, class_refusals, uni
 DEFAULT_FIT = ("host_per_step_s", "host_per_seq_s", "host_per_token_s", "launch_per_layer_s",
                "collective_per_rank_s")
 # the numeric terms a step time shows (the front end acts outside the steps: fit it with --serving)
-FITTABLE = tuple(n for n in TERM_NAMES if n not in ("overlap", "cuda_graph_max_batch", *FRONTEND_TERMS))
+FITTABLE = tuple(n for n in TERM_NAMES if n not in ("overlap", "host_hidden_share", "cuda_graph_max_batch", *FRONTEND_TERMS,
+                                                     *SWAP_TERMS))
 # the range random starts are drawn from, in optimiser units (terms.py)
 START_RANGE = {**{name: (0.7, 1.5) for name in SCALE_TERMS}, "host_per_seq_s": (0, 100), "host_per_token_s": (0, 10),
                "launch_per_layer_s": (0, 0.5), "collective_launch_s": (0, 0.1), "collective_per_rank_s": (0, 0.05)}

@@ -5,7 +5,9 @@ signed relative error (simulated - measured) / measured. The experiment runs exa
 would run it, except when it has no workload: then the measured file's per-request prompt and
 output lengths become an explicit request list (see `measured_workload`), and a note says so. A run
 within 10 % of its simulated capacity (sim/metrics/knee.py) gets a note and `meta.near_knee`: there a
-small step-time error is a large latency error.
+small step-time error is a large latency error. With `metrics.band` (compare --band) each latency row also
+carries the simulated value at the band's low and high step-time factor (cbsim/band.py), and whether the
+measured value lies inside.
 """
 from __future__ import annotations
 
@@ -44,9 +46,20 @@ class CompareResult:
     per_request: dict[str, PairErrors] = field(default_factory=dict)  # latency -> errors of the paired requests
     warmup: Warmup = field(default_factory=Warmup)  # requests left out of the latencies on both sides
 
+    def band(self) -> dict[str, tuple[float, float]]:
+        """metric -> (simulated at the band's low, at its high step-time factor) for the rows the run's
+        `metrics.band` covers (cbsim/band.py; whole-run values, before any warm-up cut)."""
+        summary = self.results.summary
+        return {name: (summary[f"{name}_low"], summary[f"{name}_high"]) for name in self.rows
+                if summary.get(f"{name}_low") is not None and summary.get(f"{name}_high") is not None}
+
     def to_dict(self) -> dict:
-        """compare.json: {metric: {measured, simulated, error}} plus a `meta` entry."""
-        out = {name: {"measured": row.measured, "simulated": row.simulated, "error": row.error}
+        """compare.json: {metric: {measured, simulated, error}} (with a band: simulated_low, simulated_high,
+        measured_in_band) plus a `meta` entry."""
+        band = self.band()
+        out = {name: {"measured": row.measured, "simulated": row.simulated, "error": row.error,
+                      **({"simulated_low": band[name][0], "simulated_high": band[name][1],
+                          "measured_in_band": band[name][0] <= row.measured <= band[name][1]} if name in band else {})}
                for name, row in self.rows.items()}
         cfg = self.results.config
         out["meta"] = {"experiment": cfg.source or cfg.name, "measured": self.measured.source,
@@ -57,6 +70,7 @@ class CompareResult:
                        "simulated_finished": self.results.summary.get("num_finished"),
                        "load_vs_capacity": self.results.summary.get("load_vs_capacity"),
                        "near_knee": knee_note(self.results.summary) is not None,
+                       "band": self.results.summary.get("band_source"),
                        "skipped": list(self.measured.skipped), "notes": self.notes,
                        "warmup": {"requests": self.warmup.requests, "seconds": self.warmup.seconds}}
         if self.per_request:  # pairing.py: measured request i beside simulated request i

@@ -79,6 +79,15 @@ CUSTOM_AR_MS = {  # float32 elements -> latency ms at TP 2, 4, 8, as published
     262144: (0.0129, 0.0206, 0.0241), 524288: (0.0177, 0.0269, 0.0304), 1048576: (0.0266, 0.0402, 0.0450),
 }
 
+# --- vLLM's Triton fused_moe, Mixtral-8x7B TP2 on H100 (tuned config) -----------------------------------
+FUSED_MOE = ("vllm-project/vllm PR #24700 (2025-09-11), 'Benchmarks on H100', Mixtral BF16, `python "
+             "benchmarks/kernels/benchmark_moe.py --model=mistralai/Mixtral-8x7B-Instruct-v0.1 -tp=2`, the tuned "
+             "config E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json: kernel time of fused_moe per batch size")
+FUSED_MOE_US = {  # tokens -> kernel time in microseconds, as published
+    1: 144.03, 2: 229.28, 4: 351.10, 8: 434.98, 16: 471.49, 24: 478.27, 32: 487.35, 48: 487.85, 64: 483.14,
+    96: 494.42, 128: 491.39, 256: 536.77, 512: 662.33, 1024: 833.72, 1536: 1122.93,
+}
+
 # --- int4 AWQ (Marlin) decode on an L4, vLLM 0.16.0 ----------------------------------------------------
 INT4_L4 = "bereketlemma/llm-inference-bench@e3c51199 results/Data/awq_marlin_results.csv"
 INT4_PROMPT_TOKENS = 26  # estimate: one English sentence of 18 words and punctuation, plus BOS

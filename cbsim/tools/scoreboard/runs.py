@@ -3,7 +3,7 @@ that stands for the engine's benchmark. One copy, used by the scoreboard and by 
 """
 from __future__ import annotations
 
-from cbsim.tools.scoreboard.published import CUSTOM_AR_MS, DEEPEP_LL, H800, INT4_MODEL, INT4_PROMPT_TOKENS
+from cbsim.tools.scoreboard.published import CUSTOM_AR_MS, DEEPEP_LL, FUSED_MOE_US, H800, INT4_MODEL, INT4_PROMPT_TOKENS
 
 
 def offline_throughput(model, cost: dict, isl: int, osl: int, n: int, *, replicas: int = 1,
@@ -77,6 +77,16 @@ def custom_allreduce_rows() -> list[tuple]:
             predicted = cost.collective_time(size / per_token) / (2.0 * model.num_layers + 1.0)
             rows.append((tp, int(size), published[i] * 1e-3, predicted))
     return rows
+
+
+def fused_moe_rows(engine: str = "vllm-v1") -> list[tuple]:
+    """(tokens, published s, predicted s) for vLLM's fused_moe table (published.FUSED_MOE_US): one MoE
+    layer's routed experts of Mixtral-8x7B as the roofline charges them on H100 at TP2 under `engine`."""
+    from cbsim.sim.costmodels import load_cost_model
+    from cbsim.sim.costmodels.catalog.lookup import model_spec
+
+    cost = load_cost_model({"type": "roofline", "gpu": "h100", "tp": 2, "engine": engine}, model_spec("mixtral-8x7b"))
+    return [(tokens, us * 1e-6, cost._moe.routed(cost, float(tokens))) for tokens, us in FUSED_MOE_US.items()]
 
 
 def alltoall_rows() -> list[tuple]:

@@ -11,6 +11,8 @@
 - deepep: DeepEP's low-latency all-to-all against the roofline's dispatch and combine.
 - vllm-custom-allreduce: vLLM's custom all-reduce on H100 (sglang PR #2904's table) against one
   all-reduce as the roofline charges it under the vllm-v1 engine.
+- vllm-fused-moe: vLLM's Triton fused_moe on H100 (PR #24700's Mixtral TP2 kernel times) against one MoE
+  layer's routed experts as the roofline charges them under the vllm-v1 engine (moe_gemms.py).
 - trtllm-fp8, trtllm-0.17: TensorRT-LLM's published offline throughput against whole cbsim runs
   (roofline, engine trtllm): the FP8 table at its published request counts (seconds), v0.17's at
   1 / RUN_SCALE of them (the full table takes minutes; a smaller queue drains sooner, so these cells
@@ -51,7 +53,8 @@ class Row:
 
 
 CITATIONS = {"splitwise": pub.SPLITWISE, "vidur-gemm": pub.VIDUR + " (mlp.csv)",
-             "vidur-allreduce": pub.VIDUR + " (all_reduce.csv)", "deepep": pub.DEEPEP, "vllm-custom-allreduce": pub.CUSTOM_AR, "trtllm-fp8": pub.TRTLLM,
+             "vidur-allreduce": pub.VIDUR + " (all_reduce.csv)", "deepep": pub.DEEPEP, "vllm-custom-allreduce": pub.CUSTOM_AR,
+             "vllm-fused-moe": pub.FUSED_MOE, "trtllm-fp8": pub.TRTLLM,
              "trtllm-0.17": pub.TRTLLM_017, "int4-l4": pub.INT4_L4}
 STEP_MODELS = {  # label -> (cost model mapping, the only TP it prices or None for the row's)
     "roofline": ({"type": "roofline", "gpu": "a100"}, None),
@@ -144,6 +147,15 @@ def custom_allreduce(data: Path | None) -> tuple[list[Row], str | None]:
             for tp, size, measured, predicted in custom_allreduce_rows()], None
 
 
+def fused_moe(data: Path | None) -> tuple[list[Row], str | None]:
+    """The roofline's routed experts (engine vllm-v1) on vLLM's fused_moe kernel times (published.FUSED_MOE_US),
+    decode batches (<= 128 tokens) and prefill apart."""
+    from cbsim.tools.scoreboard.runs import fused_moe_rows
+
+    return [Row("vllm-fused-moe", "roofline+vllm-v1", "h100", "mixtral-8x7b", 2, "decode" if tokens <= 128
+                else "prefill", "kernel_s", measured, predicted) for tokens, measured, predicted in fused_moe_rows()], None
+
+
 def trtllm_fp8(data: Path | None) -> tuple[list[Row], str | None]:
     """Whole runs against TensorRT-LLM's FP8 table (published.TRTLLM_FP8)."""
     from cbsim.tools.scoreboard.runs import trtllm_fp8_throughput
@@ -190,5 +202,5 @@ def _model_name(folder: str) -> str:
 
 
 SOURCES = {"splitwise": splitwise, "vidur-gemm": vidur_gemm, "vidur-allreduce": vidur_allreduce, "deepep": deepep,
-           "vllm-custom-allreduce": custom_allreduce, "trtllm-fp8": trtllm_fp8, "trtllm-0.17": trtllm_017, "int4-l4": int4_l4}
+           "vllm-custom-allreduce": custom_allreduce, "vllm-fused-moe": fused_moe, "trtllm-fp8": trtllm_fp8, "trtllm-0.17": trtllm_017, "int4-l4": int4_l4}
 

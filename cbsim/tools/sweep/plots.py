@@ -100,13 +100,21 @@ def plot_metrics(table: pd.DataFrame, x: str | list[str], metrics: list[str], *,
         stats = seed_stats(table, x, metric, hue, band)
         positions, ticks = _positions(stats["_knob"])
         drawn = []
+        bands = prediction_band(table, x, metric, hue)
         for i, (key, rows) in enumerate(_hue_groups(stats, hue)):
             xs, mean = positions(rows["_knob"]), rows["mean"].to_numpy(dtype=float)
             line, = ax.plot(xs, mean, **_style(i), label=_hue_label(hue, key))
             ax.errorbar(xs, mean, yerr=[mean - rows["low"], rows["high"] - mean], fmt="none",
                         ecolor=line.get_color(), elinewidth=1, capsize=3, alpha=0.6)
+            if bands is not None:  # the step-time band of metrics.band (cbsim/band.py), shaded
+                band_rows = rows[["_knob", *hue]].merge(bands, on=[*hue, "_knob"], how="left", sort=False)
+                ax.fill_between(xs, band_rows["band_low"].to_numpy(dtype=float),
+                                band_rows["band_high"].to_numpy(dtype=float), color=line.get_color(), alpha=0.15)
             drawn.append((line.get_label(), mean))
-        if logy if logy is not None else wide_range(stats[["low", "high"]].to_numpy(dtype=float)):
+        scale = stats[["low", "high"]].to_numpy(dtype=float)
+        if bands is not None:
+            scale = np.concatenate([scale.ravel(), bands[["band_low", "band_high"]].to_numpy(dtype=float).ravel()])
+        if logy if logy is not None else wide_range(scale):
             ax.set_yscale("log")
         ticks(ax)
         ax.set_xlabel(knob_name)
@@ -116,9 +124,24 @@ def plot_metrics(table: pd.DataFrame, x: str | list[str], metrics: list[str], *,
         ax.grid(alpha=0.3)
     _legend(fig, axes, hue)
     band_text = "min-max" if band == "minmax" else "mean +- sd"
-    fig.suptitle(f"{title or 'sweep'}: mean over seeds, error bars = {band_text} over seeds "
+    shaded = any(f"{metric}_low" in table for metric in metrics)
+    shade = "; shaded: the prediction band at the low and high step time (metrics.band)\n" if shaded else " "
+    fig.suptitle(f"{title or 'sweep'}: mean over seeds, error bars = {band_text} over seeds{shade}"
                  f"(paired_ratios.png: the same runs divided by their reference on each seed)")
     return fig
+
+
+def prediction_band(table: pd.DataFrame, x: str | list[str], metric: str, hue: list[str]) -> pd.DataFrame | None:
+    """Per (hue..., knob): the mean over seeds of the metric in the band's low and high runs (summary keys
+    <metric>_low / _high, cbsim/band.py), in the panel's unit; None when the sweep ran without a band."""
+    if f"{metric}_low" not in table or f"{metric}_high" not in table:
+        return None
+    ok = _hashable(table[table["status"] == "ok"].copy(), hue)
+    ok["_knob"] = knob_series(ok, x)
+    scale = 1e3 if is_latency(metric) else 1.0
+    ok["band_low"] = pd.to_numeric(ok[f"{metric}_low"], errors="coerce") * scale
+    ok["band_high"] = pd.to_numeric(ok[f"{metric}_high"], errors="coerce") * scale
+    return ok.groupby(hue + ["_knob"], dropna=False, sort=False)[["band_low", "band_high"]].mean().reset_index()
 
 
 def plot_paired_ratios(table: pd.DataFrame, x: str | list[str], metrics: list[str], *, hue: list[str] | None = None,

@@ -57,7 +57,8 @@ def test_step_terms_add_floor_and_overlap():
 
 
 @pytest.mark.parametrize("terms", [{}, {"host_per_step_s": 1e-3, "host_per_seq_s": 3e-5, "launch_per_layer_s": 6e-5},
-                                   {"host_per_step_s": 4e-3, "overlap": True, "cuda_graph_max_batch": 8}])
+                                   {"host_per_step_s": 4e-3, "overlap": True, "cuda_graph_max_batch": 8},
+                                   {"host_per_step_s": 4e-3, "host_per_seq_s": 3e-5, "host_hidden_share": 0.3}])
 def test_decode_runs_equal_steps_with_an_engine(terms):
     contexts = np.array([100, 700, 1500, 33, 4000, 12, 9, 800, 77, 64], dtype=np.int64)
     for kind in (ROOFLINE, {"type": "vidur", "gpu": "a100", "model": "llama-2-70b", "tp": 2}):

@@ -257,3 +257,19 @@ def test_a_step_that_stalls_many_requests_says_how_many(stalled):
     shown = sum(int(a.get_text()[1:]) for a in counts) + (stalls.groupby("time")["count"].sum() == 1).sum()
     assert counts and shown == int(stalls["count"].sum())
     plt.close(fig)
+
+
+def test_a_banded_sweep_shades_its_prediction_band():
+    """metrics.band's <metric>_low / _high columns (cbsim/band.py) become a shaded band per line, in ms."""
+    from matplotlib.collections import PolyCollection
+
+    table = sweep_table(same=False)
+    plain = plot_metrics(table, "policy.token_budget", ["itl_p99"])
+    assert not [c for c in plain.axes[0].collections if isinstance(c, PolyCollection)]
+    table["itl_p99_low"], table["itl_p99_high"] = 0.5 * table["itl_p99"], 3.0 * table["itl_p99"]
+    fig = plot_metrics(table, "policy.token_budget", ["itl_p99"])
+    shaded = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]
+    assert len(shaded) == 2 and "prediction band" in fig._suptitle.get_text()  # one per policy
+    top = max(v[1] for c in shaded for path in c.get_paths() for v in path.vertices)
+    means = table.groupby(["policy.name", "policy.token_budget"])["itl_p99_high"].mean() * 1e3  # mean over seeds, ms
+    assert top == pytest.approx(means.max(), rel=1e-12)
