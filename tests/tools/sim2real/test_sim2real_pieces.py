@@ -76,3 +76,25 @@ def test_bench_json_is_what_load_measured_reads(tmp_path):
     assert run.metrics["tpot_mean"] == pytest.approx((0.15 + 0.1) / 2)  # requests with > 1 token
     assert run.metrics["itl_mean"] == pytest.approx((0.1 + 0.2 + 0.1) / 3)
     assert run.metrics["throughput_requests_per_s"] == pytest.approx(3 / 1.1)
+
+
+def test_an_experiment_sets_its_own_engine_by_vllm_flags():
+    from cbsim.tools.sim2real.engine_flags import EngineFlags
+
+    flags = EngineFlags().for_experiment(EXPERIMENTS / "preempting.yaml")
+    assert (flags.num_gpu_blocks_override, flags.max_model_len, flags.enable_prefix_caching) == (40, 1024, False)
+    assert flags.max_num_batched_tokens == EngineFlags().max_num_batched_tokens  # the rest: the command's
+    assert EngineFlags().for_experiment(EXPERIMENTS / "bursty.yaml") == EngineFlags()  # no server block
+    assert EngineFlags().with_args({"max_num_batched_tokens": 128}, "x").max_num_batched_tokens == 128
+
+
+def test_a_flag_the_real_engine_is_not_started_with_is_an_error(tmp_path):
+    from cbsim.tools.sim2real.engine_flags import EngineFlags
+
+    with pytest.raises(ConfigError, match=r"server.args --tensor-parallel-size: expected a flag the sim2real "
+                                          r"engine is started with \(--max-num-batched-tokens"):
+        EngineFlags().with_args("--tensor-parallel-size 2", "server.args")
+    path = tmp_path / "x.yaml"
+    path.write_text("server: {engine: sglang}\nworkload: {num_requests: 1}\n")
+    with pytest.raises(ConfigError, match=r"x.yaml: server: expected a vLLM server block"):
+        EngineFlags().for_experiment(path)
