@@ -27,6 +27,7 @@ class EngineFlags:
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None  # None: what gpu_memory_utilization leaves
     gpu_memory_utilization: float = 0.1  # on the CPU backend: the fraction of host memory for weights and KV
+    model: str | None = None  # None: the tiny Llama (tiny_llama/, random weights); else a model vLLM loads (a GPU's)
 
     def serve_args(self, num_gpu_blocks: int) -> str:
         """The same settings as `vllm serve` flags, for cbsim's `server:` block."""

@@ -70,9 +70,9 @@ def calibrate(engines: Engines, calibration: Path, flags: EngineFlags, out: Path
     (the report's engine and calibration sections, the fit)."""
     own = flags.for_experiment(calibration)
     real = engines.get(own)
-    _, requests = experiment_requests(calibration, VOCAB, own.max_model_len)
+    meta, requests = experiment_requests(calibration, VOCAB, own.max_model_len)
     real.recorder.clear()
-    replay(real.engine, requests, tag="calibration")
+    replay(real.engine, requests, tag="calibration", clients=meta["clients"])
     real.recorder.write(out / "calibration")
     fit = fit_linear(real.recorder.rows)
     say(f"calibrated on {fit['steps']} steps: {fit['cost_model']} (median |error| {fit['median_abs_error']:.1%})")
@@ -89,7 +89,7 @@ def serve_and_predict(real: RealEngine, name: str, meta: dict, requests, fit: di
     settings: (the workload's comparison, cbsim's results calibrated on `fit`)."""
     measured, same_run = [], []
     for k in range(repeats):
-        metrics, rows = _measure(real, requests, folder / f"repeat{k}", name)
+        metrics, rows = _measure(real, requests, meta["clients"], folder / f"repeat{k}", name)
         measured.append(metrics)
         same_run.append(_predict(name, meta, real, fit_linear(rows)["cost_model"])[0])
     predicted, sim = _predict(name, meta, real, fit["cost_model"])
@@ -100,11 +100,11 @@ def serve_and_predict(real: RealEngine, name: str, meta: dict, requests, fit: di
     return result, sim
 
 
-def _measure(real: RealEngine, requests, folder: Path, label: str) -> tuple[dict, list[dict]]:
+def _measure(real: RealEngine, requests, clients, folder: Path, label: str) -> tuple[dict, list[dict]]:
     """One replay: the bench.json metrics in cbsim's names, the preemptions and the peak KV usage."""
     real.core.scheduler.reset_prefix_cache()
     real.recorder.clear()
-    served = replay(real.engine, requests, tag=folder.name)
+    served = replay(real.engine, requests, tag=folder.name, clients=clients)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "bench.json").write_text(json.dumps(bench_json(served, label)) + "\n")
     real.recorder.write(folder)

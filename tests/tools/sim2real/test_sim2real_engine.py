@@ -23,7 +23,7 @@ from paths import ROOT
 pytestmark = pytest.mark.slow
 EXPERIMENTS = ROOT / "experiments" / "sim2real"
 # preempting last: it runs on an engine of its own (40 KV blocks), started once the others are served
-WORKLOADS = ("poisson_low", "poisson_high", "bursty", "shared_prefix", "long_prompts", "preempting")
+WORKLOADS = ("poisson_low", "poisson_high", "bursty", "shared_prefix", "long_prompts", "closed_loop", "preempting")
 REPEATS = 2
 
 
@@ -98,6 +98,21 @@ def test_the_preempting_workload_meets_the_preemption_and_kv_targets(run):
     assert min(metrics["preemptions"]["measured_repeats"]) > 0
     assert result["within_10pct"]["preemptions"] and result["within_10pct"]["kv_usage_peak"]
     assert metrics["kv_usage_mean"]["error"] == pytest.approx(0, abs=0.10)
+
+
+def test_the_closed_loop_keeps_its_clients_concurrency(run):
+    """Four clients: never more than four requests in flight on the real engine, and four at the start."""
+    out, report = run
+    for k in range(REPEATS):
+        bench = json.loads((out / "closed_loop" / f"repeat{k}" / "bench.json").read_text())
+        events = sorted([(t, 1) for t in bench["start_times"]] +
+                        [(t + e, -1) for t, e in zip(bench["start_times"], bench["latencies"])], key=lambda x: (x[0], x[1]))
+        level, peak = 0, 0
+        for _, step in events:
+            level += step
+            peak = max(peak, level)
+        assert peak == 4 and sorted(bench["start_times"])[3] == 0.0
+    assert report["workloads"]["closed_loop"]["metrics"]["e2e_mean"]["predicted"] > 0
 
 
 @pytest.mark.xfail(strict=True, reason="the shared machine's step times drift between runs (step_speed)")

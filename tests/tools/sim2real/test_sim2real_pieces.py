@@ -39,12 +39,42 @@ def test_a_request_longer_than_the_engine_takes_is_an_error():
         experiment_requests(EXPERIMENTS / "long_prompts.yaml", 4096, 1024)
 
 
-def test_a_closed_loop_workload_is_an_error(tmp_path):
+def test_a_client_timeout_is_an_error(tmp_path):
     path = tmp_path / "closed.yaml"
-    path.write_text("workload: {num_requests: 4, max_concurrency: 2, prompt_len: {type: fixed, value: 8}, "
+    path.write_text("workload: {num_requests: 4, max_concurrency: 2, timeout: 5, prompt_len: {type: fixed, value: 8}, "
                     "output_len: {type: fixed, value: 4}}\n")
-    with pytest.raises(ConfigError, match="open-loop workload"):
+    with pytest.raises(ConfigError, match=r"closed.yaml: workload.timeout: expected no client timeout"):
         experiment_requests(path, 4096, 2048)
+
+
+def test_closed_loop_clients_send_when_cbsims_clients_would():
+    """Two clients, five one-turn sessions, service times fixed: a client sends its next request its think
+    time after a reply, never more than two in flight (workloads/clients.py's rule, driven by senders.py)."""
+    from cbsim.tools.sim2real.senders import senders
+    from cbsim.workloads.clients import ClientPlan
+
+    plan = ClientPlan(max_concurrency=2, think=np.array([0.5, 0.1, 0.2, 0.3, 0.4]))
+    sends = senders([0.0] * 5, plan)
+    service = [1.0, 2.0, 1.5, 0.7, 1.1]
+    clock, in_flight, log = 0.0, {}, []
+    while sends.left or in_flight:
+        for sent, i in sends.due(clock):
+            log.append((sent, i))
+            in_flight[i] = sent + service[i]
+        assert len(in_flight) <= 2
+        clock = min([*in_flight.values(), sends.next_time])
+        for i, end in sorted(in_flight.items()):
+            if end <= clock:
+                del in_flight[i]
+                sends.replied(i, end)
+    # 0 ends at 1.0: 2 goes at 1.0 + 0.2; 1 ends at 2.0: 3 at 2.3; 2 ends at 2.7: 4 at 3.1
+    assert log == [(0.0, 0), (0.0, 1), (1.2, 2), (2.3, 3), (pytest.approx(3.1), 4)]
+
+
+def test_a_closed_loop_workload_comes_with_its_client_plan():
+    meta, requests = experiment_requests(EXPERIMENTS / "closed_loop.yaml", 4096, 2048)
+    plan = meta["clients"]
+    assert plan.closed_loop and plan.max_concurrency == 4 and len(plan.think) == len(requests)
 
 
 def test_the_linear_fit_recovers_the_step_times_it_was_made_from(tmp_path):
