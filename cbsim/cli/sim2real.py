@@ -126,13 +126,13 @@ def _grid_command(group: typer.Typer) -> None:
             out: Path = typer.Option(..., "--out", help="folder for grid.json, grid.md and each point's runs")):
         """Kendall tau of cbsim's predicted vs the real engine's measured E2E, TTFT and TPOT means over a grid
         of max_num_batched_tokens x request rate."""
+        budgets = _numbers("--mnbt", mnbt, int)
+        points = _numbers("--rates", rates, float)
         require_vllm()
         for path in (workload, calibration):
             if not path.is_file():
                 raise ConfigError("--workload" if path == workload else "--calibration", "an existing experiment YAML",
                                   str(path))
-        budgets = _numbers("--mnbt", mnbt, int)
-        points = _numbers("--rates", rates, float)
         from cbsim.tools.sim2real.engine_flags import EngineFlags
         from cbsim.tools.sim2real.grid import run_grid, table  # lazy: imports vLLM
 
