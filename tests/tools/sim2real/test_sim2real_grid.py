@@ -103,3 +103,12 @@ def test_a_workload_without_a_rate_cannot_be_gridded(tmp_path):
 
     with pytest.raises(ConfigError, match=r"w.yaml: workload.arrival: expected an arrival with a rate"):
         with_rate({"arrival": "all_at_once"}, 1.0, tmp_path / "w.yaml")
+
+
+@pytest.mark.xfail(strict=True, reason="measured on the shared 2-core machine (docs/howto/sim2real-cpu/grid.json): "
+                   "tau E2E -0.06, TTFT 0.39, TPOT -0.33; the machine's speed drifted between the grid's runs "
+                   "(same-run calibration: 0.94 / 0.83 / 1.00; the measurement against itself, between repeats: "
+                   "0.78 / 0.67 / 0.83, under the 0.9 target too)")
+def test_the_committed_cpu_grid_meets_the_rank_agreement_target():
+    report = json.loads(RECORDED.read_text())
+    assert all(report["kendall_tau"][key]["meets_target"] for key in grid.GRID_KEYS)
