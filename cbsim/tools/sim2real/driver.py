@@ -5,8 +5,9 @@ so recorder.StepRecorder can wrap it): the tiny Llama of tiny_llama/config.json 
 (load_format dummy: nothing is downloaded), no tokenizer (token-id prompts), synchronous scheduling.
 The entry script that calls `start_engine` needs an `if __name__ == "__main__":` guard (vLLM may spawn).
 
-`replay` adds each request when the wall clock passes its arrival (between engine steps, as a server's
-engine loop takes new requests), with `ignore_eos` and `max_tokens` = its output length, and notes when
+`replay` adds each request when the wall clock passes its send time (between engine steps, as a server's
+engine loop takes new requests): its arrival, or, for closed-loop clients, when its client may send it
+(senders.py, cbsim's own client rule), with `ignore_eos` and `max_tokens` = its output length, and notes when
 each output token comes out of a step. A request's TTFT is its first token's time less its arrival,
 its ITLs the gaps between its tokens, its E2E the last token's time less its arrival: what `vllm bench
 serve` measures at the client, without the HTTP and detokenizing path (there is none here).
@@ -22,6 +23,7 @@ import numpy as np
 from cbsim.bench_result import latency_stats
 
 from cbsim.tools.sim2real.engine_flags import EngineFlags
+from cbsim.tools.sim2real.senders import senders
 from cbsim.tools.sim2real.vllm_scheduler import TINY_MODEL, offline_hub
 
 
@@ -55,12 +57,15 @@ class Served:
 
 
 def start_engine(flags: EngineFlags, seed: int = 0):
-    """vLLM's LLMEngine on the tiny model, its engine core in this process."""
-    offline_hub()
+    """vLLM's LLMEngine, its engine core in this process: the tiny model with random weights (nothing is
+    downloaded, the hub is offline), or `flags.model` with its own weights (a GPU deployment's model)."""
+    if flags.model is None:
+        offline_hub()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import EngineArgs, LLMEngine
 
-    args = EngineArgs(model=str(TINY_MODEL), skip_tokenizer_init=True, load_format="dummy", seed=seed,
+    args = EngineArgs(model=flags.model or str(TINY_MODEL), skip_tokenizer_init=True, seed=seed,
+                      load_format="dummy" if flags.model is None else "auto",
                       max_model_len=flags.max_model_len, max_num_batched_tokens=flags.max_num_batched_tokens,
                       max_num_seqs=flags.max_num_seqs, long_prefill_token_threshold=flags.long_prefill_token_threshold,
                       block_size=flags.block_size, enable_prefix_caching=flags.enable_prefix_caching,
@@ -74,29 +79,31 @@ def engine_core(engine):
     return engine.engine_core.engine_core
 
 
-def replay(engine, requests: list[RealRequest], tag: str = "r") -> list[Served]:
-    """Send every request at its arrival time and step the engine until all have finished."""
+def replay(engine, requests: list[RealRequest], tag: str = "r", clients=None) -> list[Served]:
+    """Send every request when it is due (senders.py: at its arrival, or when its closed-loop client may,
+    `clients` being the workload's ClientPlan) and step the engine until all have finished."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+    sends = senders([r.arrival for r in requests], clients)
     served = [Served(r.arrival, len(r.prompt), r.output_len) for r in requests]
-    start, index = time.perf_counter(), 0
-    while index < len(order) or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
-        while index < len(order) and requests[order[index]].arrival <= now:
-            i = order[index]
+    start = time.perf_counter()
+    while sends.left or engine.has_unfinished_requests():
+        for sent, i in sends.due(time.perf_counter() - start):
+            served[i].arrival = sent
             params = SamplingParams(max_tokens=requests[i].output_len, ignore_eos=True, detokenize=False)
             engine.add_request(f"{tag}-{i}", TokensPrompt(prompt_token_ids=requests[i].prompt), params)
-            index += 1
         if not engine.has_unfinished_requests():
-            time.sleep(max(0.0, requests[order[index]].arrival - (time.perf_counter() - start)))
+            time.sleep(max(0.0, min(sends.next_time, 1e6) - (time.perf_counter() - start)))
             continue
         outputs = engine.step()
         done = time.perf_counter() - start
         for out in outputs:
-            got = served[int(out.request_id.rsplit("-", 1)[1])]
+            i = int(out.request_id.rsplit("-", 1)[1])
+            got = served[i]
             got.token_times += [done] * (len(out.outputs[0].token_ids) - len(got.token_times))
+            if out.finished:
+                sends.replied(i, done)
     return served
 
 

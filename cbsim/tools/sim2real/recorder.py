@@ -1,7 +1,8 @@
 """Record every step of a vLLM V1 engine core: what it scheduled and how long it took.
 
 Works on an engine core in this process (vllm.v1.engine.core.EngineCore: `LLMEngine` or `LLM` with
-VLLM_ENABLE_V1_MULTIPROCESSING=0, `llm_engine.engine_core.engine_core`), on a CPU here or on a GPU.
+VLLM_ENABLE_V1_MULTIPROCESSING=0, `llm_engine.engine_core.engine_core`), on a CPU here or on a GPU, and
+inside `vllm serve`'s engine-core process through vLLM's plugin mechanism (plugin.py).
 It wraps two methods of that core, changing nothing they do:
 
 - `scheduler.schedule`: its SchedulerOutput gives, per scheduled request, the tokens it runs and the
@@ -25,10 +26,12 @@ from pathlib import Path
 
 
 class StepRecorder:
-    """Wraps an in-process EngineCore; `rows` grows by one dict per non-empty step."""
+    """Wraps an EngineCore; `rows` grows by one dict per non-empty step, or, with a `sink`, each row goes to
+    the sink as its step ends and none is kept (a long-running server: plugin.py)."""
 
-    def __init__(self, core):
+    def __init__(self, core, sink=None):
         self.core = core
+        self.sink = sink
         self.rows: list[dict] = []
         self.enabled = True
         self._pending: dict | None = None
@@ -50,7 +53,10 @@ class StepRecorder:
         end = time.perf_counter()
         if self._pending is not None:
             self._pending.update(start=start, time_s=end - start)
-            self.rows.append(self._pending)
+            if self.sink is None:
+                self.rows.append(self._pending)
+            else:
+                self.sink(self._pending)
             self._pending = None
         return result
 
@@ -59,13 +65,18 @@ class StepRecorder:
 
     def steps_rows(self) -> list[dict]:
         """The calibration table's rows (profiler/step_table.py's keys)."""
-        return [{"prefill": row["prefill"], "decode": row["decode"], "time_s": row["time_s"]} for row in self.rows]
+        return [steps_row(row) for row in self.rows]
 
     def write(self, folder: Path) -> None:
         """steps.jsonl (for `cbsim calibrate --steps`) and trace.jsonl (every recorded field)."""
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.steps_rows()))
         (folder / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+
+
+def steps_row(row: dict) -> dict:
+    """A recorded step as the calibration table's row (profiler/step_table.py's keys)."""
+    return {"prefill": row["prefill"], "decode": row["decode"], "time_s": row["time_s"]}
 
 
 def _describe(scheduler, out) -> dict:
