@@ -9,6 +9,8 @@ reproduces); the `slow` variant runs ten times as many cases per input.
 """
 from __future__ import annotations
 
+import math
+
 import contextlib
 import copy
 import json
@@ -69,7 +71,8 @@ def near(value):
     if isinstance(value, bool) or value is None:
         return VALUES
     if isinstance(value, (int, float)):
-        return st.one_of(st.sampled_from([0, 1, -1, value * 2, value / 2, -value, value + 1, int(value) or 1]),
+        return st.one_of(st.sampled_from([0, 1, -1, value * 2, value / 2, -value, value + 1,
+                                          (int(value) if math.isfinite(value) else 0) or 1]),
                          st.floats(min_value=-1e6, max_value=1e6), st.integers(-10, 10**6), NASTY)
     if isinstance(value, str):
         return st.sampled_from(["sarathi", "orca", "static", "splitfuse", "prefill_first", "sglang", "vllm", "linear",
