@@ -118,15 +118,16 @@ def pool_summary(steps: pd.DataFrame, requests: pd.DataFrame, pools: dict[str, l
     t0 = float(requests["arrival"].min()) if len(requests) else 0.0
     t1 = float(np.nanmax(np.r_[steps["end"].to_numpy(), t0]))
     span = t1 - t0
-    busy = steps.groupby("replica")["duration"].sum()
+    # two columns, not the table (a run's StepTable makes each column as it is read)
+    busy = pd.DataFrame({"replica": steps["replica"], "duration": steps["duration"]}).groupby("replica")["duration"].sum()
     out = {}
     for name, indices in pools.items():
         used = np.array([busy.get(i, 0.0) for i in indices])
         out[f"{name}_replicas"] = len(indices)
         out[f"{name}_utilization"] = json_number(used.mean() / span) if span > 0 else None
-    admitted = requests[requests["status"] != "rejected"]
+    admitted = (requests["status"] != "rejected").to_numpy()  # two columns of those rows, not every column
     entry = "prefill" if "prefill" in pools else next(iter(pools))
-    out.update(_queue_summary(entry, admitted["arrival"], admitted["first_scheduled"], t0, t1))
+    out.update(_queue_summary(entry, requests["arrival"][admitted], requests["first_scheduled"][admitted], t0, t1))
     if handoffs is None:
         return out
     out.update(_queue_summary("decode", handoffs["landed"], handoffs["decode_admitted"], t0, t1))

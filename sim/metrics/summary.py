@@ -66,9 +66,9 @@ def _latency_summary(df: pd.DataFrame, itl: ITLDistribution) -> dict:
     """Request-latency percentiles over the requests that did not fail (a timed-out request may have
     a first token; like vllm bench serve, failed requests count in no latency), ITL over every gap."""
     out = {}
-    df = df[df["status"] != "rejected"]
+    kept = (df["status"] != "rejected").to_numpy()  # each column's rows, not a copy of every column
     for name, qs in (("ttft", (50, 90, 99)), ("tpot", (50, 90, 99)), ("e2e", (50, 99)), ("queue_delay", (50, 99))):
-        for q, v in zip(qs, column_percentiles(df[name], qs)):
+        for q, v in zip(qs, column_percentiles(df[name][kept], qs)):
             out[f"{name}_p{q}"] = v
     for q, v in zip((50, 90, 99), itl.percentile([50, 90, 99])):
         out[f"itl_p{q}"] = json_number(v)
