@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from cbsim.sim.metrics.recorder import STEP_COLUMNS, Recorder
-from cbsim.sim.metrics.step_efficiency import COLUMNS as EFFICIENCY, ROWS, efficiency_columns, with_efficiency
+from cbsim.sim.metrics.step_efficiency import COLUMNS as EFFICIENCY, efficiency_columns, with_efficiency
 from cbsim.sim.metrics.step_order import step_frame
 
 NAMES = ("step", *STEP_COLUMNS, "duration", *EFFICIENCY)
+SCRATCH = 1 << 18  # rows made at a time (~60 MB of scratch with the efficiency columns)
 
 
 class StepTable:
@@ -51,27 +52,33 @@ class StepTable:
         """Column `name`, whole, made now (a view of the recorder's buffer where it can be)."""
         if name not in NAMES:
             raise KeyError(name)
-        n = len(self)
         if name in STEP_COLUMNS and name != "start":
-            values = self.recorder.step_rows(name, 0, n)
-        elif name in EFFICIENCY:
-            values = np.empty(n, dtype=np.float64)
-            for lo in range(0, n, ROWS):
-                values[lo:lo + ROWS] = self._efficiency(self._base(lo, min(lo + ROWS, n)))[name]
+            values = self.recorder.step_rows(name, 0, len(self))
         else:
-            values = self._base(0, n, only=name)[name]
+            values = self._fill((name,), 0, len(self))[name]
         return pd.Series(values, name=name, copy=False)
 
     def rows(self, lo: int, hi: int) -> pd.DataFrame:
         """Rows lo..hi-1 (clipped to the table) with every column dense, in the frame's order and types."""
         lo, hi = max(lo, 0), min(hi, len(self))
-        base = self._base(lo, max(hi, lo))
-        base.update(self._efficiency(base))
-        frame = pd.DataFrame(base, copy=False)
+        frame = pd.DataFrame(self._fill(NAMES, lo, max(hi, lo)), copy=False)
         frame.index = pd.RangeIndex(lo, max(hi, lo))
         return frame
 
-    def blocks(self, size: int = ROWS):
+    def _fill(self, names, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """Columns `names` of rows lo..hi-1, made SCRATCH rows at a time into one array each (the scratch
+        of the efficiency formulas, a dozen arrays a row, is a block's)."""
+        out = {name: np.empty(hi - lo, dtype=_dtype(name)) for name in names}
+        efficiency = any(name in EFFICIENCY for name in names)
+        for a in range(lo, hi, SCRATCH):
+            b = min(a + SCRATCH, hi)
+            base = self._base(a, b, only=None if efficiency or len(names) > 1 else names[0])
+            values = {**base, **self._efficiency(base)} if efficiency else base
+            for name in names:
+                out[name][a - lo:b - lo] = values[name]
+        return out
+
+    def blocks(self, size: int = SCRATCH):
         """The rows, `size` at a time, as `rows` frames."""
         for lo in range(0, len(self), size):
             yield self.rows(lo, lo + size)
@@ -103,3 +110,8 @@ class StepTable:
     def _efficiency(self, base: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The efficiency columns of the rows `base` holds (every step's own formula: the same values)."""
         return efficiency_columns(pd.DataFrame(base, copy=False), self.hardware)
+
+
+def _dtype(name: str):
+    """The frame's type of column `name`."""
+    return STEP_COLUMNS[name] if name in STEP_COLUMNS else np.int64 if name == "step" else np.float64

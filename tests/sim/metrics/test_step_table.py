@@ -6,6 +6,7 @@ import pytest
 
 from cbsim.api import run_experiment
 from cbsim.sim.metrics import densified
+from cbsim.sim.metrics import step_table
 from cbsim.sim.metrics.step_table import NAMES
 from cbsim.sim.outputs import parquet
 from cbsim.sim.outputs.trace_export import write_chrome_trace
@@ -31,7 +32,8 @@ def run(request):
     return run_experiment(RUNS[request.param])
 
 
-def test_columns_and_blocks_are_the_whole_frames(run):
+def test_columns_and_blocks_are_the_whole_frames(run, monkeypatch):
+    monkeypatch.setattr(step_table, "SCRATCH", 5)  # rows made 5 at a time
     table = run.step_table
     whole = densified(run.steps)
     assert list(whole.columns) == list(NAMES) == table.columns and len(table) == len(whole) > 20
@@ -52,6 +54,7 @@ def test_files_written_from_it_are_the_frames(run, tmp_path, monkeypatch):
     frame writes."""
     monkeypatch.setattr(parquet, "ROW_GROUP", 7)
     monkeypatch.setattr(parquet, "CSV_ROWS", 5)
+    monkeypatch.setattr(step_table, "SCRATCH", 3)
     parquet.write_parquet(run.step_table, tmp_path / "a.parquet")
     parquet.write_parquet(run.steps, tmp_path / "b.parquet")
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
