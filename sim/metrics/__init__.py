@@ -8,6 +8,7 @@ its own file, loaded when first used:
 
 - metrics_config.py   MetricsConfig, SLOConfig (the experiment's `metrics:` section)
 - step_order.py       step_frame, StepColumns (its columns one at a time), densified, LocalOrder (each replica's steps in its own order)
+- step_table.py       StepTable: a run's step table never held whole (a column when read, a block of rows when written)
 - token_runs.py       TokenRuns located in that order, run invariants, token_times
 - itl.py              the weighted ITL distribution, weighted percentiles, CDF points, stalls
 - bucket_sort.py      the stable sort by value the ITL distribution is built with
@@ -39,7 +40,7 @@ _HOME = {
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
     "request_frame": "request_metrics",
-    "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
+    "StepTable": "step_table", "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",
     "cut_warning": "unfinished", "mark_cut": "unfinished", "rejection_summary": "unfinished",
     "TokenRuns": "token_runs", "run_arrays": "token_runs", "token_runs": "token_runs", "token_times": "token_runs",
