@@ -38,6 +38,7 @@ def write_parquet(frame, path: str | Path) -> None:
             if writer is None:
                 writer = pq.ParquetWriter(path, group.schema, compression="zstd")
             writer.write_table(group, row_group_size=ROW_GROUP)
+            del group  # before the next group is made: one group's columns at a time, not two
     finally:
         if writer is not None:
             writer.close()
