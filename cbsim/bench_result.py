@@ -64,11 +64,16 @@ def latency_stats(key: str, values: np.ndarray, weights: np.ndarray | None, perc
     weights = np.ones(len(values), np.int64) if weights is None else np.asarray(weights)
     if len(values) == 0 or weights.sum() == 0:
         values, weights = np.zeros(1), np.ones(1, np.int64)  # vLLM: np.mean(x or 0)
-    mean = float(np.average(values, weights=weights))
-    deviation = values - mean
-    np.square(deviation, out=deviation)  # (values - mean) ** 2, in place: numpy squares a power of 2
-    std = float(np.sqrt(np.average(deviation, weights=weights)))
-    del deviation
+    # np.average(x, weights=w) is sum(x * w) / sum(w) in float64; spelled out here over one scratch array
+    # (the products, then the squared deviations and their products, each in place): the same sums
+    total = weights.sum(dtype=np.float64)
+    scratch = np.multiply(values, weights, dtype=np.float64)
+    mean = float(scratch.sum() / total)
+    np.subtract(values, mean, out=scratch)
+    np.square(scratch, out=scratch)  # (values - mean) ** 2, in place: numpy squares a power of 2
+    np.multiply(scratch, weights, out=scratch, dtype=np.float64)
+    std = float(np.sqrt(scratch.sum() / total))
+    del scratch
     qs = [50.0, *map(float, percentiles)]
     at = weighted_percentile(values, weights, qs)
     out = {f"mean_{key}_ms": mean * 1e3, f"median_{key}_ms": float(at[0]) * 1e3, f"std_{key}_ms": std * 1e3}
