@@ -159,11 +159,12 @@ def _in_order(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p not in late] + late
 
 
-def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs) -> dict:
+def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs, busy) -> dict:
     """Recovery, admission, per-pool and per-GPU entries of the summary."""
     out = metrics.recovery_summary(preemptions, transfers[host])
     out["num_rejected_admission"] = int(table["reject_reason"].str.startswith(REASON_PREFIX).sum())
-    out.update(metrics.pool_summary(steps, table, pools, handoffs, transfers[~host] if handoffs is not None else None))
+    out.update(metrics.pool_summary(steps, table, pools, handoffs, transfers[~host] if handoffs is not None else None,
+                                    busy=busy))
     out["num_gpus"] = gpus = num_gpus(cfg)
     goodput = summary.get("goodput_requests_per_s")
     out["goodput_per_gpu"] = None if goodput is None else goodput / gpus
@@ -219,6 +220,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     # KV usage and MFU for sweeps, computed here so that its scratch is freed before the request frame and the
     # ITL exist (a lower peak); added to the summary in its place below
     usage = usage_summary(steps, {r.index: r.kv.num_blocks for r in pool})
+    busy = metrics.busy_time(steps)  # (likewise: its group sum's scratch freed before the frames exist)
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
     if client_arrival is not None:
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
@@ -233,7 +235,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     handoffs = metrics.handoff_frame(cluster.records.values()) if cluster is not None else None
     if handoffs is not None:
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
-    summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
+    summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs, busy))
     summary.update(load_summary(pool, table, cfg.cluster.mode))  # offered load against capacity (the knee)
     kvs = [replica.kv for replica in pool]
     summary.update(usage)  # KV usage, MFU for sweeps

@@ -35,7 +35,7 @@ _HOME = {
     "weighted_percentile": "itl",
     "MetricsConfig": "metrics_config", "SLOConfig": "metrics_config",
     "PREEMPTION_COLUMNS": "pool_metrics", "TRANSFER_COLUMNS": "pool_metrics", "handoff_frame": "pool_metrics",
-    "level_series": "pool_metrics", "pool_summary": "pool_metrics", "preemption_frame": "pool_metrics",
+    "busy_time": "pool_metrics", "level_series": "pool_metrics", "pool_summary": "pool_metrics", "preemption_frame": "pool_metrics",
     "recovery_summary": "pool_metrics", "time_average": "pool_metrics", "transfer_frame": "pool_metrics",
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
