@@ -50,7 +50,7 @@ def one_run(experiment: str, out: str) -> dict:
     mark("matplotlib")
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
-    res._write_files(target, lambda text: None)
+    res._write_files(target, lambda text: None, target)
     mark("files")
     res._write_plots(target)
     mark("plots")

@@ -7,9 +7,11 @@ The CLI, notebooks, sweeps and CI all call run_experiment.
 """
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -30,9 +32,9 @@ from cbsim.bench_result import bench_result
 from cbsim.build import client_frontend, simulate_run
 from cbsim.sim.metrics.client_view import client_view
 from cbsim.replica_gpus import hardware_of
-from cbsim.sim.metrics.step_efficiency import with_efficiency
+from cbsim.sim.metrics.step_table import StepTable
 from cbsim.sim.metrics.summary import usage_summary
-from cbsim.sim.outputs.parquet import write_parquet
+from cbsim.sim.outputs.parquet import write_csv, write_parquet
 from cbsim.sim.outputs.side_by_side import run_side_by_side
 from cbsim.sim.outputs.trace_export import write_chrome_trace
 from cbsim.workloads import build_run
@@ -44,11 +46,15 @@ from cbsim.replica_gpus import num_gpus
 
 @dataclass
 class Results:
-    """What a run produced: per-request and per-step tables, the summary, and the raw record."""
+    """What a run produced: per-request and per-step tables, the summary, and the raw record.
+
+    `steps` (the step table as one pandas frame) is built when first read and then kept; the run's own
+    metrics and files read `step_table` (sim/metrics/step_table.py: a column or a block of rows at a
+    time), so `cbsim run` never holds the whole frame (830 MB of columns at a million requests)."""
 
     config: ExperimentConfig
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    step_table: StepTable
     summary: dict
     itl: object  # cbsim.sim.metrics.ITLDistribution
     recorder: object  # cbsim.sim.metrics.recorder.Recorder
@@ -63,6 +69,11 @@ class Results:
     kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
     kv_unit_tokens: float | None = None  # tokens one of those blocks holds (a sliding window's units: fewer)
     files: dict | None = None  # what write() wrote: file name -> bytes
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per step (metrics.step_frame with the efficiency columns), made when first read."""
+        return self.step_table.frame()
 
     def token_times(self, request_id: int) -> np.ndarray:
         """Every output-token time of one request (expanded from the compact token runs)."""
@@ -104,7 +115,7 @@ class Results:
 
         say(f"writing tables to {shown}" + (" (and plotting)" if cfg.output.plots else ""))
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
+        tables = (("requests", self.requests), ("steps", self.step_table), ("preemptions", self.preemptions),
                   ("transfers", self.transfers), ("sessions", self.sessions), ("session_turns", self.turns))
         for name, frame in tables:
             if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
@@ -112,13 +123,13 @@ class Results:
             if "parquet" in cfg.output.formats:
                 write_parquet(frame, path(f"{name}.parquet"))  # a row group at a time: the same file
             if "csv" in cfg.output.formats:
-                frame.to_csv(path(f"{name}.csv"), index=False)
+                write_csv(frame, path(f"{name}.csv"))  # a block of rows at a time: the same file
         path("summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         bench = bench_result(self, cfg.metrics.percentiles, details=cfg.output.bench_details)
         path("bench.json").write_text(json.dumps(bench, indent=2) + "\n")
         if cfg.output.trace:
             say("writing trace.json")
-            write_chrome_trace(self.steps, path("trace.json"), cfg.metrics.trace_max_steps, self.requests,
+            write_chrome_trace(self.step_table, path("trace.json"), cfg.metrics.trace_max_steps, self.requests,
                                self.transfers, cfg.metrics.trace_max_requests)
         if self.shapes:
             with open(path("shapes.jsonl"), "w") as handle:
@@ -156,11 +167,12 @@ def _in_order(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p not in late] + late
 
 
-def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs) -> dict:
+def _extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs, busy) -> dict:
     """Recovery, admission, per-pool and per-GPU entries of the summary."""
     out = metrics.recovery_summary(preemptions, transfers[host])
     out["num_rejected_admission"] = int(table["reject_reason"].str.startswith(REASON_PREFIX).sum())
-    out.update(metrics.pool_summary(steps, table, pools, handoffs, transfers[~host] if handoffs is not None else None))
+    out.update(metrics.pool_summary(steps, table, pools, handoffs, transfers[~host] if handoffs is not None else None,
+                                    busy=busy))
     out["num_gpus"] = gpus = num_gpus(cfg)
     goodput = summary.get("goodput_requests_per_s")
     out["goodput_per_gpu"] = None if goodput is None else goodput / gpus
@@ -213,10 +225,11 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     wall = time.perf_counter() - started
     if progress is not None:
         progress.say(f"simulated {len(requests):,} requests in {wall:.1f} s; computing metrics")
-    steps = with_efficiency(metrics.step_frame(recorder), hardware_of(cfg, pool, pools))  # MFU, HBM, collectives
+    steps = StepTable(recorder, hardware_of(cfg, pool, pools))  # columns made as read; MFU, HBM, collectives
     # KV usage and MFU for sweeps, computed here so that its scratch is freed before the request frame and the
     # ITL exist (a lower peak); added to the summary in its place below
     usage = usage_summary(steps, {r.index: r.kv.num_blocks for r in pool})
+    busy = metrics.busy_time(steps)  # (likewise: its group sum's scratch freed before the frames exist)
     table = metrics.request_frame(requests, recorder, steps, cfg.metrics)
     if client_arrival is not None:
         table = client_view(table, steps, requests, client_arrival, frontend.terms, cfg.metrics)
@@ -231,7 +244,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     handoffs = metrics.handoff_frame(cluster.records.values()) if cluster is not None else None
     if handoffs is not None:
         table = table.merge(handoffs.drop(columns=["prefill_blocks"]), on="request_id", how="left")
-    summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs))
+    summary.update(_extra_summary(cfg, summary, table, steps, pools, preemptions, transfers, host, handoffs, busy))
     summary.update(load_summary(pool, table, cfg.cluster.mode))  # offered load against capacity (the knee)
     kvs = [replica.kv for replica in pool]
     summary.update(usage)  # KV usage, MFU for sweeps
@@ -260,5 +273,9 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
                       kv_unit_tokens=pool[0].kv.unit_tokens, turns=turns, sessions=sessions)
     if out_dir is not None:
+        # the run's objects (replicas, caches, the request columns the table was made from) are not written:
+        # freed first, so that the writing's scratch takes their place (a lower peak at a million requests)
+        del workload, requests, in_order, pool, cluster, kvs, links
+        gc.collect()  # (the replicas and the event loop hold each other)
         results.write(out_dir, progress, overwrite=overwrite)
     return results

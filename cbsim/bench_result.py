@@ -54,23 +54,34 @@ def bench_result(results, percentiles=(99,), details: bool = False) -> dict:
     samples = {"ttft": done["ttft"], "tpot": done.loc[done["output_len"] > 1, "tpot"], "e2el": done["e2e"]}
     for key in LATENCY_KEYS:
         values, weights = _itl(results.itl) if key == "itl" else (samples[key].dropna().to_numpy(), None)
-        out.update(latency_stats(key, values, weights, percentiles))
+        again = results.itl.fill_values if key == "itl" else None  # the gaps made again: one array of them
+        out.update(latency_stats(key, values, weights, percentiles, again))
     return out
 
 
-def latency_stats(key: str, values: np.ndarray, weights: np.ndarray | None, percentiles) -> dict:
-    """mean/median/std/p<q> of `values` (seconds, optionally weighted) in ms, under vLLM's key names."""
+def latency_stats(key: str, values: np.ndarray, weights: np.ndarray | None, percentiles, again=None) -> dict:
+    """mean/median/std/p<q> of `values` (seconds, optionally weighted) in ms, under vLLM's key names.
+    `again(out)`: writes `values` into `out` once more (the ITL's gaps: then `values` itself is the scratch,
+    one array of them instead of two)."""
     values = np.asarray(values, dtype=np.float64)
     weights = np.ones(len(values), np.int64) if weights is None else np.asarray(weights)
     if len(values) == 0 or weights.sum() == 0:
-        values, weights = np.zeros(1), np.ones(1, np.int64)  # vLLM: np.mean(x or 0)
-    mean = float(np.average(values, weights=weights))
-    deviation = values - mean
-    np.square(deviation, out=deviation)  # (values - mean) ** 2, in place: numpy squares a power of 2
-    std = float(np.sqrt(np.average(deviation, weights=weights)))
-    del deviation
+        values, weights, again = np.zeros(1), np.ones(1, np.int64), None  # vLLM: np.mean(x or 0)
     qs = [50.0, *map(float, percentiles)]
     at = weighted_percentile(values, weights, qs)
+    # np.average(x, weights=w) is sum(x * w) / sum(w) in float64; spelled out here over one scratch array
+    # (the products, then the squared deviations and their products, each in place): the same sums
+    total = weights.sum(dtype=np.float64)
+    scratch = values if again is not None else np.empty(len(values), dtype=np.float64)
+    np.multiply(values, weights, out=scratch, dtype=np.float64)
+    mean = float(scratch.sum() / total)
+    if again is not None:
+        again(scratch)  # the values again, over their products
+    np.subtract(values if again is None else scratch, mean, out=scratch)
+    np.square(scratch, out=scratch)  # (values - mean) ** 2, in place: numpy squares a power of 2
+    np.multiply(scratch, weights, out=scratch, dtype=np.float64)
+    std = float(np.sqrt(scratch.sum() / total))
+    del scratch
     out = {f"mean_{key}_ms": mean * 1e3, f"median_{key}_ms": float(at[0]) * 1e3, f"std_{key}_ms": std * 1e3}
     for q, value in zip(qs[1:], at[1:]):
         out[f"p{percentile_word(q)}_{key}_ms"] = float(value) * 1e3

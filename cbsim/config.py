@@ -253,7 +253,8 @@ class SimConfig:
 class OutputConfig:
     dir: str | None = option(None, help="results folder of `cbsim run` (default results/<name>); from Python, "
                              "run_experiment writes only to the out_dir it is given")
-    plots: bool = option(True, help="write PNG plots")
+    plots: bool = option(False, help="draw the PNG figures (latency CDF, step timeline, KV usage, dashboard): only "
+                         "when asked, here or with `cbsim run --plots` (they are most of a short run's time)")
     trace: bool = option(False, help="write trace.json, a Perfetto/Chrome trace of the first metrics.trace_max_steps "
                          "steps (~360 bytes a step: 18 MB at the default 50,000)")
     formats: list[Literal["csv", "parquet"]] = option(["parquet"], help="table file formats: parquet (zstd; "

@@ -17,6 +17,23 @@ is that compiled copy when it was built from the source as it is now, else promp
 source is never shadowed by an old build (it warns once and runs the plain module). CBSIM_NATIVE=0 turns
 the compiled core off.
 
+What it buys, measured (issue 29; `python benchmarks/native_gain.py`: each speed-matrix row run plain and
+compiled in alternating order, 3 rounds, 10,000 reference requests, the same steps both ways; CPU us per
+request, the median of the rounds' plain/compiled ratios; a 2-core machine shared with other work, load
+5-7, so +-10 % is noise):
+
+    benchmark 47.0 / 41.6 (1.13x)   orca 55.8 / 52.5 (1.14x)   reserve_full 49.4 / 47.3 (1.28x)
+    splitfuse 1.00x   prefill_first 1.02x   pd_1p1d 0.99x   rr_4 1.00x   least_loaded_4 1.04x
+    sglang_lpm 1.00x   pp_2 1.02x
+
+The decision: it stays, optional. Its guarantees hold and are tested (identical tables, a clean fall-back
+when it is off, missing, stale or cut short), it costs a pure-Python install nothing, and it takes 11-22 %
+off the rows whose steps are prompt runs. It does nothing for the other six rows (several replicas, P/D,
+prefill_first, sglang, pipeline parallel), which are the ones issue 29 is about: speed there has to come
+from the engine loop itself, not from compiling it. Measure again with benchmarks/native_gain.py when the
+runs move out of prompt_run.py (issue 29's one run record); if the gain on the benchmark falls under 10 %,
+remove this module, its test and the `native` extra.
+
 Invariant: both give the same results bit for bit. The C is compiled with -ffp-contract=off (no fused
 multiply-adds: each float operation rounds as Python's does), and mypyc keeps Python's integer
 semantics; tests/sim/test_native_core.py builds it where mypyc is installed and holds its tables to the

@@ -59,6 +59,8 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
                                    "warning)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a results folder that holds other files "
                                        "(cbsim's own earlier results are replaced without it)"),
+        plots: Optional[bool] = typer.Option(None, "--plots/--no-plots", help="draw the PNG figures (or not), "
+                                             "whatever the file's output.plots says (default: the file's; off)"),
         seed: Optional[int] = typer.Option(None, "--seed", min=0, help="the run's seed (the file's `seed`; "
                                            "default 0)"),
         model: Optional[str] = typer.Option(None, "--model", help="no file: model preset, catalog name, HF id or "
@@ -102,6 +104,8 @@ def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; witho
 
     source, set_ = run_source(file, flags, seed, goodput, set_)
     set_ = [*band_overrides(band), *(set_ or [])]
+    if plots is not None:
+        set_ = [*set_, f"output.plots={str(plots).lower()}"]
     cfg = load_config(source, set_)
     target = out or cfg.output.dir or Path("results") / cfg.name
     try:

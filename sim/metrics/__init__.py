@@ -8,6 +8,7 @@ its own file, loaded when first used:
 
 - metrics_config.py   MetricsConfig, SLOConfig (the experiment's `metrics:` section)
 - step_order.py       step_frame, StepColumns (its columns one at a time), densified, LocalOrder (each replica's steps in its own order)
+- step_table.py       StepTable: a run's step table never held whole (a column when read, a block of rows when written)
 - token_runs.py       TokenRuns located in that order, run invariants, token_times
 - itl.py              the weighted ITL distribution, weighted percentiles, CDF points, stalls
 - bucket_sort.py      the stable sort by value the ITL distribution is built with
@@ -35,13 +36,13 @@ _HOME = {
     "weighted_percentile": "itl",
     "MetricsConfig": "metrics_config", "SLOConfig": "metrics_config",
     "PREEMPTION_COLUMNS": "pool_metrics", "TRANSFER_COLUMNS": "pool_metrics", "handoff_frame": "pool_metrics",
-    "level_series": "pool_metrics", "pool_summary": "pool_metrics", "preemption_frame": "pool_metrics",
+    "busy_time": "pool_metrics", "level_series": "pool_metrics", "pool_summary": "pool_metrics", "preemption_frame": "pool_metrics",
     "recovery_summary": "pool_metrics", "time_average": "pool_metrics", "transfer_frame": "pool_metrics",
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
     "turn_frame": "session_metrics", "session_frame": "session_metrics", "session_summary": "session_metrics",
     "request_frame": "request_metrics",
-    "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
+    "StepTable": "step_table", "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",
     "cut_warning": "unfinished", "mark_cut": "unfinished", "rejection_summary": "unfinished",
     "TokenRuns": "token_runs", "run_arrays": "token_runs", "token_runs": "token_runs", "token_times": "token_runs",

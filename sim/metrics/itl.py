@@ -72,7 +72,10 @@ class ITLDistribution:
     @property
     def values(self) -> np.ndarray:
         """Every gap's length (float64, ascending), made block by block on each access."""
-        out = np.empty(len(self.step), dtype=np.float64)
+        return self.fill_values(np.empty(len(self.step), dtype=np.float64))
+
+    def fill_values(self, out: np.ndarray) -> np.ndarray:
+        """`values` written into `out` (one float64 a gap)."""
         for b0 in range(0, len(out), step_order.BLOCK):
             out[b0:b0 + step_order.BLOCK] = self.values_at(np.arange(b0, min(b0 + step_order.BLOCK, len(out))))
         return out

@@ -106,27 +106,35 @@ def _queue_summary(prefix: str, enter, leave, t0: float, t1: float) -> dict:
             f"{prefix}_queue_max": json_number(level.max()) if len(level) else 0}
 
 
+def busy_time(steps) -> pd.Series:
+    """Each replica's busy seconds: its steps' durations summed (pandas' group sum, indexed by replica).
+    A run computes it before the request frame exists (a lower peak) and hands it to pool_summary."""
+    return pd.DataFrame({"replica": steps["replica"], "duration": steps["duration"]}).groupby("replica")["duration"].sum()
+
+
 def pool_summary(steps: pd.DataFrame, requests: pd.DataFrame, pools: dict[str, list[int]],
-                 handoffs: pd.DataFrame | None = None, transfers: pd.DataFrame | None = None) -> dict:
+                 handoffs: pd.DataFrame | None = None, transfers: pd.DataFrame | None = None,
+                 busy: pd.Series | None = None) -> dict:
     """Per-pool utilisation (busy step time / makespan, averaged over the pool's replicas) and
     waiting-queue length (time average and max); with P/D hand-offs, the transfer, link-queue and
     backpressure distributions and the KV held on the prefill side while waiting to move.
 
+    `busy`: busy_time(steps), where it was computed already.
     Queues: the prefill (or only) pool holds a request from its arrival to its first step; the
     decode pool from its landing to its first step there.
     """
     t0 = float(requests["arrival"].min()) if len(requests) else 0.0
     t1 = float(np.nanmax(np.r_[steps["end"].to_numpy(), t0]))
     span = t1 - t0
-    busy = steps.groupby("replica")["duration"].sum()
+    busy = busy_time(steps) if busy is None else busy
     out = {}
     for name, indices in pools.items():
         used = np.array([busy.get(i, 0.0) for i in indices])
         out[f"{name}_replicas"] = len(indices)
         out[f"{name}_utilization"] = json_number(used.mean() / span) if span > 0 else None
-    admitted = requests[requests["status"] != "rejected"]
+    admitted = (requests["status"] != "rejected").to_numpy()  # two columns of those rows, not every column
     entry = "prefill" if "prefill" in pools else next(iter(pools))
-    out.update(_queue_summary(entry, admitted["arrival"], admitted["first_scheduled"], t0, t1))
+    out.update(_queue_summary(entry, requests["arrival"][admitted], requests["first_scheduled"][admitted], t0, t1))
     if handoffs is None:
         return out
     out.update(_queue_summary("decode", handoffs["landed"], handoffs["decode_admitted"], t0, t1))

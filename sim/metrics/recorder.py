@@ -68,6 +68,11 @@ class Recorder:
         self.run_tokens = array("q")
 
     @property
+    def replicas_seen(self) -> int:
+        """How many replicas have a step."""
+        return len(self._last)
+
+    @property
     def num_steps(self) -> int:
         return len(self._end)
 
@@ -218,6 +223,24 @@ class Recorder:
             return column.sparse_array(self.num_steps) if sparse else column.dense(self.num_steps)
         return self.dense[name].array()
 
+    def step_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi-1 of one column, in its declared type, as `step_column(name)[lo:hi]` holds them, made
+        for these rows alone: a narrow column's buffer is not widened, a sparse one not made dense whole.
+        `start` of several replicas is the one exception (each row's start may be another replica's
+        row away): the whole column is computed, and the rows taken from it."""
+        if name == "start":
+            if self.replicas_seen > 1:
+                return self.step_column("start")[lo:hi]
+            end = self.dense["end"].array_as_stored()
+            start = np.empty(hi - lo, dtype=np.float64)
+            start[1:] = end[lo:hi][:-1]
+            if lo > 0 and hi > lo:
+                start[0] = end[lo - 1]  # (row 0 of a replica has a kept start, scattered below)
+            return _scatter_rows(self._starts, start, lo, hi)
+        if name in self.sparse:
+            return _scatter_rows(self.sparse[name], np.zeros(hi - lo, dtype=self.sparse[name].dtype), lo, hi)
+        return self.dense[name].array_as_stored()[lo:hi].astype(STEP_COLUMNS[name], copy=False)
+
     def _start_column(self, end: np.ndarray, replica: np.ndarray) -> np.ndarray:
         """Each row's start: the one kept, or the end of its replica's previous row."""
         n = len(end)
@@ -236,3 +259,11 @@ class Recorder:
             "last_step": np.frombuffer(self.run_last_step, dtype=np.int64) if self.run_last_step else np.zeros(0, np.int64),
             "tokens": np.frombuffer(self.run_tokens, dtype=np.int64) if self.run_tokens else np.zeros(0, np.int64),
         }
+
+
+def _scatter_rows(column, out: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """`out` (rows lo..hi-1) with the values `column` (a SparseColumn) keeps in those rows written over it."""
+    rows = column.row_array()
+    a, b = np.searchsorted(rows, (lo, hi))
+    out[rows[a:b] - lo] = column.value_array()[a:b]
+    return out

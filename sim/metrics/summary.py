@@ -66,9 +66,9 @@ def _latency_summary(df: pd.DataFrame, itl: ITLDistribution) -> dict:
     """Request-latency percentiles over the requests that did not fail (a timed-out request may have
     a first token; like vllm bench serve, failed requests count in no latency), ITL over every gap."""
     out = {}
-    df = df[df["status"] != "rejected"]
+    kept = (df["status"] != "rejected").to_numpy()  # each column's rows, not a copy of every column
     for name, qs in (("ttft", (50, 90, 99)), ("tpot", (50, 90, 99)), ("e2e", (50, 99)), ("queue_delay", (50, 99))):
-        for q, v in zip(qs, column_percentiles(df[name], qs)):
+        for q, v in zip(qs, column_percentiles(df[name][kept], qs)):
             out[f"{name}_p{q}"] = v
     for q, v in zip((50, 90, 99), itl.percentile([50, 90, 99])):
         out[f"itl_p{q}"] = json_number(v)
@@ -131,7 +131,10 @@ def usage_summary(steps_df: pd.DataFrame, kv_blocks: dict) -> dict:
 def _kv_usage(steps_df: pd.DataFrame, kv_blocks: dict) -> np.ndarray:
     """Each step's blocks used over its replica's cache (NaN where the cache size is unknown), in one
     array beside the frame's columns."""
-    capacity = steps_df["replica"].map(kv_blocks).to_numpy(dtype=np.float64, copy=True)
+    replica = np.asarray(steps_df["replica"])
+    capacity = np.full(len(replica), np.nan)
+    for index, blocks in kv_blocks.items():  # (the values Series.map gives, without its Series)
+        capacity[replica == index] = np.nan if blocks is None else blocks
     np.copyto(capacity, np.nan, where=~(capacity > 0))
     return np.divide(steps_df["kv_blocks_used"].to_numpy(dtype=np.float64), capacity, out=capacity)
 
@@ -156,7 +159,13 @@ def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float):
     if kept is None:
         return None
     values, weights = kept
-    order = np.argsort(values, kind="stable")
-    cumulative = weights[order]
-    np.cumsum(cumulative, out=cumulative)  # (in place: the same sums, one array fewer)
-    return json_number(values[order[np.searchsorted(cumulative, q * cumulative[-1], side="left")]])
+    # the weights in the values' stable order, summed in that order: written over the order itself, a block
+    # at a time (one array a step fewer); the value at sorted position k is then the k-th smallest
+    cumulative = np.argsort(values, kind="stable").view(np.float64)
+    order = cumulative.view(np.int64)
+    for lo in range(0, len(order), 1 << 16):
+        cumulative[lo:lo + (1 << 16)] = weights[order[lo:lo + (1 << 16)]]
+    np.cumsum(cumulative, out=cumulative)
+    k = int(np.searchsorted(cumulative, q * cumulative[-1], side="left"))
+    del cumulative, order
+    return json_number(np.partition(values, k)[k])

@@ -87,13 +87,15 @@ def _events(steps: pd.DataFrame):
 
 def write_chrome_trace(steps_df: pd.DataFrame, path, max_steps: int, requests: pd.DataFrame | None = None,
                        transfers: pd.DataFrame | None = None, max_requests: int = 0) -> int:
-    """Write the trace of the first `max_steps` steps of `steps_df` (metrics.step_frame) to `path`,
+    """Write the trace of the first `max_steps` steps of `steps_df` (metrics.step_frame, or a run's
+    StepTable) to `path`,
     and with `requests` (the request table) the lanes of up to `max_requests` requests that arrive
     within those steps (request_lanes.py).
 
     Returns the number of steps written.
     """
-    steps = steps_df.sort_values("step").head(max(int(max_steps), 0))
+    count = max(int(max_steps), 0)  # a StepTable (rows in step order) makes only these rows
+    steps = steps_df.rows(0, count) if hasattr(steps_df, "rows") else steps_df.sort_values("step").head(count)
     other = {"steps_total": len(steps_df), "steps_written": len(steps), "truncated": len(steps) < len(steps_df),
              "time_unit": "microseconds"}
     lines = _events(steps)

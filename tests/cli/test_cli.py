@@ -29,6 +29,20 @@ def write(tmp_path, data, name="exp.yaml"):
     return path
 
 
+def test_figures_only_when_asked(tmp_path):
+    """No figures by default (issue 29: most of a short run's time); --plots draws them whatever the file
+    says, --no-plots leaves them out whatever it says."""
+    pngs = lambda folder: sorted(p.name for p in folder.glob("*.png"))  # noqa: E731
+    plain = write(tmp_path, {**TINY, "output": {}}, "plain.yaml")
+    asked = write(tmp_path, {**TINY, "output": {"plots": True}}, "asked.yaml")
+    for args, folder, drawn in (([str(plain)], "a", False), ([str(plain), "--plots"], "b", True),
+                                ([str(asked)], "c", True), ([str(asked), "--no-plots"], "d", False)):
+        result = runner.invoke(app, ["run", *args, "--out", str(tmp_path / folder), "-q"])
+        assert result.exit_code == 0, result.output
+        assert bool(pngs(tmp_path / folder)) == drawn, args
+    assert "dashboard.png" in pngs(tmp_path / "b") and "latency_cdf.png" in pngs(tmp_path / "b")
+
+
 def test_run_writes_every_output(tmp_path):
     exp = write(tmp_path, {**TINY, "output": {"plots": True, "trace": True}})
     out = tmp_path / "out"

@@ -10,7 +10,8 @@ from cbsim.sim.metrics import level_series, time_average
 
 from test_pd import PD_EXPERIMENT
 
-SMALL = ["workload.num_requests=80", "workload.arrival.rate=8", "output.dir=null", "output.trace=false"]
+SMALL = ["workload.num_requests=80", "workload.arrival.rate=8", "output.dir=null", "output.trace=false",
+         "output.plots=true"]
 
 
 def is_png(path):
