@@ -57,6 +57,7 @@ class Results:
     preemptions: pd.DataFrame | None = None  # one row per preemption (metrics.preemption_frame)
     transfers: pd.DataFrame | None = None  # every booked transfer: host swaps, P/D hops (metrics.transfer_frame)
     handoffs: pd.DataFrame | None = None  # P/D: one row per hand-off (metrics.handoff_frame)
+    kv_tiers: pd.DataFrame | None = None  # lower KV tiers' occupancy over time (metrics.tier_occupancy)
     kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
     kv_unit_tokens: float | None = None  # tokens one of those blocks holds (a sliding window's units: fewer)
     files: dict | None = None  # what write() wrote: file name -> bytes
@@ -102,7 +103,7 @@ class Results:
         say(f"writing tables to {shown}" + (" (and plotting)" if cfg.output.plots else ""))
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         tables = (("requests", self.requests), ("steps", self.steps), ("preemptions", self.preemptions),
-                  ("transfers", self.transfers))
+                  ("transfers", self.transfers), ("kv_tiers", self.kv_tiers))
         for name, frame in tables:
             if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
                 continue
@@ -132,7 +133,7 @@ class Results:
         return plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
                         stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
                         cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools, kv_blocks=self.kv_blocks,
-                        transfers=self.transfers, handoffs=self.handoffs)
+                        transfers=self.transfers, handoffs=self.handoffs, kv_tiers=self.kv_tiers)
 
     def _write_dashboards(self, out: Path) -> list[Path]:
         """dashboard.png (and per pool of a P/D run: sim/outputs/dashboard.py)."""
@@ -217,6 +218,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     summary.update(metrics.mark_cut(table, cfg.sim.max_time))  # what max_time cut (not_arrived relabelled)
     preemptions = metrics.preemption_frame(pool)
     links = [replica.host_link for replica in pool] + (cluster.links if cluster is not None else [])
+    links += [link for replica in pool if replica.tiering is not None for link in replica.tiering.links]
     transfers = metrics.transfer_frame(links)
     host = transfers["kind"].isin(["swap_out", "swap_in"])
     handoffs = metrics.handoff_frame(cluster.records.values()) if cluster is not None else None
@@ -230,6 +232,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)
         summary.update(metrics.prefix_summary(table, kvs))
+        summary.update(metrics.tier_summary(table, pool))  # lower KV tiers (only with cluster.kv_cache.tiers)
     summary["sim_wall_seconds"] = wall
     if dropped is not None:  # trace rows its rules removed, by rule (workloads/trace_source.py)
         summary["dropped_rows"] = dropped
@@ -240,6 +243,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     warn_run_outside([replica.cost for replica in pool], steps, table)  # a calibrated engine's domain
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
+                      kv_tiers=metrics.tier_occupancy(pool) if any(r.tiering is not None for r in pool) else None,
                       kv_unit_tokens=pool[0].kv.unit_tokens)
     if out_dir is not None:
         results.write(out_dir, progress, overwrite=overwrite)

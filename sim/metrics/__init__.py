@@ -15,6 +15,7 @@ its own file, loaded when first used:
 - summary.py          summarize (the flat JSON-ready summary)
 - pool_metrics.py     preemptions, transfers, P/D hand-offs, pool utilisation and queues
 - prefix_metrics.py   prefix-cache hits and evictions
+- tier_metrics.py     lower KV tiers: hits and restores per tier, restore time in TTFT, occupancy
 - recorder.py         Recorder: the compact step rows and token runs the engine writes while it runs
 - growable.py         the growable typed columns the recorder keeps
 - step_efficiency.py  FLOPs, HBM bytes, MFU and collective time per step
@@ -38,6 +39,7 @@ _HOME = {
     "recovery_summary": "pool_metrics", "time_average": "pool_metrics", "transfer_frame": "pool_metrics",
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
+    "tier_occupancy": "tier_metrics", "tier_summary": "tier_metrics",
     "request_frame": "request_metrics",
     "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",

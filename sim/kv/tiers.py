@@ -1,0 +1,234 @@
+"""Lower KV tiers behind the prefix cache: CPU DRAM, local SSD, a remote store (one replica's).
+
+What the engines do, and what cbsim keeps of it:
+- SGLang HiCache (python/sglang/srt/mem_cache/hiradix_cache.py, docs/advanced_features/hicache_design.md):
+  one radix tree whose nodes record where their KV is (GPU L1, host L2, storage L3). `write_through`
+  copies a node to host as soon as it is inserted (`write_through_selective` once it is hit again),
+  asynchronously on its own stream; `write_back` copies it only when the GPU evicts it, and the eviction
+  waits for that copy. A later match that ends in host-only nodes loads them back to the GPU, the load
+  overlapped layer by layer with the forward that needs them.
+- vLLM's OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py,
+  vllm/v1/kv_offload/ with an LRU CPU manager): every computed block is stored to CPU asynchronously
+  (write-through); a request whose prefix is on the CPU waits (WAITING_FOR_REMOTE_KVS) while its blocks load.
+- LMCache (LMCacheConnectorV1): chunks are stored after prefill to its CPU / disk / remote backends
+  (write-through) and, without `use_layerwise`, loaded before the forward that needs them (blocking).
+
+The model: a prefix-cache unit (sim/kv/prefix.py Node) that leaves the GPU keeps a copy in the first
+tier that has it, under the write policy: `write_through` (a copy is made when the unit is published;
+an eviction without a copy drops it) or `write_back` (a copy is made when the GPU evicts it). Every
+tier is LRU; a tier that overflows demotes its least recently used unit to the next tier, and the last
+one drops it. Copies stay while the unit is on the GPU again (inclusive, as HiCache and the CPU
+manager keep them). A request whose prefix continues, beyond the GPU's cached path, in units some tier
+holds restores them: they are read back at that tier's bandwidth (`TierTraffic` books the bytes on the
+tier's links) and the step that admits it waits for them (sim/replica.py).
+
+Swap shares the CPU tier (sim/preemption.py): a swapped-out request's blocks take CPU-tier room
+(`reserved`), demoting cached units to make it; swap is refused (recompute) only when the swapped
+blocks alone would not fit.
+
+Invariants: for every tier, used + (tier 0: reserved) <= capacity (in blocks), used is the blocks of
+the units it holds; a unit is in at most one tier; `where` maps exactly the held units to their tier.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from cbsim.sim.kv.link import KVLink
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One lower tier: its name, capacity in KV blocks, read/write bandwidth (bytes/s) and latency (s)."""
+
+    name: str
+    capacity_blocks: int
+    bandwidth: float
+    latency: float = 0.0
+
+
+class TierStore:
+    """The units the lower tiers hold, LRU per tier, and the blocks to move since the last step."""
+
+    def __init__(self, tiers: list[Tier], unit_blocks: int, write_policy: str = "write_through",
+                 layerwise: bool = True):
+        if not tiers or write_policy not in ("write_through", "write_back"):
+            raise ValueError("a TierStore needs tiers and a write policy write_through or write_back")
+        self.tiers = tiers
+        self.unit_blocks = unit_blocks
+        self.write_policy = write_policy
+        self.layerwise = layerwise  # restores overlap the forward layer by layer (else the step waits for them)
+        self.levels: list[OrderedDict] = [OrderedDict() for _ in tiers]  # (depth, key) -> Node, LRU first
+        self.where: dict[tuple, int] = {}  # (depth, key) -> tier index
+        self.used = [0] * len(tiers)  # blocks of the held units, per tier
+        self.reserved = 0  # CPU-tier blocks held by swapped-out requests (sim/preemption.py)
+        # blocks to move, drained by TierTraffic each step: reads (restores) and writes, per tier
+        self.reads = [0] * len(tiers)
+        self.writes = [0] * len(tiers)
+        self.sync_writes = 0  # write_back: blocks the GPU evicted this step, written to tier 0 before reuse
+        self.restored_units = [0] * len(tiers)  # units read back over the run, per tier
+        self.written_units = [0] * len(tiers)  # units written into each tier (stores and demotions)
+        self.dropped_units = 0  # units the last tier let go
+        self.restored_tokens: dict[int, list[int]] = {}  # request id -> tokens restored per tier (first admission)
+        self.restoring: list[int] = []  # requests that restored since the last step was booked
+
+    # -- queries ---------------------------------------------------------------------------
+    @staticmethod
+    def key(node) -> tuple:
+        return node.depth, node.key
+
+    def find(self, depth: int, key: int):
+        """The node a tier holds for unit `depth` with chain key `key`, if it is off the GPU (else None)."""
+        level = self.where.get((depth, key))
+        if level is None:
+            return None
+        node = self.levels[level][(depth, key)]
+        return node if node.parent is None else None
+
+    def level_of(self, node) -> int:
+        return self.where[self.key(node)]
+
+    def room(self, level: int) -> int:
+        """Blocks tier `level` can still take without demoting."""
+        return self.tiers[level].capacity_blocks - self.used[level] - (self.reserved if level == 0 else 0)
+
+    # -- changes ---------------------------------------------------------------------------
+    def stored(self, node) -> None:
+        """The GPU published `node` (write_through: copy it to tier 0 now)."""
+        if self.write_policy == "write_through":
+            self._put(node, 0)
+
+    def evicted(self, node) -> None:
+        """The GPU evicted `node`: it lives on where a tier has a copy; write_back makes the copy now."""
+        level = self.where.get(self.key(node))
+        if level is not None:
+            self.levels[level][self.key(node)] = node  # (the same unit: keep this object, the one detached)
+            return
+        if self.write_policy == "write_back" and self._put(node, 0) == 0:
+            self.sync_writes += self.unit_blocks  # (booked apart from the other writes: the step waits for it)
+            self.writes[0] -= self.unit_blocks
+
+    def restore(self, node, request_id: int, unit_tokens: int, first: bool) -> int:
+        """`node` goes back to the GPU for `request_id`: its tier's blocks are read; it stays there (LRU
+        refreshed). Returns its tier."""
+        key = self.key(node)
+        level = self.where[key]
+        self.levels[level].move_to_end(key)
+        self.reads[level] += self.unit_blocks
+        self.restored_units[level] += 1
+        if not self.restoring or self.restoring[-1] != request_id:
+            self.restoring.append(request_id)
+        if first:
+            per = self.restored_tokens.setdefault(request_id, [0] * len(self.tiers))
+            per[level] += unit_tokens
+        return level
+
+    def reserve(self, blocks: int) -> bool:
+        """Swap-out of `blocks` blocks into the CPU tier: demote cached units until they fit; False (and
+        nothing changed) if they cannot fit even with tier 0 emptied of cached units."""
+        if self.reserved + blocks > self.tiers[0].capacity_blocks:
+            return False
+        self.reserved += blocks
+        self._make_room(0, 0)
+        return True
+
+    def unreserve(self, blocks: int) -> None:
+        self.reserved -= blocks
+
+    def _put(self, node, level: int) -> int | None:
+        """Copy `node` into tier `level` (MRU), or the first tier below it that can ever hold a unit;
+        returns the tier written, None if none was (a copy was there already, or every tier is too small)."""
+        key = self.key(node)
+        have = self.where.get(key)
+        if have is not None:
+            self.levels[have][key] = node
+            self.levels[have].move_to_end(key)
+            return None
+        if self.unit_blocks > self.tiers[level].capacity_blocks - (self.reserved if level == 0 else 0):
+            return self._put(node, level + 1) if level + 1 < len(self.tiers) else self._drop()
+        self._make_room(level, self.unit_blocks)
+        self.levels[level][key] = node
+        self.where[key] = level
+        self.used[level] += self.unit_blocks
+        self.writes[level] += self.unit_blocks
+        self.written_units[level] += 1
+        return level
+
+    def _make_room(self, level: int, blocks: int) -> None:
+        """Demote tier `level`'s least recently used units until `blocks` more fit."""
+        units = self.levels[level]
+        while units and self.room(level) < blocks:
+            key, node = units.popitem(last=False)
+            del self.where[key]
+            self.used[level] -= self.unit_blocks
+            if level + 1 < len(self.tiers):
+                self._put(node, level + 1)
+            else:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.dropped_units += 1
+
+    def occupancy(self) -> tuple:
+        """Blocks each tier holds now (tier 0: cached units and swapped requests)."""
+        return tuple(self.used[i] + (self.reserved if i == 0 else 0) for i in range(len(self.tiers)))
+
+
+class TierTraffic:
+    """The transfers a step's tier traffic takes, on two links per tier (reads up to the GPU, writes down:
+    PCIe and NVMe are full duplex); tier 0's read link is the replica's host link, shared with swap-ins.
+
+    `book(start, block_bytes)` drains the store's counters at a step's start and returns (seconds the
+    step's restores take, seconds its synchronous write_back stores take), each from `start`.
+    Demotions and write_through copies are booked but waited for by nobody (they run beside the steps)."""
+
+    def __init__(self, store: TierStore, host_link: KVLink, index: int):
+        if host_link.bandwidth != store.tiers[0].bandwidth or host_link.latency != store.tiers[0].latency:
+            raise ValueError("the first tier's bandwidth and latency are the host link's (cbsim/build.py)")
+        self.store = store
+        self.layerwise = store.layerwise
+        self.read_links = [host_link] + [KVLink(f"{t.name}_read{index}", t.bandwidth, t.latency,
+                                                key=f"cluster.kv_cache.tiers.levels[{i + 1}]")
+                                         for i, t in enumerate(store.tiers[1:])]
+        self.write_links = [KVLink(f"{t.name}_write{index}", t.bandwidth, t.latency,
+                                   key=f"cluster.kv_cache.tiers.levels[{i}]") for i, t in enumerate(store.tiers)]
+        self.occupancy: list[tuple] = []  # (time, blocks per tier), appended when it changes
+        self.restore_stall = 0.0  # seconds steps waited beyond their compute for restores and stores
+        self.request_stall: dict[int, float] = {}  # request id -> seconds its admission step waited on them
+
+    @property
+    def links(self) -> list[KVLink]:
+        return self.read_links[1:] + self.write_links
+
+    def book(self, start: float, block_bytes: float) -> tuple[float, float]:
+        store = self.store
+        read_end = write_end = start
+        sync = store.sync_writes
+        if sync:
+            write_end = self.write_links[0].submit(start, sync * block_bytes, -1, "offload").end
+            store.sync_writes = 0
+        for level, blocks in enumerate(store.reads):
+            if blocks:
+                end = self.read_links[level].submit(start, blocks * block_bytes, -1, "restore").end
+                read_end = max(read_end, end)
+                store.reads[level] = 0
+        for level, blocks in enumerate(store.writes):
+            if blocks:
+                self.write_links[level].submit(start, blocks * block_bytes, -1, "offload")
+                store.writes[level] = 0
+        now = store.occupancy()
+        if not self.occupancy or self.occupancy[-1][1] != now:
+            self.occupancy.append((start, now))
+        return read_end - start, write_end - start
+
+    def step_time(self, start: float, compute: float, block_bytes: float) -> float:
+        """The step's whole time with its tier traffic: restores overlapped with the forward layer by layer
+        (the step lasts the longer of the two) or, not layerwise, before it; write_back stores first."""
+        restore, store_wait = self.book(start, block_bytes)
+        whole = (max(compute, restore) if self.layerwise else compute + restore) + store_wait
+        stall = max(0.0, whole - compute)
+        self.restore_stall += stall
+        for rid in self.store.restoring:
+            self.request_stall[rid] = self.request_stall.get(rid, 0.0) + stall
+        self.store.restoring = []
+        return whole
