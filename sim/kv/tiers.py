@@ -192,7 +192,7 @@ class TierTraffic:
                                          for i, t in enumerate(store.tiers[1:])]
         self.write_links = [KVLink(f"{t.name}_write{index}", t.bandwidth, t.latency,
                                    key=f"cluster.kv_cache.tiers.levels[{i}]") for i, t in enumerate(store.tiers)]
-        self.occupancy: list[tuple] = []  # (time, blocks per tier), appended when it changes
+        self.occupancy: list[tuple] = []  # (time, blocks per tier, units restored so far per tier), when changed
         self.restore_stall = 0.0  # seconds steps waited beyond their compute for restores and stores
         self.request_stall: dict[int, float] = {}  # request id -> seconds its admission step waited on them
 
@@ -216,9 +216,9 @@ class TierTraffic:
             if blocks:
                 self.write_links[level].submit(start, blocks * block_bytes, -1, "offload")
                 store.writes[level] = 0
-        now = store.occupancy()
-        if not self.occupancy or self.occupancy[-1][1] != now:
-            self.occupancy.append((start, now))
+        now = store.occupancy(), tuple(store.restored_units)
+        if not self.occupancy or self.occupancy[-1][1:] != now:
+            self.occupancy.append((start, *now))
         return read_end - start, write_end - start
 
     def step_time(self, start: float, compute: float, block_bytes: float) -> float:

@@ -23,6 +23,23 @@ UNITS = {  # exact keys that are not times
     "tenant_jain_index": "fraction", "dec_at_p_mean": "tokens", "dec_at_p_min": "tokens",
     "swapped_bytes": "bytes", "kv_transfer_bytes": "bytes",
 }
+# the lower KV tiers' keys (sim/metrics/tier_metrics.py; only with cluster.kv_cache.tiers), by suffix
+TIER_UNITS = {"_hit_rate": "fraction", "_restored_tokens": "tokens", "_restore_stall_seconds": "s",
+              "_restore_ttft_share": "fraction", "_capacity_blocks": "blocks", "_peak_blocks": "blocks",
+              "_written_bytes": "bytes", "_dropped_units": "count"}
+TIER_MEANINGS = {
+    "_hit_rate": "kv_tier_gpu_hit_rate, kv_tier_<tier>_hit_rate: prompt tokens found on the GPU / restored from "
+    "<tier>, over the admitted requests' prompt tokens (together: prefix_hit_rate)",
+    "_restored_tokens": "kv_tier_<tier>_restored_tokens: prompt tokens restored from <tier>",
+    "_restore_stall_seconds": "kv_tier_restore_stall_seconds: seconds steps lasted beyond their forward waiting "
+    "on restores and write_back stores",
+    "_restore_ttft_share": "kv_tier_restore_ttft_share: of the restoring requests' TTFT, the share their "
+    "admission step's wait took",
+    "_capacity_blocks": "kv_tier_<tier>_capacity_blocks: the tier's size (summed over replicas)",
+    "_peak_blocks": "kv_tier_<tier>_peak_blocks: the most it held (cpu: with swapped requests)",
+    "_written_bytes": "kv_tier_<tier>_written_bytes: bytes stored into it (copies and demotions)",
+    "_dropped_units": "kv_tier_dropped_units: prefix units the last tier let go",
+}
 _LATENCY = re.compile(r"^(%s)(_p\d+(\.\d+)?|_max|_mean)?$" % "|".join(LATENCY_STEMS))
 _MEANINGS = {
     "ttft": "time to first token", "tpot": "time per output token after the first", "itl": "inter-token latency",
@@ -51,6 +68,10 @@ def unit_of(key: str) -> str:
         return "s"
     if key in UNITS:
         return UNITS[key]
+    if key.startswith("kv_tier_"):
+        for suffix, unit in TIER_UNITS.items():
+            if key.endswith(suffix):
+                return unit
     if key.endswith("_utilization") or key.endswith("_share"):
         return "fraction"
     return "count"
@@ -86,6 +107,8 @@ def schema_markdown() -> str:
     for key, unit in UNITS.items():
         shown = "%" if key == "slo_attainment" else unit
         lines.append(f"| `{key}` | {unit} | {shown} | {_MEANINGS.get(key, '')} |")
+    for suffix, unit in TIER_UNITS.items():
+        lines.append(f"| `kv_tier_*{suffix}` | {unit} | {unit} | {TIER_MEANINGS[suffix]} |")
     lines.append("| `<pool>_utilization`, `*_share` | fraction | fraction | |")
     lines.append("| every other key (`num_*`, ...) | count | count | |")
     return "\n".join(lines) + "\n"

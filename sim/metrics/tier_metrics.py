@@ -11,8 +11,9 @@ Summary keys (only in runs with cluster.kv_cache.tiers), over the requests that 
   (cpu: with swapped requests), each summed over replicas; `kv_tier_<tier>_written_bytes`: bytes stored into it;
   `kv_tier_dropped_units`: prefix units the last tier let go.
 
-The occupancy frame (kv_tiers table: time, replica, tier, blocks, capacity_blocks) holds each tier's
-blocks from each step start at which it changed, for the plot (sim/outputs/tier_plot.py).
+The occupancy frame (kv_tiers table: time, replica, tier, blocks, capacity_blocks, restored_blocks) holds
+each tier's blocks, and the blocks restored from it so far, from each step start at which either changed,
+for the plot (sim/outputs/tier_plot.py).
 """
 from __future__ import annotations
 
@@ -72,13 +73,14 @@ def _ttft_share(requests_df: pd.DataFrame, stall: dict) -> float | None:
 
 
 def tier_occupancy(replicas) -> pd.DataFrame:
-    """One row per (sample, tier): time, replica, tier, blocks held, the tier's capacity."""
+    """One row per (sample, tier): time, replica, tier, blocks held, the tier's capacity, blocks restored from
+    it since the run began."""
     rows = []
     for replica in replicas:
         if replica.tiering is None:
             continue
-        tiers = replica.tiering.store.tiers
-        for time, blocks in replica.tiering.occupancy:
-            for tier, held in zip(tiers, blocks):
-                rows.append((time, replica.index, tier.name, held, tier.capacity_blocks))
-    return pd.DataFrame(rows, columns=["time", "replica", "tier", "blocks", "capacity_blocks"])
+        store = replica.tiering.store
+        for time, blocks, restored in replica.tiering.occupancy:
+            for tier, held, units in zip(store.tiers, blocks, restored):
+                rows.append((time, replica.index, tier.name, held, tier.capacity_blocks, units * store.unit_blocks))
+    return pd.DataFrame(rows, columns=["time", "replica", "tier", "blocks", "capacity_blocks", "restored_blocks"])
