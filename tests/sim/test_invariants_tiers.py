@@ -12,21 +12,25 @@ nothing was preempted, and the same inputs give the same run.
 """
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from cbsim.sim.kv.tiers import Tier, TierStore
 
-from test_invariants_prefix import POLICIES, SPECS, Checked, check_run, simulate
+from test_invariants_prefix import POLICIES, Checked, check_run, simulate
 from test_invariants import ENGINE_FIELDS
 
 TIERS = st.fixed_dictionaries({
-    "cpu": st.integers(0, 60), "ssd": st.one_of(st.none(), st.integers(0, 120)),
+    "cpu": st.integers(0, 80), "ssd": st.one_of(st.none(), st.integers(0, 120)),
     "write_policy": st.sampled_from(["write_through", "write_back"]), "layerwise": st.booleans(),
 })
+# test_invariants_prefix.SPECS, leaning to next turns (kind 1) of earlier requests: what tiers bring back
+SPECS = st.lists(st.tuples(st.floats(0, 4, allow_nan=False), st.sampled_from([0, 1, 1, 1]), st.integers(0, 3),
+                           st.integers(1, 6), st.integers(1, 60), st.integers(1, 30), st.integers(0, 2)),
+                 min_size=2, max_size=16)
 ENGINE = st.fixed_dictionaries({
     **ENGINE_FIELDS,
-    "num_blocks": st.integers(8, 60),
+    "num_blocks": st.integers(8, 30),
     "hash_block_size": st.sampled_from([2, 4, 8, 16]),
     "prefix_caching": st.just(True),
 })
@@ -72,6 +76,7 @@ def test_tier_invariants_hold_for_every_policy(policy, specs, engine, tiers):
     check_run(result, policy, engine)
     store = result.caches[0].prefix.tiers
     check_tiers(store, result.caches[0].host_blocks)
+    event("restored from a tier" if any(store.restored_units) else "no restore")
     assert store.reserved == 0  # every swapped request came back or left
 
 
