@@ -258,6 +258,8 @@ class Replica:
         # what of the runs' eligibility holds for the replica's whole life, decided once, after its wiring
         # (a P/D role, closed-loop clients) and before its first step
         leaps, leaps_prompts = replica_leaps(self), core.replica_leaps_prompts(self)
+        if self.tiering is not None:  # a step may restore (and must book its tier traffic): none is skipped
+            leaps = leaps_prompts = False
         while True:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
