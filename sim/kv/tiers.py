@@ -7,9 +7,11 @@ What the engines do, and what cbsim keeps of it:
   asynchronously on its own stream; `write_back` copies it only when the GPU evicts it, and the eviction
   waits for that copy. A later match that ends in host-only nodes loads them back to the GPU, the load
   overlapped layer by layer with the forward that needs them.
-- vLLM's OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py,
-  vllm/v1/kv_offload/ with an LRU CPU manager): every computed block is stored to CPU asynchronously
-  (write-through); a request whose prefix is on the CPU waits (WAITING_FOR_REMOTE_KVS) while its blocks load.
+- vLLM's OffloadingConnector (vllm-project/vllm @7368908, vllm/distributed/kv_transfer/kv_connector/v1/
+  offloading_connector.py, vllm/v1/kv_offload/ with an LRU CPU manager): `_get_reqs_to_store` stores every
+  full block a step computes (write-through, asynchronously); `get_num_new_matched_tokens` looks the CPU up
+  after the GPU's hit and returns its tokens with load_async True, so the request waits
+  (WAITING_FOR_REMOTE_KVS) while its blocks load and the other requests run.
 - LMCache (LMCacheConnectorV1): chunks are stored after prefill to its CPU / disk / remote backends
   (write-through) and, without `use_layerwise`, loaded before the forward that needs them (blocking).
 
