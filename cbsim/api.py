@@ -232,7 +232,9 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)
         summary.update(metrics.prefix_summary(table, kvs))
-        summary.update(metrics.tier_summary(table, pool))  # lower KV tiers (only with cluster.kv_cache.tiers)
+        if any(replica.tiering is not None for replica in pool):  # lower KV tiers (cluster.kv_cache.tiers)
+            table["restore_wait"] = metrics.restore_wait_column(table["request_id"].to_numpy(), pool)
+            summary.update(metrics.tier_summary(table, pool))
     summary["sim_wall_seconds"] = wall
     if dropped is not None:  # trace rows its rules removed, by rule (workloads/trace_source.py)
         summary["dropped_rows"] = dropped

@@ -39,7 +39,7 @@ _HOME = {
     "recovery_summary": "pool_metrics", "time_average": "pool_metrics", "transfer_frame": "pool_metrics",
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
-    "tier_occupancy": "tier_metrics", "tier_summary": "tier_metrics",
+    "restore_wait_column": "tier_metrics", "tier_occupancy": "tier_metrics", "tier_summary": "tier_metrics",
     "request_frame": "request_metrics",
     "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",

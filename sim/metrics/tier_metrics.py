@@ -11,6 +11,9 @@ Summary keys (only in runs with cluster.kv_cache.tiers), over the requests that 
   (cpu: with swapped requests), each summed over replicas; `kv_tier_<tier>_written_bytes`: bytes stored into it;
   `kv_tier_dropped_units`: prefix units the last tier let go.
 
+The request table gains `restore_wait` (restore_wait_column): the seconds a request's admission step
+waited on its restores, inside its TTFT (NaN where it restored nothing).
+
 The occupancy frame (kv_tiers table: time, replica, tier, blocks, capacity_blocks, restored_blocks) holds
 each tier's blocks, and the blocks restored from it so far, from each step start at which either changed,
 for the plot (sim/outputs/tier_plot.py).
@@ -30,13 +33,10 @@ def tier_summary(requests_df: pd.DataFrame, replicas) -> dict:
         return {}
     names = [t.name for t in tiered[0].tiering.store.tiers]
     restored = np.zeros(len(names), dtype=np.int64)
-    stall: dict[int, float] = {}
     per_request: dict[int, list[int]] = {}
     for replica in tiered:
         for rid, tokens in replica.tiering.store.restored_tokens.items():
             per_request.setdefault(rid, tokens)
-        for rid, seconds in replica.tiering.request_stall.items():
-            stall[rid] = stall.get(rid, 0.0) + seconds
     ids = requests_df["request_id"].to_numpy()
     admitted = ~np.isnan(requests_df["first_scheduled"].to_numpy(dtype=np.float64))
     for rid in ids[admitted]:
@@ -49,7 +49,7 @@ def tier_summary(requests_df: pd.DataFrame, replicas) -> dict:
         out[f"kv_tier_{name}_hit_rate"] = json_number(int(restored[i]) / prompt) if prompt else None
         out[f"kv_tier_{name}_restored_tokens"] = int(restored[i])
     out["kv_tier_restore_stall_seconds"] = json_number(sum(r.tiering.restore_stall for r in tiered))
-    out["kv_tier_restore_ttft_share"] = _ttft_share(requests_df, stall)
+    out["kv_tier_restore_ttft_share"] = _ttft_share(requests_df, tiered)
     occupancy = tier_occupancy(replicas)
     for i, name in enumerate(names):
         stores = [r.tiering.store for r in tiered]
@@ -62,14 +62,27 @@ def tier_summary(requests_df: pd.DataFrame, replicas) -> dict:
     return out
 
 
-def _ttft_share(requests_df: pd.DataFrame, stall: dict) -> float | None:
+def restore_wait_column(request_ids: np.ndarray, replicas) -> np.ndarray:
+    """Per request: seconds the steps that admitted it with restored units waited beyond their forward (NaN for
+    a request that restored nothing): the restore time inside its TTFT."""
+    stall: dict[int, float] = {}
+    for replica in replicas:
+        if replica.tiering is not None:
+            for rid, seconds in replica.tiering.request_stall.items():
+                stall[rid] = stall.get(rid, 0.0) + seconds
+    return np.fromiter((stall.get(int(rid), np.nan) for rid in request_ids), dtype=np.float64,
+                       count=len(request_ids))
+
+
+def _ttft_share(requests_df: pd.DataFrame, replicas) -> float | None:
     """Summed restore wait over summed TTFT of the requests that restored and got a first token."""
-    if not stall:
+    waits = requests_df["restore_wait"] if "restore_wait" in requests_df else pd.Series(
+        restore_wait_column(requests_df["request_id"].to_numpy(), replicas), index=requests_df.index)
+    frame = requests_df[waits.notna() & requests_df["ttft"].notna()]
+    if not len(frame):
         return None
-    frame = requests_df[requests_df["request_id"].isin(list(stall)) & requests_df["ttft"].notna()]
     total = float(frame["ttft"].sum())
-    waited = float(sum(stall[int(rid)] for rid in frame["request_id"]))
-    return json_number(waited / total) if total > 0 else None
+    return json_number(float(waits[frame.index].sum()) / total) if total > 0 else None
 
 
 def tier_occupancy(replicas) -> pd.DataFrame:

@@ -64,7 +64,9 @@ def test_a_run_with_a_cpu_tier_reports_its_hits_and_writes_its_table(tmp_path):
     assert s["kv_tier_gpu_hit_rate"] + s["kv_tier_cpu_hit_rate"] == pytest.approx(s["prefix_hit_rate"])
     assert 0 < s["kv_tier_cpu_peak_blocks"] <= s["kv_tier_cpu_capacity_blocks"]
     assert "kv_tier_cpu_hit_rate" not in off.summary and off.kv_tiers is None
-    assert (on.out_dir / "kv_tiers.parquet").exists()
+    assert (on.out_dir / "kv_tiers.parquet").exists() and "restore_wait" not in off.requests
+    restored = on.requests["restore_wait"].notna()
+    assert restored.any() and (on.requests.loc[restored, "restore_wait"] <= on.requests.loc[restored, "ttft"]).all()
     assert on.kv_tiers["blocks"].max() <= s["kv_tier_cpu_capacity_blocks"]
     again = run_experiment(experiment({"levels": [CPU]}))
     assert again.summary | {"sim_wall_seconds": 0} == s | {"sim_wall_seconds": 0}

@@ -48,13 +48,13 @@ def test_swap_reservations_demote_cached_units_and_refuse_beyond_capacity():
     assert store.reserved == 0
 
 
-def _turns(gpu_blocks: int, tiers, bandwidth: float = 1e9, layerwise: bool = True):
+def _turns(gpu_blocks: int, tiers, bandwidth: float = 1e9, layerwise: bool = True, policy: str = "write_through"):
     """Request 0 has a 64-token prefix; requests 1-3 fill a small GPU cache with other prefixes; request 4
     comes back to prefix 0 with more tokens (a next turn)."""
     specs = [(0, 0, 4, 0, 2), (1, 1, 4, 0, 2), (2, 2, 4, 0, 2), (3, 3, 4, 0, 2), (4, 0, 4, 16, 2)]
 
     def store(kv):
-        return TierStore([Tier("cpu", 40, bandwidth, 0.0)], kv.prefix.unit_blocks, "write_through", layerwise)
+        return TierStore([Tier("cpu", 40, bandwidth, 0.0)], kv.prefix.unit_blocks, policy, layerwise)
     return run_prefix({"name": "sarathi", "token_budget": 512, "max_num_seqs": 4}, chain_requests(specs),
                       num_blocks=gpu_blocks, cost={"type": "linear", "base": 0.01, "per_token": 1e-5},
                       tiers=store if tiers else None, swap_bandwidth=bandwidth)
@@ -78,3 +78,12 @@ def test_a_slow_restore_stretches_the_step_that_admits_it(layerwise):
     delay = slow.requests[4].first_token_time - fast.requests[4].first_token_time
     assert delay == pytest.approx(restore, rel=0.05)
     assert slow.replicas[0].tiering.request_stall[4] == pytest.approx(restore, rel=0.05)
+
+
+def test_write_back_steps_wait_for_the_units_they_evict_and_write_through_steps_do_not():
+    slow = 1e3  # bytes/s: a 16-block write takes 16 s
+    back = _turns(12, True, slow, policy="write_back").replicas[0].tiering
+    through = _turns(12, True, slow, policy="write_through").replicas[0].tiering
+    prefix = 4 * 16 * 1024.0 / slow  # seconds to move one 4-block prefix (1024 bytes per token)
+    assert through.restore_stall == pytest.approx(prefix, rel=1e-3)  # request 4's restore, nothing else
+    assert back.restore_stall >= 2 * prefix  # and at least one evicted prefix written back first
