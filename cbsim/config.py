@@ -68,9 +68,10 @@ class KVTiersConfig:
     """The tiers behind the GPU prefix cache (sim/kv/tiers.py; docs/concepts/kv-tiers.md)."""
 
     levels: list[KVTierConfig] = option(help="the tiers, fastest first: cpu, then ssd and/or remote")
-    write_policy: Literal["write_through", "write_back"] = option(
-        "write_through", help="write_through: a unit is copied to cpu when it is computed, beside the steps (vLLM "
-        "OffloadingConnector, LMCache, SGLang's default); write_back: copied when the GPU evicts it, the evicting "
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] = option(
+        "write_through", help="write_through: a unit is copied to cpu when a request computes or hits it without "
+        "a copy, beside the steps (vLLM OffloadingConnector, LMCache, SGLang's default); write_through_selective: "
+        "the same from its second request on (SGLang); write_back: copied when the GPU evicts it, the evicting "
         "step waiting for the copy (SGLang --hicache-write-policy write_back)")
     load: Literal["layerwise", "blocking"] = option(
         "layerwise", help="layerwise: a restore overlaps the forward of the step that needs it, layer by layer "

@@ -14,8 +14,9 @@ Other connectors (NixlConnector, P2pNcclConnector, ...) move KV between P/D inst
 SGLang (python/sglang/srt/server_args.py, hicache_*; docs/advanced_features/hicache_best_practices.md):
 `--enable-hierarchical-cache` turns HiCache on; the host pool is `--hicache-ratio` (default 2.0) times
 the device pool, or `--hicache-size` GB per rank when given (it overrides the ratio);
-`--hicache-write-policy` write_through (default) or write_back (write_through_selective, which copies a
-node only once it is hit again, is not modelled); load-back overlaps the forward layer by layer. An L3
+`--hicache-write-policy` write_through (default), write_through_selective (a node is copied once a second
+request takes it: HiRadixCache's write_through_threshold 2) or write_back; load-back overlaps the forward
+layer by layer. An L3
 `--hicache-storage-backend` has no bandwidth cbsim could cite: give an ssd or remote tier in the file.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cbsim.core.errors import ConfigError
 KEY = "cluster.kv_cache.tiers"
 VLLM_SOURCE = "vllm/config/vllm.py (_post_init_kv_transfer_config), vllm/config/cache.py (kv_offloading_*)"
 SGLANG_SOURCE = "python/sglang/srt/server_args.py (enable_hierarchical_cache, hicache_*)"
-SGLANG_POLICIES = ("write_through", "write_back")
+SGLANG_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 def transfer_config(text: str) -> dict:
@@ -96,8 +97,8 @@ def from_sglang(flags: dict, path: str) -> dict:
                           flags["hicache-storage-backend"])
     policy = flags.get("hicache-write-policy", "write_through")
     if policy not in SGLANG_POLICIES:
-        raise ConfigError(f"{path} --hicache-write-policy", "write_through or write_back (write_through_selective "
-                          "is not modelled)", policy)
+        raise ConfigError(f"{path} --hicache-write-policy", "write_through, write_through_selective or write_back",
+                          policy)
     size = flags.get("hicache-size", 0)
     level = {"name": "cpu"}
     if size and size > 0:

@@ -43,7 +43,7 @@ from cbsim.sim.request import Request
 class Node:
     """One cached unit: `blocks` KV blocks of the prompt prefix its root path spells."""
 
-    __slots__ = ("parent", "key", "children", "refs", "stamp", "depth")
+    __slots__ = ("parent", "key", "children", "refs", "stamp", "depth", "hits")
 
     def __init__(self, parent: "Node | None", key: int | None, depth: int):
         self.parent = parent
@@ -52,6 +52,7 @@ class Node:
         self.refs = 0
         self.stamp = 0
         self.depth = depth  # units from the root to this node, itself included
+        self.hits = 0  # requests that computed or hit it (lower tiers only: sim/kv/tiers.py write policies)
 
 
 class PrefixCache:
@@ -150,6 +151,9 @@ class PrefixCache:
         claimed = self.claimable_blocks(path) - self.restored_blocks
         for node in path:
             node.refs += 1
+        if self.tiers is not None and record:
+            for node in path:
+                self.tiers.stored(node)
         self.evictable_blocks -= claimed
         self.paths[req.id] = list(path)
         if record:
@@ -197,6 +201,8 @@ class PrefixCache:
                 freed += self.unit_blocks
                 if child.refs == 0:
                     self.evictable_blocks -= self.unit_blocks
+                if self.tiers is not None:
+                    self.tiers.stored(child)
             child.refs += 1
             path.append(child)
             node = child

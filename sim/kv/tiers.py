@@ -16,8 +16,9 @@ What the engines do, and what cbsim keeps of it:
   (write-through) and, without `use_layerwise`, loaded before the forward that needs them (blocking).
 
 The model: a prefix-cache unit (sim/kv/prefix.py Node) that leaves the GPU keeps a copy in the first
-tier that has it, under the write policy: `write_through` (a copy is made when the unit is published;
-an eviction without a copy drops it) or `write_back` (a copy is made when the GPU evicts it). Every
+tier that has it, under the write policy: `write_through` (a copy is made when a request computes or
+hits a unit that has none; an eviction without a copy drops it), `write_through_selective` (the same
+from its second request on) or `write_back` (a copy is made when the GPU evicts it). Every
 tier is LRU; a tier that overflows demotes its least recently used unit to the next tier, and the last
 one drops it. Copies stay while the unit is on the GPU again (inclusive, as HiCache and the CPU
 manager keep them). A request whose prefix continues, beyond the GPU's cached path, in units some tier
@@ -39,6 +40,10 @@ from dataclasses import dataclass
 from cbsim.sim.kv.link import KVLink
 
 
+# write policy -> hits at which a unit is copied to tier 0 (write_back: at eviction instead)
+WRITE_THRESHOLDS = {"write_through": 1, "write_through_selective": 2}
+
+
 @dataclass(frozen=True)
 class Tier:
     """One lower tier: its name, capacity in KV blocks, read/write bandwidth (bytes/s) and latency (s)."""
@@ -54,8 +59,8 @@ class TierStore:
 
     def __init__(self, tiers: list[Tier], unit_blocks: int, write_policy: str = "write_through",
                  layerwise: bool = True):
-        if not tiers or write_policy not in ("write_through", "write_back"):
-            raise ValueError("a TierStore needs tiers and a write policy write_through or write_back")
+        if not tiers or write_policy not in ("write_through", "write_through_selective", "write_back"):
+            raise ValueError("a TierStore needs tiers and a write policy write_through(_selective) or write_back")
         self.tiers = tiers
         self.unit_blocks = unit_blocks
         self.write_policy = write_policy
@@ -96,8 +101,13 @@ class TierStore:
 
     # -- changes ---------------------------------------------------------------------------
     def stored(self, node) -> None:
-        """The GPU published `node` (write_through: copy it to tier 0 now)."""
-        if self.write_policy == "write_through":
+        """A request computed `node` (published it) or took it from the GPU cache: its hits grow, and a
+        write-through policy copies a unit without a copy once its hits reach the threshold (SGLang
+        HiRadixCache._inc_hit_count: 1 for write_through, 2 for write_through_selective; vLLM's connector
+        stores every block of a request's that the CPU lacks)."""
+        node.hits += 1
+        threshold = WRITE_THRESHOLDS.get(self.write_policy)
+        if threshold is not None and node.hits >= threshold and self.key(node) not in self.where:
             self._put(node, 0)
 
     def evicted(self, node) -> None:

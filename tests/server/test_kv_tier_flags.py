@@ -41,6 +41,8 @@ def test_vllm_offloading_flags(args, expected):
     ("--enable-hierarchical-cache --hicache-ratio 4 --hicache-write-policy write_back",
      ("cpu", None, 4.0, "write_back", "layerwise")),
     ("--enable-hierarchical-cache --hicache-size 100", ("cpu", 100e9 / 2**30, None, "write_through", "layerwise")),
+    ("--enable-hierarchical-cache --hicache-write-policy write_through_selective",
+     ("cpu", None, 2.0, "write_through_selective", "layerwise")),
 ])
 def test_sglang_hicache_flags(args, expected):
     assert shape(tiers("sglang", args)) == expected
@@ -56,7 +58,6 @@ def test_no_flag_no_tiers():
     ("vllm", """--kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'""", "kv_connector"),
     ("vllm", """--kv-transfer-config '{"kv_connector": "OffloadingConnector",
       "kv_connector_extra_config": {"num_cpu_blocks": 1000}}'""", "cpu_bytes_to_use"),
-    ("sglang", "--enable-hierarchical-cache --hicache-write-policy write_through_selective", "--hicache-write-policy"),
     ("sglang", "--enable-hierarchical-cache --hicache-storage-backend mooncake", "--hicache-storage-backend"),
 ])
 def test_unmodelled_offloading_flags_are_named(engine, args, needle):

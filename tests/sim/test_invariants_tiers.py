@@ -22,7 +22,7 @@ from test_invariants import ENGINE_FIELDS
 
 TIERS = st.fixed_dictionaries({
     "cpu": st.integers(0, 80), "ssd": st.one_of(st.none(), st.integers(0, 120)),
-    "write_policy": st.sampled_from(["write_through", "write_back"]), "layerwise": st.booleans(),
+    "write_policy": st.sampled_from(["write_through", "write_through_selective", "write_back"]), "layerwise": st.booleans(),
 })
 # test_invariants_prefix.SPECS, leaning to next turns (kind 1) of earlier requests: what tiers bring back
 SPECS = st.lists(st.tuples(st.floats(0, 4, allow_nan=False), st.sampled_from([0, 1, 1, 1]), st.integers(0, 3),

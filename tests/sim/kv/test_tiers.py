@@ -87,3 +87,17 @@ def test_write_back_steps_wait_for_the_units_they_evict_and_write_through_steps_
     prefix = 4 * 16 * 1024.0 / slow  # seconds to move one 4-block prefix (1024 bytes per token)
     assert through.restore_stall == pytest.approx(prefix, rel=1e-3)  # request 4's restore, nothing else
     assert back.restore_stall >= 2 * prefix  # and at least one evicted prefix written back first
+
+
+def test_selective_write_through_copies_a_unit_at_its_second_request_and_again_after_a_drop():
+    store = TierStore([Tier("cpu", 1, 1e9)], unit_blocks=1, write_policy="write_through_selective")
+    a, b = detached(1, 1), detached(2, 2)
+    store.stored(a)
+    assert store.where == {} and store.writes == [0]  # one request: no copy yet
+    store.stored(a)
+    assert store.where == {(1, 1): 0}
+    store.stored(b)
+    store.stored(b)  # b's copy demotes a's off the only tier
+    assert store.dropped_units == 1 and (1, 1) not in store.where
+    store.stored(a)  # a third request takes a: copied again
+    assert store.where == {(1, 1): 0} and store.written_units == [3]
