@@ -30,7 +30,7 @@ from cbsim.sim.durations import CLOCK_LIMIT, check_step
 from cbsim.sim.fast_forward import cut_run, decode_run, may_leap, replica_leaps
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.kv.link import KVLink
-from cbsim.sim.kv.tiers import TierTraffic
+from cbsim.sim.kv.tier_traffic import TierTraffic
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.plan import StepPlan
 from cbsim.sim.preemption import make_recovery
