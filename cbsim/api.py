@@ -66,6 +66,7 @@ class Results:
     handoffs: pd.DataFrame | None = None  # P/D: one row per hand-off (metrics.handoff_frame)
     turns: pd.DataFrame | None = None  # agentic sessions: one row per turn (metrics.turn_frame)
     sessions: pd.DataFrame | None = None  # agentic sessions: one row per agent (metrics.session_frame)
+    kv_tiers: pd.DataFrame | None = None  # lower KV tiers' occupancy over time (metrics.tier_occupancy)
     kv_blocks: dict | None = None  # replica index -> KV blocks of its cache
     kv_unit_tokens: float | None = None  # tokens one of those blocks holds (a sliding window's units: fewer)
     files: dict | None = None  # what write() wrote: file name -> bytes
@@ -116,7 +117,8 @@ class Results:
         say(f"writing tables to {shown}" + (" (and plotting)" if cfg.output.plots else ""))
         path("config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         tables = (("requests", self.requests), ("steps", self.step_table), ("preemptions", self.preemptions),
-                  ("transfers", self.transfers), ("sessions", self.sessions), ("session_turns", self.turns))
+                  ("transfers", self.transfers), ("sessions", self.sessions), ("session_turns", self.turns),
+                  ("kv_tiers", self.kv_tiers))
         for name, frame in tables:
             if frame is None or (name in ("preemptions", "transfers") and not len(frame)):
                 continue
@@ -146,7 +148,7 @@ class Results:
         written = plot_run(self.requests, self.steps, self.itl.values, self.itl.weights, out,
                            stalls=metrics.stall_events(self.itl, cfg.metrics.stall_factor),
                            cdf_max_points=cfg.metrics.cdf_max_points, pools=self.pools, kv_blocks=self.kv_blocks,
-                           transfers=self.transfers, handoffs=self.handoffs)
+                           transfers=self.transfers, handoffs=self.handoffs, kv_tiers=self.kv_tiers)
         if self.turns is not None and self.turns["complete"].any():  # agentic: one session's turns on a timeline
             from cbsim.sim.outputs.session_timeline import plot_session_timeline
 
@@ -239,6 +241,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     summary.update(metrics.mark_cut(table, cfg.sim.max_time))  # what max_time cut (not_arrived relabelled)
     preemptions = metrics.preemption_frame(pool)
     links = [replica.host_link for replica in pool] + (cluster.links if cluster is not None else [])
+    links += [link for replica in pool if replica.tiering is not None for link in replica.tiering.links]
     transfers = metrics.transfer_frame(links)
     host = transfers["kind"].isin(["swap_out", "swap_in"])
     handoffs = metrics.handoff_frame(cluster.records.values()) if cluster is not None else None
@@ -252,6 +255,9 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
         table["cached_tokens"] = metrics.cached_token_column(table["request_id"].to_numpy(), kvs)
         table["readmit_cached_tokens"] = metrics.readmit_hit_column(table["request_id"].to_numpy(), kvs)
         summary.update(metrics.prefix_summary(table, kvs))
+        if any(replica.tiering is not None for replica in pool):  # lower KV tiers (cluster.kv_cache.tiers)
+            table["restore_wait"] = metrics.restore_wait_column(table["request_id"].to_numpy(), pool)
+            summary.update(metrics.tier_summary(table, pool))
     turns = sessions = None
     if workload.agentic is not None:  # agentic sessions: per-turn and per-agent tables, summary keys
         prefix = kvs[0].prefix
@@ -271,6 +277,7 @@ def run_experiment(config, out_dir: str | Path | None = None, overrides: list[st
     warn_run_outside([replica.cost for replica in pool], steps, table)  # a calibrated engine's domain
     results = Results(cfg, table, steps, summary, itl, recorder, shapes, pools=pools, preemptions=preemptions,
                       transfers=transfers, handoffs=handoffs, kv_blocks={r.index: r.kv.num_blocks for r in pool},
+                      kv_tiers=metrics.tier_occupancy(pool) if any(r.tiering is not None for r in pool) else None,
                       kv_unit_tokens=pool[0].kv.unit_tokens, turns=turns, sessions=sessions)
     if out_dir is not None:
         # the run's objects (replicas, caches, the request columns the table was made from) are not written:

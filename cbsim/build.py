@@ -16,6 +16,7 @@ from cbsim.pools import pool_config
 from cbsim.replica_gpus import kv_bytes_per_gpu, replica_kv_blocks
 from cbsim.sim.costmodels.registry import engine_of, load_cost_model
 from cbsim.sim.kv.cache import KVCache
+from cbsim.sim.kv.tiers import Tier, TierStore
 from cbsim.sim.kv.window import cache_window
 from cbsim.sim.metrics.client_view import frontend_delays, shift_arrivals
 from cbsim.sim.pd import PDSettings, PoolParts, simulate_pd
@@ -36,10 +37,12 @@ def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
     kv_cfg = cluster.kv_cache
     num_blocks = replica_kv_blocks(cfg, model, cost)  # the replica's layout: tp, pp stages, DP ranks
     bytes_per_token = kv_bytes_per_gpu(cfg, model, cost)  # what a swap moves per GPU
+    tiers = kv_cfg.tiers
+    cpu_bandwidth = tiers.levels[0].bandwidth_gb_s if tiers is not None else None
     settings = ReplicaSettings(
         preemption_mode=cfg.preemption.mode, victim=cfg.preemption.victim,
-        swap_bandwidth=swap_bandwidth(cfg.preemption.swap_bandwidth_gb_s, getattr(cost, "engine", None),
-                                      cfg.preemption.mode),
+        swap_bandwidth=swap_bandwidth(cpu_bandwidth or cfg.preemption.swap_bandwidth_gb_s,
+                                      getattr(cost, "engine", None), cfg.preemption.mode),
         max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
         record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
         admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens,
@@ -54,12 +57,32 @@ def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
     units = num_blocks * (window.units_per_block if window is not None else 1)  # a window counts g layer-pages
 
     def make_kv():
-        return KVCache(units, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * units)),
-                       kv_cfg.reserve_full_prompt, bytes_per_token,
-                       prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block, window=window,
-                       check_full_input=kv_cfg.check_full_input)
+        kv = KVCache(units, kv_cfg.block_size, int(math.floor(kv_cfg.watermark * units)),
+                     kv_cfg.reserve_full_prompt, bytes_per_token,
+                     prefix_caching=kv_cfg.prefix_caching, hash_block_size=hash_block, window=window,
+                     check_full_input=kv_cfg.check_full_input)
+        if tiers is not None:
+            kv.prefix.tiers = tier_store(tiers, kv, settings.swap_bandwidth)
+        return kv
 
+    if tiers is not None:  # a step that restores is never one of a fast-forwarded run's identical steps
+        if cfg.preemption.swap_space_gib is not None:
+            raise ConfigError("preemption.swap_space_gib", "null with cluster.kv_cache.tiers (swap shares the cpu "
+                              "tier: its capacity is the host space)", cfg.preemption.swap_space_gib)
+        settings = replace(settings, fast_forward=False)
     return model, cost, make_kv, settings
+
+
+def tier_store(tiers, kv: KVCache, host_bandwidth: float) -> TierStore:
+    """The replica's lower tiers (cluster.kv_cache.tiers) in blocks of its cache: capacity_gib per GPU over
+    the bytes of one block per GPU, or capacity_ratio x the GPU's blocks; cpu's bandwidth is the host link's."""
+    levels = []
+    for level in tiers.levels:
+        blocks = (int(level.capacity_gib * 2**30 // kv.block_bytes) if level.capacity_gib is not None
+                  else int(level.capacity_ratio * kv.num_blocks))
+        bandwidth = host_bandwidth if level.name == "cpu" else level.bandwidth_gb_s * 1e9
+        levels.append(Tier(level.name, blocks, bandwidth, level.latency_s))
+    return TierStore(levels, kv.prefix.unit_blocks, tiers.write_policy, tiers.load == "layerwise")
 
 
 def preemption_admission_settings(cfg: ExperimentConfig) -> dict:

@@ -36,6 +36,56 @@ MAX_BLOCK_SIZE = 1 << 16  # tokens per KV block
 
 
 @dataclass
+class KVTierConfig:
+    """One lower KV tier (sim/kv/tiers.py): where prefix-cache units evicted from the GPU live on."""
+
+    name: Literal["cpu", "ssd", "remote"] = option(help="cpu (host DRAM; the first tier, shared with swap), ssd "
+                                                   "(local NVMe) or remote (a KV store over the network)")
+    capacity_gib: float | None = option(None, help="GiB of KV this tier holds per GPU (vLLM --kv-offloading-size "
+                                        "/ GPUs, SGLang --hicache-size); or give capacity_ratio")
+    capacity_ratio: float | None = option(None, help="capacity as a multiple of the GPU's KV blocks (SGLang "
+                                          "--hicache-ratio, 'the ratio of the host KV pool to the device pool')")
+    bandwidth_gb_s: float | None = option(None, help="GB/s each way between this tier and the GPU; null for cpu: "
+                                          "preemption.swap_bandwidth_gb_s (the host link); required for ssd and "
+                                          "remote (cbsim has no cited default for them)")
+    latency_s: Seconds = option(0.0, help="fixed seconds per transfer to or from this tier")
+
+    def validate(self) -> None:
+        require((self.capacity_gib is None) != (self.capacity_ratio is None), "capacity_gib",
+                "exactly one of capacity_gib and capacity_ratio", self.capacity_gib)
+        require(self.capacity_gib is None or self.capacity_gib > 0, "capacity_gib", "GiB > 0", self.capacity_gib)
+        require(self.capacity_ratio is None or self.capacity_ratio > 0, "capacity_ratio", "a number > 0",
+                self.capacity_ratio)
+        require(self.bandwidth_gb_s is None or self.bandwidth_gb_s > 0, "bandwidth_gb_s", "a number > 0 or null",
+                self.bandwidth_gb_s)
+        require(self.name == "cpu" or self.bandwidth_gb_s is not None, "bandwidth_gb_s",
+                f"a number > 0 for tier {self.name} (no cited default)", None)
+        require(self.latency_s >= 0, "latency_s", "a number >= 0", self.latency_s)
+
+
+@dataclass
+class KVTiersConfig:
+    """The tiers behind the GPU prefix cache (sim/kv/tiers.py; docs/concepts/kv-tiers.md)."""
+
+    levels: list[KVTierConfig] = option(help="the tiers, fastest first: cpu, then ssd and/or remote")
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] = option(
+        "write_through", help="write_through: a unit is copied to cpu when a request computes or hits it without "
+        "a copy, beside the steps (vLLM OffloadingConnector, LMCache, SGLang's default); write_through_selective: "
+        "the same from its second request on (SGLang); write_back: copied when the GPU evicts it, the evicting "
+        "step waiting for the copy (SGLang --hicache-write-policy write_back)")
+    load: Literal["layerwise", "blocking"] = option(
+        "layerwise", help="layerwise: a restore overlaps the forward of the step that needs it, layer by layer "
+        "(SGLang HiCache load_back; vLLM's asynchronous load is approximated by it); blocking: the step runs after "
+        "the restore (LMCache without use_layerwise)")
+
+    def validate(self) -> None:
+        require(len(self.levels) >= 1, "levels", "a list of one tier or more", self.levels)
+        names = [level.name for level in self.levels]
+        require(names[0] == "cpu", "levels[0].name", "cpu (the host tier comes first; swap shares it)", names[0])
+        require(len(set(names)) == len(names), "levels", "tiers with distinct names", names)
+
+
+@dataclass
 class KVCacheConfig:
     block_size: int = option(16, help="tokens per KV block (page)")
     num_blocks: int | Literal["auto"] = option("auto", help="KV blocks per replica, or 'auto': from GPU memory, "
@@ -59,6 +109,9 @@ class KVCacheConfig:
                                            "window, as vLLM's hybrid KV cache manager does (its default); false: "
                                            "every layer keeps every block (vLLM --disable-hybrid-kv-cache-manager). "
                                            "No effect without a window; not with prefix_caching or cluster.mode pd")
+    tiers: KVTiersConfig | None = option(None, help="lower KV tiers (cpu, ssd, remote) that prefix-cache units "
+                                         "evicted from the GPU move to and are restored from; needs "
+                                         "prefix_caching; null: evicted units vanish")
 
     def validate(self) -> None:
         require(1 <= self.block_size <= MAX_BLOCK_SIZE, "block_size", f"an integer >= 1 and <= {MAX_BLOCK_SIZE}",
@@ -70,6 +123,8 @@ class KVCacheConfig:
         require(0 <= self.watermark < 1, "watermark", "a number in [0, 1)", self.watermark)
         require(self.hash_block_size is None or self.hash_block_size >= 1, "hash_block_size",
                 "an integer >= 1 or null", self.hash_block_size)
+        require(self.tiers is None or self.prefix_caching, "tiers", "null unless prefix_caching is true (the tiers "
+                "hold the prefix cache's evicted units)", "a tiers section")
 
 
 @dataclass
@@ -155,6 +210,8 @@ class ClusterConfig:
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "an integer >= 2",
                 self.max_model_len)
         if self.mode == "pd":
+            require(self.kv_cache.tiers is None, "kv_cache.tiers", "null with mode pd (cbsim does not model KV "
+                    "tiers on P/D pools yet)", "a tiers section")
             require(self.prefill is not None, "prefill", "a pool section {replicas, policy} (mode pd)", None)
             require(self.decode is not None, "decode", "a pool section {replicas, policy} (mode pd)", None)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from cbsim.sim.speculative import SpeculativeConfig
-from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, LinkConfig, OutputConfig,
-                     PoolConfig, PreemptionConfig, SimConfig)
+from cbsim.config import (AdmissionConfig, ClusterConfig, ExperimentConfig, KVCacheConfig, KVTierConfig,
+                          KVTiersConfig, LinkConfig, OutputConfig, PoolConfig, PreemptionConfig, SimConfig)
 from cbsim.policies.registry import load_all
 from cbsim.sim.costmodels import COST_MODELS, load_cost_model  # noqa: F401
 from cbsim.sim.costmodels import _builtin  # noqa: F401  (registers the built-in cost models)
@@ -49,6 +49,7 @@ def reference_markdown() -> str:
     """Markdown tables of every config section, policy and cost model."""
     lines = _section("top level", ExperimentConfig)
     for title, cls in (("cluster", ClusterConfig), ("cluster.kv_cache", KVCacheConfig),
+                       ("cluster.kv_cache.tiers", KVTiersConfig), ("cluster.kv_cache.tiers.levels[i]", KVTierConfig),
                        ("cluster.prefill / cluster.decode (mode: pd)", PoolConfig), ("cluster.link", LinkConfig),
                        ("preemption", PreemptionConfig), ("admission", AdmissionConfig), ("sim", SimConfig),
                        ("output", OutputConfig),

@@ -51,6 +51,9 @@ class Recompute:
         # host blocks that fit in the swap space (vLLM V0: num_cpu_blocks = swap_space_bytes // block bytes)
         self.swap_capacity_blocks = (None if swap_space is None or block_bytes <= 0
                                      else int(swap_space // block_bytes))
+        tiers = replica.kv.prefix.tiers if replica.kv.prefix is not None else None
+        if tiers is not None:  # swap shares the cpu tier (sim/kv/tiers.py): its capacity is the host space
+            self.swap_capacity_blocks = tiers.tiers[0].capacity_blocks
         self.swap_full_recomputes = 0  # victims recomputed because the swap space was full
         self.swap_out_booked = 0.0  # bytes this step's victims swap out (already on the host link)
 

@@ -30,6 +30,7 @@ from cbsim.sim.durations import CLOCK_LIMIT, check_step
 from cbsim.sim.fast_forward import cut_run, decode_run, may_leap, replica_leaps
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.kv.link import KVLink
+from cbsim.sim.kv.tier_traffic import TierTraffic
 from cbsim.sim.metrics.recorder import Recorder
 from cbsim.sim.plan import StepPlan
 from cbsim.sim.preemption import make_recovery
@@ -110,6 +111,8 @@ class Replica:
         self.on_leave = None  # closed-loop clients: told (request, time) when a request finishes or fails here
         self.landed: deque[tuple[float, Request]] = deque()  # P/D decode side: KV arrived, not yet visible
         self.preemption_log: list[tuple] = []  # (time, replica, request, mode, recomputed tokens, swapped bytes)
+        tiers = kv.prefix.tiers if kv.prefix is not None else None
+        self.tiering = TierTraffic(tiers, self.host_link, index) if tiers is not None else None  # sim/kv/tiers.py
         self.recovery = make_recovery(self, settings)  # one preemption strategy (sim/preemption.py)
         self._preempt = self.recovery.preempt
         self.step_start = 0.0
@@ -261,6 +264,8 @@ class Replica:
         # (a P/D role, closed-loop clients) and before its first step
         leaps, leaps_prompts = replica_leaps(self), core.replica_leaps_prompts(self)
         cuttable = self.cut_by_arrivals or self.on_leave is not None  # closed loop: a reply sends requests here
+        if self.tiering is not None:  # a step may restore (and must book its tier traffic): none is skipped
+            leaps = leaps_prompts = False
         while True:
             start = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
@@ -364,6 +369,8 @@ class Replica:
             whole += self.spec.draft_seconds()
         if swap_bytes:
             whole += self.recovery.book_swap_ins(start, swap_bytes)
+        if self.tiering is not None:  # restores from (and stores to) the lower KV tiers
+            whole = self.tiering.step_time(start, whole, self.kv.block_bytes)
         if not start < start + whole < CLOCK_LIMIT:  # NaN, inf, <= 0 or beyond the clock (durations.py)
             self._check_step(start, whole, shape)
         if self.admission is not None and shape.prefill:

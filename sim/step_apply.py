@@ -40,6 +40,8 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
         swap_bytes += admit(replica, by_id[rid], now)
     blocks, kv = plan.blocks, replica.kv
     kv.evicted_in_step = False  # prefix caching: set by grow if it evicts cached blocks
+    if kv.free_blocks < 0:  # admissions restored prefix units from a lower tier (sim/kv/tiers.py)
+        kv.settle()
     if kv.window is not None:  # grow or shrink to the plan's units (the loop below then grows nothing)
         resize = kv.resize
         for rid in plan.scheduled:

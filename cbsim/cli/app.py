@@ -49,6 +49,14 @@ HINTS = {"num_stalls": "  (inter-token gaps over {stall_factor:g}x the run's med
          "dec_at_p_mean": "  (short requests' decode tokens during a long prompt's prefill)"}
 
 
+def tier_keys(summary: dict) -> list[str]:
+    """The printed keys of a run with lower KV tiers (none without): the hit rate, its split, the restore wait."""
+    if "kv_tier_gpu_hit_rate" not in summary:
+        return []
+    split = [k for k in summary if k.startswith("kv_tier_") and k.endswith("_hit_rate")]
+    return ["prefix_hit_rate", *split, "kv_tier_restore_ttft_share"]
+
+
 @app.command()
 @user_errors
 def run(file: Optional[Path] = typer.Argument(None, help="experiment YAML; without one, the experiment the "
@@ -146,6 +154,8 @@ def print_summary(cfg, results, target: Path) -> None:
     for key in ("num_timed_out", "token_lengths", "rejected_reasons", "cut_at_max_time"):  # beyond the table
         if key in results.summary:
             typer.echo(f"{key:<{width}}  {results.summary[key]}")
+    for key in tier_keys(results.summary):  # lower KV tiers: where the prefix hits came from
+        typer.echo(f"{key:<{width}}  {summary_text(key, results.summary[key])}")
     typer.echo(f"results: {target} ({describe_files(results.files)})")
 
 

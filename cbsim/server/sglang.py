@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from cbsim.core.errors import ConfigError
 
-from cbsim.server import speculative
+from cbsim.server import kv_tiers, speculative
 from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
 
 GiB = 1 << 30
@@ -73,6 +73,13 @@ FLAGS = {  # in the order rendered flags are written (render.py): --page-size be
     "speculative-eagle-topk": Flag(int, ARGS, default=None),
     "speculative-num-draft-tokens": Flag(int, ARGS, default=None),
     "speculative-draft-model-path": Flag(str, ARGS, default=None),
+    # HiCache (cbsim/server/kv_tiers.py -> cluster.kv_cache.tiers)
+    "enable-hierarchical-cache": Flag(bool, ARGS, boolean=True, default=False),
+    "hicache-ratio": Flag(float, ARGS, default=2.0),
+    "hicache-size": Flag(int, ARGS, default=0),
+    "hicache-write-policy": Flag(str, ARGS, choices=("write_back", "write_through", "write_through_selective"),
+                                 default="write_through"),
+    "hicache-storage-backend": Flag(str, ARGS, default=None),
 }
 ALIASES = {"model": "model-path", "tensor-parallel-size": "tp-size", "tp": "tp-size",
            "pipeline-parallel-size": "pp-size", "pp": "pp-size",
@@ -81,6 +88,7 @@ IGNORED = frozenset({
     "host", "port", "log-level", "log-requests", "api-key", "served-model-name", "trust-remote-code",
     "download-dir", "load-format", "random-seed", "tokenizer-path", "chat-template", "show-time-cost",
     "enable-metrics", "skip-server-warmup", "revision", "attention-backend", "sampling-backend",
+    "hicache-io-backend", "hicache-mem-layout",  # how HiCache copies and lays out pages, not how much it holds
 })
 
 
@@ -124,7 +132,9 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     settings.update(pipeline_setting(flags.get("pp-size"), context, f"{path} --pp-size"))
     spec = speculative.from_sglang(flags, path)
     settings.update(spec)
-    return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
+    tiers = kv_tiers.from_sglang(flags, path)
+    settings.update(tiers)
+    return settings, explicit_keys(FLAGS, flags, settings) | set(spec) | set(tiers)
 
 
 def _chunk_default(gpu) -> int:

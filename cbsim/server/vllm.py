@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from cbsim.core.errors import ConfigError
 
-from cbsim.server import speculative
+from cbsim.server import kv_tiers, speculative
 from cbsim.server.flags import Flag, explicit_keys, pipeline_setting
 from cbsim.server.speculative import json_object
 
@@ -140,6 +140,10 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "enable-lora": Flag(bool, ARG_UTILS, boolean=True, default=False, key="policy.max_loras", to_flag=_lora_flag),
     "max-loras": Flag(int, LORA, default=1, key="policy.max_loras"),
     "speculative-config": Flag(json_object, speculative.VLLM_SOURCE, default=None),
+    # KV offloading to a CPU tier (cbsim/server/kv_tiers.py -> cluster.kv_cache.tiers)
+    "kv-offloading-size": Flag(float, kv_tiers.VLLM_SOURCE, default=None),
+    "kv-offloading-backend": Flag(str, kv_tiers.VLLM_SOURCE, choices=("native", "lmcache"), default=None),
+    "kv-transfer-config": Flag(kv_tiers.transfer_config, kv_tiers.VLLM_SOURCE, default=None),
 }
 ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
            "q": "quantization", "enable-ep": "enable-expert-parallel"}  # vLLM's short forms (arg_utils.py)
@@ -208,7 +212,12 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
     settings.update(_expert_parallel(flags, context, path))
     spec = speculative.from_vllm(flags["speculative-config"], path) if flags.get("speculative-config") else {}
     settings.update(spec)
-    return settings, explicit_keys(FLAGS, flags, settings) | set(spec)
+    tiers = kv_tiers.from_vllm(flags, path)
+    if tiers and not settings["cluster.kv_cache.prefix_caching"]:
+        raise ConfigError(f"{path} --no-enable-prefix-caching", "prefix caching on with KV offloading (cbsim's "
+                          "tiers hold the prefix cache's evicted blocks)", False)
+    settings.update(tiers)
+    return settings, explicit_keys(FLAGS, flags, settings) | set(spec) | set(tiers)
 
 
 def _precision(flags: dict, path: str) -> dict:

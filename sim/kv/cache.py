@@ -3,7 +3,8 @@
 Invariant: free_blocks + sum of blocks held by requests == num_blocks, and free_blocks >= 0.
 Requests hold whole blocks: ceil(tokens / block_size) (a window: below). The watermark is kept free when a new
 request is admitted (not when a running one grows), so admissions cannot immediately force
-preemptions. Swapped-out KV lives on the host, unbounded, and is counted separately.
+preemptions. Swapped-out KV lives on the host, unbounded, and is counted separately (with lower KV tiers,
+sim/kv/tiers.py, in the cpu tier's room).
 
 With prefix caching (`prefix_caching=True`, see prefix_cache.py) full prompt blocks outlive their
 request in a radix tree, shared by reference. Blocks are then free, held, or evictable (cached,
@@ -178,9 +179,20 @@ class KVCache:
             return 0
         path = prefix.match(req)
         prefix.acquire(req, path)
+        if prefix.restored_blocks:  # units back from a lower tier: allocated by `settle` after the admissions
+            self.free_blocks -= prefix.restored_blocks
         req.num_blocks = len(path) * prefix.unit_blocks
         req.num_computed_tokens = len(path) * prefix.unit_tokens
         return req.num_computed_tokens
+
+    def settle(self) -> None:
+        """After a step's admissions: blocks restored from a lower tier beyond the free ones are taken by
+        evicting (as `grow` would; not before, so that no admission's planned GPU hit is evicted first)."""
+        if self.free_blocks < 0:
+            self.free_blocks += self.prefix.evict(-self.free_blocks)
+            self.evicted_in_step = True
+            if self.free_blocks < 0:
+                raise KVCacheError(f"restored prefix units need {-self.free_blocks} blocks more than there are")
 
     def publish(self, req: Request, computed_tokens: int) -> None:
         """Cache the full prompt units of `req` that `computed_tokens` covers (at the start of the
@@ -217,6 +229,8 @@ class KVCache:
         self.release(req)
         req.num_swapped_blocks = moved
         self.host_blocks += moved
+        if self.prefix is not None and self.prefix.tiers is not None:  # the cpu tier holds it (sim/kv/tiers.py)
+            self.prefix.tiers.reserve(moved)
         return moved * self.block_bytes
 
     def swap_in_bytes(self, req: Request) -> float:
@@ -225,4 +239,6 @@ class KVCache:
 
     def drop_host_copy(self, req: Request) -> None:
         self.host_blocks -= req.num_swapped_blocks
+        if self.prefix is not None and self.prefix.tiers is not None:
+            self.prefix.tiers.unreserve(req.num_swapped_blocks)
         req.num_swapped_blocks = 0

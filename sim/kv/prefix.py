@@ -43,7 +43,7 @@ from cbsim.sim.request import Request
 class Node:
     """One cached unit: `blocks` KV blocks of the prompt prefix its root path spells."""
 
-    __slots__ = ("parent", "key", "children", "refs", "stamp", "depth")
+    __slots__ = ("parent", "key", "children", "refs", "stamp", "depth", "hits")
 
     def __init__(self, parent: "Node | None", key: int | None, depth: int):
         self.parent = parent
@@ -52,6 +52,7 @@ class Node:
         self.refs = 0
         self.stamp = 0
         self.depth = depth  # units from the root to this node, itself included
+        self.hits = 0  # requests that computed or hit it (lower tiers only: sim/kv/tiers.py write policies)
 
 
 class PrefixCache:
@@ -71,6 +72,8 @@ class PrefixCache:
         self.hit_tokens: dict[int, int] = {}  # request id -> tokens its first admission found cached
         self.readmit_hit_tokens: dict[int, int] = {}  # request id -> tokens its later admissions found cached
         self._heap: list[tuple[int, int, Node]] = []  # (stamp, seq, node): refs-0 leaves, lazily pruned
+        self.restored_blocks = 0  # blocks the last acquire brought back from a lower tier
+        self.tiers = None  # sim/kv/tiers.py TierStore: lower tiers evicted units move to; None: they vanish
         self._clock = 0
         self._seq = 0
 
@@ -113,7 +116,16 @@ class PrefixCache:
         always computed, so that a token can be sampled); empty if `req` cannot hit."""
         if not self.can_hit(req):
             return []
-        return self.lookup(req, (req.prompt_len + req.num_output_tokens - 1) // self.unit_tokens)
+        limit = (req.prompt_len + req.num_output_tokens - 1) // self.unit_tokens
+        path = self.lookup(req, limit)
+        if self.tiers is not None:  # the prefix goes on in a lower tier: those units are restored at admission
+            find, hashes, step = self.tiers.find, req.prefix_hashes, self.hashes_per_unit
+            for unit in range(len(path), min(self.num_units(req), limit)):
+                node = find(unit + 1, hashes[(unit + 1) * step - 1])
+                if node is None:
+                    break
+                path.append(node)
+        return path
 
     def held(self, req: Request) -> list[Node]:
         return self.paths.get(req.id, [])
@@ -124,16 +136,24 @@ class PrefixCache:
 
     # -- changes (the replica calls these) -------------------------------------------------
     def claimable_blocks(self, path: list[Node]) -> int:
-        """Blocks of `path` that stop being evictable if someone acquires it now."""
+        """Blocks of `path` that stop being evictable (or, for units restored from a lower tier, are
+        allocated) if someone acquires it now."""
         return sum(self.unit_blocks for node in path if node.refs == 0)
 
     def acquire(self, req: Request, path: list[Node], record: bool = True) -> int:
         """`req` starts holding `path`; returns the blocks that stop being evictable. With `record`
         (an admission), the hit is noted: in hit_tokens at its first admission, else added to
-        readmit_hit_tokens."""
-        claimed = self.claimable_blocks(path)
+        readmit_hit_tokens. Units of `path` off the GPU (from a lower tier, `match`) are put back in the
+        tree under their parents; `restored_blocks` counts them for the caller to allocate."""
+        self.restored_blocks = 0
+        if path and path[-1].parent is None:
+            self._restore(req, path)
+        claimed = self.claimable_blocks(path) - self.restored_blocks
         for node in path:
             node.refs += 1
+        if self.tiers is not None and record:
+            for node in path:
+                self.tiers.stored(node)
         self.evictable_blocks -= claimed
         self.paths[req.id] = list(path)
         if record:
@@ -143,6 +163,19 @@ class PrefixCache:
             else:
                 self.readmit_hit_tokens[req.id] = self.readmit_hit_tokens.get(req.id, 0) + tokens
         return claimed
+
+    def _restore(self, req: Request, path: list[Node]) -> None:
+        """Attach the lower-tier units of `path` (those after its GPU part) to the tree, in order."""
+        parent = self.root
+        first = req.num_preemptions == 0
+        for node in path:
+            if node.parent is None:
+                node.parent = parent
+                parent.children[node.key] = node
+                self.num_nodes += 1
+                self.restored_blocks += self.unit_blocks
+                self.tiers.restore(node, req.id, self.unit_tokens, first)
+            parent = node
 
     def publish(self, req: Request, computed_tokens: int) -> int:
         """Insert the units of `req` that `computed_tokens` covers; returns the blocks of `req` freed
@@ -162,10 +195,14 @@ class PrefixCache:
                 child = Node(node, key, unit + 1)
                 node.children[key] = child
                 self.num_nodes += 1
+                if self.tiers is not None:
+                    self.tiers.stored(child)
             else:
                 freed += self.unit_blocks
                 if child.refs == 0:
                     self.evictable_blocks -= self.unit_blocks
+                if self.tiers is not None:
+                    self.tiers.stored(child)
             child.refs += 1
             path.append(child)
             node = child
@@ -204,6 +241,8 @@ class PrefixCache:
             del parent.children[node.key]
             node.parent = None
             self.num_nodes -= 1
+            if self.tiers is not None:
+                self.tiers.evicted(node)
             self.evictable_blocks -= self.unit_blocks
             freed += self.unit_blocks
             if parent is not self.root and parent.refs == 0 and not parent.children:

@@ -17,6 +17,7 @@ its own file, loaded when first used:
 - pool_metrics.py     preemptions, transfers, P/D hand-offs, pool utilisation and queues
 - prefix_metrics.py   prefix-cache hits and evictions
 - session_metrics.py  agentic sessions: per-turn and per-agent tables, KV residency between turns
+- tier_metrics.py     lower KV tiers: hits and restores per tier, restore time in TTFT, occupancy
 - recorder.py         Recorder: the compact step rows and token runs the engine writes while it runs
 - growable.py         the growable typed columns the recorder keeps
 - step_efficiency.py  FLOPs, HBM bytes, MFU and collective time per step
@@ -41,6 +42,7 @@ _HOME = {
     "cached_token_column": "prefix_metrics", "prefix_summary": "prefix_metrics",
     "readmit_hit_column": "prefix_metrics",
     "turn_frame": "session_metrics", "session_frame": "session_metrics", "session_summary": "session_metrics",
+    "restore_wait_column": "tier_metrics", "tier_occupancy": "tier_metrics", "tier_summary": "tier_metrics",
     "request_frame": "request_metrics",
     "StepTable": "step_table", "LocalOrder": "step_order", "step_frame": "step_order", "StepColumns": "step_order", "densified": "step_order",
     "column_percentiles": "summary", "json_number": "summary", "summarize": "summary",

@@ -30,6 +30,23 @@ UNITS = {  # exact keys that are not times
 }
 BAND_ENDS = ("_low", "_high")  # <key>_low / <key>_high: the key in the runs at the band's bounds (cbsim/band.py)
 _LATENCY = re.compile(r"^(%s)(_p\d+(\.\d+)?|_max|_mean)?(%s)?$" % ("|".join(LATENCY_STEMS), "|".join(BAND_ENDS)))
+# the lower KV tiers' keys (sim/metrics/tier_metrics.py; only with cluster.kv_cache.tiers), by suffix
+TIER_UNITS = {"_hit_rate": "fraction", "_restored_tokens": "tokens", "_restore_stall_seconds": "s",
+              "_restore_ttft_share": "fraction", "_capacity_blocks": "blocks", "_peak_blocks": "blocks",
+              "_written_bytes": "bytes", "_dropped_units": "count"}
+TIER_MEANINGS = {
+    "_hit_rate": "kv_tier_gpu_hit_rate, kv_tier_<tier>_hit_rate: prompt tokens found on the GPU / restored from "
+    "<tier>, over the admitted requests' prompt tokens (together: prefix_hit_rate)",
+    "_restored_tokens": "kv_tier_<tier>_restored_tokens: prompt tokens restored from <tier>",
+    "_restore_stall_seconds": "kv_tier_restore_stall_seconds: seconds steps lasted beyond their forward waiting "
+    "on restores and write_back stores",
+    "_restore_ttft_share": "kv_tier_restore_ttft_share: of the restoring requests' TTFT, the share their "
+    "admission step's wait took",
+    "_capacity_blocks": "kv_tier_<tier>_capacity_blocks: the tier's size (summed over replicas)",
+    "_peak_blocks": "kv_tier_<tier>_peak_blocks: the most it held (cpu: with swapped requests)",
+    "_written_bytes": "kv_tier_<tier>_written_bytes: bytes stored into it (copies and demotions)",
+    "_dropped_units": "kv_tier_dropped_units: prefix units the last tier let go",
+}
 _MEANINGS = {
     "ttft": "time to first token", "tpot": "time per output token after the first", "itl": "inter-token latency",
     "e2e": "end-to-end latency", "queue_delay": "arrival to first scheduled step",
@@ -72,6 +89,10 @@ def unit_of(key: str) -> str:
         return UNITS[key]
     if key.endswith(BAND_ENDS) and key.rsplit("_", 1)[0] in UNITS:  # capacity_requests_per_s_low, ...
         return UNITS[key.rsplit("_", 1)[0]]
+    if key.startswith("kv_tier_"):
+        for suffix, unit in TIER_UNITS.items():
+            if key.endswith(suffix):
+                return unit
     if key.endswith("_utilization") or key.endswith("_share"):
         return "fraction"
     return "count"
@@ -117,6 +138,8 @@ def schema_markdown() -> str:
     lines.append("| `<key>_low`, `<key>_high` | the key's | the key's | metrics.band (cbsim run --band): the key "
                  "in the run at the band's low / high step-time factor; ttft, tpot, e2e percentiles, "
                  "capacity_requests_per_s, load_vs_capacity |")
+    for suffix, unit in TIER_UNITS.items():
+        lines.append(f"| `kv_tier_*{suffix}` | {unit} | {unit} | {TIER_MEANINGS[suffix]} |")
     lines.append("| `<pool>_utilization`, `*_share` | fraction | fraction | (agentic: `session_serving_share`, "
                  "`session_tool_share`, `session_subagent_share` of the sessions' summed makespan) |")
     lines.append("| every other key (`num_*`, ...) | count | count | |")

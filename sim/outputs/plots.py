@@ -22,6 +22,7 @@ from matplotlib import ticker
 from cbsim.sim.metrics import cdf_points, weighted_percentile
 from cbsim.sim.outputs.figure import new_figure, save_png, styled, suptitle
 from cbsim.sim.outputs.pd_plots import draw_transfers, replica_name
+from cbsim.sim.outputs.tier_plot import plot_tiers
 
 NUM_BINS = 500
 MAX_RAW_REPLICAS = 4
@@ -36,11 +37,12 @@ def plot_run(requests_df: pd.DataFrame, steps_df: pd.DataFrame, itl_values: np.n
              itl_weights: np.ndarray, out_dir, *, stalls: pd.DataFrame | None = None,
              cdf_max_points: int = 2000, max_raw_steps: int = MAX_RAW_STEPS, pools: dict | None = None,
              kv_blocks: dict | None = None, transfers: pd.DataFrame | None = None,
-             handoffs: pd.DataFrame | None = None) -> list[Path]:
-    """Write latency_cdf.png, step_timeline.png and kv_usage.png into `out_dir`; return their paths.
+             handoffs: pd.DataFrame | None = None, kv_tiers: pd.DataFrame | None = None) -> list[Path]:
+    """Write latency_cdf.png, step_timeline.png and kv_usage.png into `out_dir` (and kv_tiers.png with lower
+    KV tiers); return their paths.
 
     `stalls` (a metrics.stall_events frame) marks stalls on the timeline when given; `pools`,
-    `kv_blocks`, `transfers` and `handoffs` (the Results fields of those names) are optional.
+    `kv_blocks`, `transfers`, `handoffs` and `kv_tiers` (the Results fields of those names) are optional.
     """
     raw = _is_raw(steps_df, max_raw_steps)
     figures = {  # drawn and written one at a time
@@ -48,6 +50,8 @@ def plot_run(requests_df: pd.DataFrame, steps_df: pd.DataFrame, itl_values: np.n
         "step_timeline.png": lambda: plot_step_timeline(steps_df, stalls, raw, pools, transfers, handoffs),
         "kv_usage.png": lambda: plot_kv_usage(steps_df, raw, kv_blocks, pools),
     }
+    if kv_tiers is not None and len(kv_tiers):
+        figures["kv_tiers.png"] = lambda: plot_tiers(kv_tiers, steps_df, kv_blocks)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [save_png(draw(), out / name, DPI) for name, draw in figures.items()]

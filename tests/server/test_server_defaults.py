@@ -13,6 +13,8 @@ vLLM (vllm-project/vllm)
   enable_expert_parallel False.
 - vllm/config/lora.py: max_loras 1; vllm/config/model.py: enforce_eager False, dtype "auto", quantization None.
 - vllm/engine/arg_utils.py: speculative_config None (speculation off).
+- vllm/config/cache.py: kv_offloading_size None, kv_offloading_backend None (offloading off; newer
+  versions default the backend to "native", still off without a size); kv_transfer_config None.
 - vllm/engine/arg_utils.py @99d7eb5d get_batch_defaults: no static default for max_num_batched_tokens
   and max_num_seqs (8192/1024 on a >= 70 GiB GPU that is not an A100, else 2048/256).
 SGLang (sgl-project/sglang, python/sglang/srt/server_args.py @469c63e5)
@@ -21,7 +23,9 @@ SGLang (sgl-project/sglang, python/sglang/srt/server_args.py @469c63e5)
   kv_cache_dtype "auto", disable_cuda_graph False; chunked_prefill_size, mem_fraction_static and
   max_running_requests are derived at startup (GPU memory, KV pool): no static default;
   speculative_algorithm, speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens and
-  speculative_draft_model_path None (speculation off).
+  speculative_draft_model_path None (speculation off); enable_hierarchical_cache False, hicache_ratio 2.0,
+  hicache_size 0 (use the ratio), hicache_write_policy "write_through", hicache_storage_backend None
+  (docs/advanced_features/hicache_best_practices.md).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ VLLM_DOCUMENTED = {
     "disable-hybrid-kv-cache-manager": False, "data-parallel-size": 1, "enable-expert-parallel": False,
     "quantization": None,
     "enforce-eager": False, "dtype": "auto", "enable-lora": False, "max-model-len": None, "speculative-config": None,
+    "kv-offloading-size": None, "kv-offloading-backend": None, "kv-transfer-config": None,
     "max-num-batched-tokens": NO_STATIC_DEFAULT, "max-num-seqs": NO_STATIC_DEFAULT, "model": NO_STATIC_DEFAULT,
 }
 SGLANG_DOCUMENTED = {
@@ -49,6 +54,8 @@ SGLANG_DOCUMENTED = {
     "max-running-requests": NO_STATIC_DEFAULT, "model-path": NO_STATIC_DEFAULT,
     "speculative-algorithm": None, "speculative-num-steps": None, "speculative-eagle-topk": None,
     "speculative-num-draft-tokens": None, "speculative-draft-model-path": None,
+    "enable-hierarchical-cache": False, "hicache-ratio": 2.0, "hicache-size": 0,
+    "hicache-write-policy": "write_through", "hicache-storage-backend": None,
 }
 CONTEXT = Context(gpu_spec("h100"), 8192, None, "roofline", frozenset({"tp", "pp"}))
 

@@ -64,14 +64,18 @@ def run_prefix(policy: dict, requests: list[Request], *, num_blocks: int = 1000,
                hash_block_size: int | None = 16, watermark_blocks: int = 0, prefix_caching: bool = True,
                cost: dict | None = None, max_model_len: int = 100_000, preemption: str = "recompute",
                victim: str = "last_admitted", fast_forward: bool = True, replicas: int = 1,
-               router: str = "round_robin", reserve_full_prompt: bool = False, wrap=None) -> PrefixRun:
+               router: str = "round_robin", reserve_full_prompt: bool = False, wrap=None,
+               tiers=None, swap_bandwidth: float = 1e9) -> PrefixRun:
     """Simulate on CPU with a prefix-caching KV cache (unit cost model unless `cost` is given);
-    `wrap(policy)` may wrap each replica's policy (tracing, checks)."""
+    `wrap(policy)` may wrap each replica's policy (tracing, checks); `tiers(kv)` may give each cache's
+    lower tiers (a sim/kv/tiers.py TierStore)."""
     caches, policies = [], []
 
     def new_kv():
         kv = KVCache(num_blocks, block_size, watermark_blocks, reserve_full_prompt, 1024.0,
                      prefix_caching=prefix_caching, hash_block_size=hash_block_size)
+        if tiers is not None and kv.prefix is not None:
+            kv.prefix.tiers = tiers(kv)
         caches.append(kv)
         return kv
 
@@ -83,7 +87,7 @@ def run_prefix(policy: dict, requests: list[Request], *, num_blocks: int = 1000,
         return p
 
     settings = ReplicaSettings(preemption_mode=preemption, victim=victim, max_model_len=max_model_len,
-                               fast_forward=fast_forward, swap_bandwidth=1e9)
+                               fast_forward=fast_forward and tiers is None, swap_bandwidth=swap_bandwidth)
     recorder, pool = simulate(requests, new_policy, load_cost_model(cost or {"type": "unit"}), new_kv, settings,
                               replicas=replicas, router=router)
     return PrefixRun(requests, recorder, pool, caches, policies)
