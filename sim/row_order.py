@@ -42,18 +42,7 @@ def by_replica(recorder: Recorder, requests) -> None:
     ordered = _rows(recorder, order, replica[order])
     _runs(recorder, ordered, renumber)
     _requests(requests, renumber)
-    _adopt(recorder, ordered)
-
-
-def _adopt(recorder: Recorder, ordered: Recorder) -> None:
-    """`recorder` takes over `ordered`'s rows and runs (its columns, their bound appends and widening hook):
-    one object, as if it had recorded them so."""
-    state = vars(recorder)
-    state.clear()
-    state.update(vars(ordered))
-    for column in recorder.dense.values():
-        column.on_widen = recorder._bind
-    recorder._bind()
+    recorder.adopt(ordered)
 
 
 def _rows(recorder: Recorder, order: np.ndarray, replicas: np.ndarray) -> Recorder:

@@ -96,6 +96,16 @@ class Recorder:
             p[3](index, prefill_history_tokens), p[4](index, prefill_attention_pairs)
         return index
 
+    def adopt(self, other: "Recorder") -> None:
+        """Take over `other`'s rows and runs (its columns, rebound to this recorder's appends and widening
+        hook): one object, as if it had recorded them so (sim/row_order.py re-orders a run's rows so)."""
+        state = vars(self)
+        state.clear()
+        state.update(vars(other))
+        for column in self.dense.values():
+            column.on_widen = self._bind
+        self._bind()
+
     def _bind(self) -> None:
         """The dense columns' appends, in DENSE order (bound again whenever a narrow column widens)."""
         self._appends = [column.data.append for column in self.dense.values()]
