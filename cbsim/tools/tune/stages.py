@@ -259,7 +259,7 @@ def _queue_defaults(ctx: StageContext) -> list:
 
 # --- speculative decoding ----------------------------------------------------------------------
 
-SPECULATIVE_KS = (1, 2, 3, 4, 5)  # draft lengths tried by default (vLLM's EAGLE examples use 2-5)
+SPECULATIVE_KS = (1, 2, 3, 4, 5)  # draft lengths tried by default: cbsim's choice, not an engine default (list others)
 
 
 def _check_speculative(value, path: str) -> None:
