@@ -151,6 +151,10 @@ ADMITTING = {
     "orca": {"name": "orca", "max_num_seqs": 8},
     "orca-paged": {"name": "orca", "max_num_seqs": 4, "kv_reservation": "paged"},
     "orca-budget": {"name": "orca", "max_num_seqs": 8, "token_budget": 96},
+    # vLLM V0's prefill-first: an admitted prompt runs alone, the decodes wait (SteadyAdmission.prefill_only)
+    "prefill_first": {"name": "prefill_first", "max_num_seqs": 8},
+    "prefill_first-seats": {"name": "prefill_first", "max_num_seqs": 1},
+    "prefill_first-budget": {"name": "prefill_first", "max_num_seqs": 8, "token_budget": 96},
 }
 # arrivals spread over the decode steps of the requests before them (a step takes ~0.02-0.2 s)
 SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0.6, 2.0]), st.integers(1, 160),
@@ -210,6 +214,10 @@ def test_runs_on_several_replicas_admit_arrivals(router, policy, specs, replicas
     ("sarathi-capped", [(0.0, 30, 100), (0.5, 100, 20), (0.5, 10, 20)]),  # a capped head: the next one joins it
     ("sarathi-seats", [(0.0, 20, 100), (0.4, 10, 20), (0.4, 10, 20), (0.4, 10, 20)]),  # seats end the scan
     ("splitfuse", [(0.0, 50, 100), (0.3, 200, 20), (0.5, 30, 20)]),  # a first piece under min_chunk waits
+    ("prefill_first", [(0.0, 30, 100), (0.5, 10, 20), (0.8, 10, 20)]),  # each runs alone, the decodes wait
+    ("prefill_first", [(0.0, 30, 100), (0.5, 10, 20), (0.5, 10, 20)]),  # two arrive together: the policy plans
+    ("prefill_first", [(0.0, 30, 3), (0.01, 10, 1), (0.02, 10, 40)]),  # leaves around the steps alone
+    ("prefill_first-budget", [(0.0, 30, 100), (0.5, 90, 20), (0.5, 10, 20)]),  # the head fills the budget
 ])
 def test_runs_with_arrivals_in_examples(policy, specs):
     def one(fast_forward: bool):
@@ -222,7 +230,7 @@ def test_runs_with_arrivals_in_examples(policy, specs):
     assert_same_run(one(False), one(True))
 
 
-@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+@pytest.mark.parametrize("policy", ["sarathi", "orca", "prefill_first"])
 @pytest.mark.parametrize("reserve", [False, True])
 def test_a_run_admits_the_arrivals_it_reaches(policy, reserve):
     """The reference shape (a request at a time, each arriving while the others decode) takes its
