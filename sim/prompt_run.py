@@ -108,12 +108,12 @@ def tokens_by_step(run: PromptRun, shape) -> list[int]:
 def replica_leaps_prompts(replica) -> bool:
     """What of may_leap_prompt holds for the replica's whole life, decided once (Replica.run, before its
     first step): nothing that changes from step to step or must see each step (noise, recorded shapes,
-    prefix caching, a sliding window, the decode reserve and step cap, TTFT admission, a closed loop or
+    a sliding window, the decode reserve and step cap, TTFT admission, a closed loop or
     client timeouts, a P/D role)."""
     state = replica.state
     return (replica.settings.fast_forward and replica.settings.client_timeout is None
             and state.reserve is None and state.step_cap is None
-            and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
+            and replica.noise is None and replica.shapes is None
             and replica.kv.window is None and replica.admission is None and replica.on_leave is None
             and replica.role.leaps_prompts)
 
@@ -151,6 +151,10 @@ def prompt_run(replica, plan, shape, start: float, duration: float, where) -> Pr
     prompt, decodes = _alone(replica, plan) if alone else _prompt_and_decodes(replica, plan, shape)
     if prompt is None or prompt.mm_inputs or shape.prefill[0][1] != prompt.num_computed_tokens:
         return None
+    if replica.kv.prefix is not None and any(r.prefix_hashes for r in replica.state.running):
+        return None  # a request the prefix cache could share: step by step (module docstring)
+    if alone and shape.prefill[0][0] + 1 < prompt.need:
+        return None  # a prompt alone that goes on in later steps (a chunked one): step by step
     steps = _SteadySteps(replica, prompt, decodes, shape, rule, admission, start + duration, alone)
     return steps.price(horizon, where)
 
@@ -474,6 +478,8 @@ class _SteadySteps:
         req = self._queued_request()
         if req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs:
             return None  # a request that holds progress (a preempted one) is the policy's to plan
+        if self.kv.prefix is not None and (req.prefix_hashes or waiting > 1):
+            return None  # the cache could share its prompt, or order the queue by what it holds: step by step
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
