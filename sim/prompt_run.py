@@ -21,6 +21,13 @@ watermark are free (KVCache.admission_tokens: its first chunk's, its whole promp
 reserve_full_prompt, or what the policy reserves up front: Orca's prompt + max output), and if the
 requests behind it, if any, find no token or sequence left; the new prompt then runs its chunks as the
 first one did.
+A policy whose prefill steps run alone (SteadyAdmission.prefill_only: vLLM V0's prefill-first, SGLang's
+prefill batches) runs each admitted prompt whole in a step of its own, and a run may start at such a
+step: the decode rows wait it out (a pause, PromptRun.pauses: their later steps, block crossings and last
+steps come one step later), and only while they all fit max_num_seqs.
+With a prefix cache, a run takes only requests the cache cannot share (no prefix hashes: no hit, nothing
+published, a leave frees its blocks), and only one waiting at a time (so no cache-aware order can
+differ from the queue's); a request it could share ends the run.
 Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
 wait, a second admission into one step, an admission that does not fit) ends the run before that
 step, which the policy then plans.
