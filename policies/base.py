@@ -30,13 +30,16 @@ class SteadyAdmission:
     fit beside the watermark; the scan ends at the first that is not taken. Beside a prompt's last chunk
     only if that chunk is not long (more than long_threshold tokens; None: none is). `whole_prompts`: a
     prompt is taken only whole (Orca); `reserve(req)`: the tokens of KV an admission reserves up front
-    (admit_prefills' `reserve`; None: none)."""
+    (admit_prefills' `reserve`; None: none). `prefill_only`: a step that admits runs its prompts alone, the
+    running decodes wait (vLLM V0's prefill-first), so the prompt has the whole token budget and every
+    sequence."""
 
     max_num_seqs: int
     long_threshold: int | None = None
     min_chunk: int = 1
     whole_prompts: bool = False
     reserve: Callable[[Request], int] | None = None
+    prefill_only: bool = False
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from cbsim.core.schema import option, require
 
-from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.base import Budgets, Policy, SteadyAdmission
 from cbsim.policies.batch import BatchBuilder
 from cbsim.policies.fairness import FairConfig, admit_fairly, bucket_reject_reason, make_fair
 from cbsim.policies.helpers import (DynamicChunkConfig, admit_prefills, chunk_limit, continue_prefills, fill_decodes, is_decode,
@@ -65,6 +65,16 @@ class PrefillFirst(Policy):
     @property
     def chunks_prompts(self) -> bool:
         return self.config.chunk_size is not None
+
+    def steady_chunks(self, state):
+        if self.fair is not None or self.chunks_prompts:  # the order changes with service; chunks run before decodes
+            return None
+        return self.token_budget(state), None  # a prompt runs whole in the step that admits it
+
+    def steady_admission(self, state):
+        if not self.admits_by_budgets(state):
+            return None
+        return SteadyAdmission(self.config.max_num_seqs, whole_prompts=True, prefill_only=True)
 
     def schedule(self, state):
         if self.fair is None:

@@ -61,7 +61,7 @@ from cbsim.sim.request import Request
 from cbsim.sim.state import SchedulerState
 from cbsim.workloads.prefixes import block_hash
 
-from cbsim.policies.base import Budgets, Policy
+from cbsim.policies.base import Budgets, Policy, SteadyAdmission
 from cbsim.policies.batch import BatchBuilder
 from cbsim.policies.fairness import FairQueue, check_weights, urgent_first
 from cbsim.policies.helpers import DynamicChunkConfig, fill_decodes, is_decode, make_dynamic
@@ -145,6 +145,21 @@ class SGLang(Policy):
 
     def request_cap(self) -> int | None:
         return self.config.chunked_prefill_size
+
+    def steady_chunks(self, state):
+        cfg = self.config
+        if cfg.schedule_policy not in ("fcfs", "lpm") or cfg.enable_mixed_chunk or not self.steady_when_blocked \
+                or self.dynamic is not None:  # another order, decodes beside prefills, or chunks that change
+            return None
+        budget = self.token_budget(state)  # a prefill batch: max_prefill_tokens and the chunk budget
+        return (budget if cfg.chunked_prefill_size is None else min(budget, cfg.chunked_prefill_size)), None
+
+    def steady_admission(self, state):
+        """Prefill batches run alone (decodes wait), a prompt admitted whole; lpm orders the queue as fcfs
+        while nothing waiting is in the cache (a prompt run admits only such requests: sim/prompt_run.py)."""
+        if not self.admits_by_budgets(state):
+            return None
+        return SteadyAdmission(self.config.max_num_seqs, whole_prompts=True, prefill_only=True)
 
     def never_runs(self, req: Request, state: SchedulerState) -> str:
         reason = Policy.never_runs(self, req, state)

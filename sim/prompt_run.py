@@ -21,6 +21,13 @@ watermark are free (KVCache.admission_tokens: its first chunk's, its whole promp
 reserve_full_prompt, or what the policy reserves up front: Orca's prompt + max output), and if the
 requests behind it, if any, find no token or sequence left; the new prompt then runs its chunks as the
 first one did.
+A policy whose prefill steps run alone (SteadyAdmission.prefill_only: vLLM V0's prefill-first, SGLang's
+prefill batches) runs each admitted prompt whole in a step of its own, and a run may start at such a
+step: the decode rows wait it out (a pause, PromptRun.pauses: their later steps, block crossings and last
+steps come one step later), and only while they all fit max_num_seqs.
+With a prefix cache, a run takes only requests the cache cannot share (no prefix hashes: no hit, nothing
+published, a leave frees its blocks), and only one waiting at a time (so no cache-aware order can
+differ from the queue's); a request it could share ends the run.
 Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
 wait, a second admission into one step, an admission that does not fit) ends the run before that
 step, which the policy then plans.
@@ -68,12 +75,14 @@ class PromptRun:
     """Steps 0..k from the step begun (step 0): every running decode decodes each step, and the prompts
     run their chunks one after another (`prompts`, in the order they run). A request whose last token
     comes in step j leaves at that step's end (`finish[req]` = j). `ends[j]`: when step j ends;
-    `columns`: steps 1..k in the step table (sim/run_rows.py COLUMNS, numpy)."""
+    `columns`: steps 1..k in the step table (sim/run_rows.py COLUMNS, numpy). `pauses`: the steps, ascending,
+    that run a prompt alone (SteadyAdmission.prefill_only): every decode row waits them out."""
 
     prompts: tuple[PromptSegment, ...]
     ends: list[float]
     finish: dict
     columns: dict
+    pauses: tuple[int, ...] = ()
 
 
 def cut_prompt_run(run: PromptRun, count: int) -> PromptRun:
@@ -88,7 +97,8 @@ def cut_prompt_run(run: PromptRun, count: int) -> PromptRun:
     sampled = segment.sampled if segment.sampled is not None and segment.sampled < count else None
     return PromptRun((segment._replace(chunks=kept, sampled=sampled, blocks=0),), run.ends[:count],
                      {req: j for req, j in run.finish.items() if j < count},
-                     {name: column[:count - 1] for name, column in run.columns.items()})
+                     {name: column[:count - 1] for name, column in run.columns.items()},
+                     tuple(j for j in run.pauses if j < count))
 
 
 def tokens_by_step(run: PromptRun, shape) -> list[int]:
@@ -105,12 +115,12 @@ def tokens_by_step(run: PromptRun, shape) -> list[int]:
 def replica_leaps_prompts(replica) -> bool:
     """What of may_leap_prompt holds for the replica's whole life, decided once (Replica.run, before its
     first step): nothing that changes from step to step or must see each step (noise, recorded shapes,
-    prefix caching, a sliding window, the decode reserve and step cap, TTFT admission, a closed loop or
+    a sliding window, the decode reserve and step cap, TTFT admission, a closed loop or
     client timeouts, a P/D role)."""
     state = replica.state
     return (replica.settings.fast_forward and replica.settings.client_timeout is None
             and state.reserve is None and state.step_cap is None
-            and replica.noise is None and replica.shapes is None and replica.kv.prefix is None
+            and replica.noise is None and replica.shapes is None
             and replica.kv.window is None and replica.admission is None and replica.on_leave is None
             and replica.role.leaps_prompts)
 
@@ -120,7 +130,8 @@ def may_leap_prompt(replica, plan, shape, swap_bytes) -> bool:
     one prompt in progress beside decodes of every other running request, and no preemption, padding,
     rejection, swap, side work or held finish in the step."""
     state = replica.state
-    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(state.running) == len(plan.scheduled)
+    return (len(shape.prefill) == 1 and len(shape.decode) + 1 == len(plan.scheduled)
+            and (len(state.running) == len(plan.scheduled) or not shape.decode)  # (or a prompt alone: prompt_run)
             and not (plan.preempted or plan.padding or plan.rejected or swap_bytes or plan.extra_seconds
                      or plan.hold_finished))
 
@@ -140,10 +151,19 @@ def prompt_run(replica, plan, shape, start: float, duration: float, where) -> Pr
     horizon = next_deadline(replica) if admission is not None else min(replica.horizon(), next_deadline(replica))
     if rule is None or not start + duration < horizon:
         return None  # not steady, or an outside event comes before its second step (before any O(rows) work)
-    prompt, decodes = _prompt_and_decodes(replica, plan, shape)
+    alone = len(replica.state.running) > 1 and not shape.decode  # the decodes pause for the prompt
+    if alone and not (admission is not None and admission.prefill_only
+                      and len(replica.state.running) <= admission.max_num_seqs):
+        return None  # (with more running than seats, a decode step leaves some out)
+    prompt, decodes = _alone(replica, plan) if alone else _prompt_and_decodes(replica, plan, shape)
     if prompt is None or prompt.mm_inputs or shape.prefill[0][1] != prompt.num_computed_tokens:
         return None
-    return _SteadySteps(replica, prompt, decodes, shape, rule, admission, start + duration).price(horizon, where)
+    if replica.kv.prefix is not None and any(r.prefix_hashes for r in replica.state.running):
+        return None  # a request the prefix cache could share: step by step (module docstring)
+    if alone and shape.prefill[0][0] + 1 < prompt.need:
+        return None  # a prompt alone that goes on in later steps (a chunked one): step by step
+    steps = _SteadySteps(replica, prompt, decodes, shape, rule, admission, start + duration, alone)
+    return steps.price(horizon, where)
 
 
 def _stated_admission(replica):
@@ -170,6 +190,14 @@ def _prompt_and_decodes(replica, plan, shape) -> tuple:
     return prompts[0], [r for r in running if r is not prompts[0]]
 
 
+def _alone(replica, plan) -> tuple:
+    """(the prompt a step runs alone, the running requests that pause for it), or (None, ()) unless
+    every other running request is a decode."""
+    prompt = replica.by_id[next(iter(plan.scheduled))]
+    decodes = [r for r in replica.state.running if r is not prompt]
+    return (prompt, decodes) if not any(r.in_prefill for r in decodes) else (None, ())
+
+
 def first_crossing(held: int, context: int, after: int, block_size: int) -> int:
     """The first step after `after` in which a row reading context + step (its step-0 `context`) outgrows
     the `held` blocks; later crossings follow every block_size steps."""
@@ -182,7 +210,7 @@ def first_crossing(held: int, context: int, after: int, block_size: int) -> int:
 class _SteadySteps:
     """The state of a prompt run while its steps are priced one by one (see the module docstring)."""
 
-    def __init__(self, replica, prompt, decodes, shape, rule, admission, end: float):
+    def __init__(self, replica, prompt, decodes, shape, rule, admission, end: float, alone: bool = False):
         self.replica, self.kv = replica, replica.kv
         self.budget, self.cap = rule
         self.admission = admission  # the policy's (Policy.steady_admission); None: arrivals end the run
@@ -194,7 +222,11 @@ class _SteadySteps:
         self.stop = replica.settings.max_fast_forward  # no step of the run reaches it
         self.crossings = [0] * (self.stop + 1)  # step -> decode rows that cross into a new KV block in it
         self.leaving: dict[int, list] = {}  # step -> requests whose last token comes in it
-        self._add_decodes(decodes, shape.decode)
+        self.pauses: list[int] = []  # steps that run a prompt alone (the decode rows wait)
+        # the policy runs an admitted prompt alone (SteadyAdmission.prefill_only: the decodes pause for it)
+        self.alone = admission is not None and admission.prefill_only
+        contexts = [r.num_computed_tokens + 1 for r in decodes] if alone else shape.decode
+        self._add_decodes(decodes, contexts, -1 if alone else 0)
         self.admitted: list[Request] = []  # joined the batch in this run, in order
         self.waiting = len(replica.state.waiting)  # of the requests waiting at the start, those not admitted
         self.arriving = list(replica.incoming)  # routed here, not visible at the start; then those peeked at
@@ -206,8 +238,10 @@ class _SteadySteps:
         self.free = self.kv.free_blocks
         self.ends = [end]
         self.rows = RunRows()  # steps 1..
-        self.contexts = list(shape.decode)
+        self.contexts = list(contexts)
         self.total = sum(self.contexts)
+        if alone:  # step 0 runs the prompt alone
+            self._pause(0)
         self.chunks.append(chunk)
         self.computed += chunk
         self.left -= chunk
@@ -225,8 +259,9 @@ class _SteadySteps:
     def _segment(self) -> PromptSegment:
         return PromptSegment(self.prompt, self.first, self.history, self.chunks, self.sampled, self.prompt_blocks)
 
-    def _add_decodes(self, decodes, contexts) -> None:
-        """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, two calls a row)."""
+    def _add_decodes(self, decodes, contexts, after: int) -> None:
+        """The step's decodes as rows from step 1 (the run's one O(rows) part: locals, two calls a row);
+        their blocks cover their contexts after step `after` (0, or -1 where step 0 does not decode them)."""
         base, held, leaving, block_size = self.base, self.held, self.leaving, self.kv.block_size
         for req, context in zip(decodes, contexts):
             blocks = req.num_blocks
@@ -234,7 +269,7 @@ class _SteadySteps:
             base[req] = context
             held[req] = blocks
             leaving.setdefault(last, []).append(req)
-            self._count_crossings(first_crossing(blocks, context, 0, block_size), last)
+            self._count_crossings(first_crossing(blocks, context, after, block_size), last)
 
     def _add_row(self, req, context: int, held: int, last: int, after: int) -> None:
         """`req` is a decode row from step after + 1 to step `last` (step-0 context `context`, `held` blocks)."""
@@ -249,6 +284,18 @@ class _SteadySteps:
         crossings = self.crossings
         for step in range(first, min(last, self.stop) + 1, self.kv.block_size):
             crossings[step] += 1
+
+    def _pause(self, j: int) -> None:
+        """Step j runs a prompt alone: every decode row's later steps come one step later (its step-0 context
+        one less, its block crossings and its last step one step on)."""
+        self.pauses.append(j)
+        self.crossings.insert(j, 0)
+        self.crossings.pop()  # (the last entry: a step no run reaches)
+        self.leaving = {k + (k >= j): reqs for k, reqs in self.leaving.items()}
+        for req in self.base:
+            self.base[req] -= 1
+        self.contexts = list(self.base.values())
+        self.total -= len(self.contexts)
 
     def _rebuild(self) -> None:
         """The rows in the batch's order (the running requests', then those admitted in this run), their
@@ -279,7 +326,7 @@ class _SteadySteps:
         if prompts[-1].first and not prompts[-1].chunks:  # admitted for a step the run did not take
             prompts.pop()
         return PromptRun(tuple(prompts), self.ends, self.finish,
-                         self.rows.columns(len(self.ends) - 1, self.crossings))
+                         self.rows.columns(len(self.ends) - 1, self.crossings), tuple(self.pauses))
 
     def _arrivals(self, start: float) -> int:
         """Requests waiting at a step that starts at `start`: those waiting when the run began and not
@@ -320,18 +367,18 @@ class _SteadySteps:
         while self.left:
             if j >= stop or not end < opens:
                 return None
-            n = len(self.contexts)
+            n = 0 if self.alone else len(self.contexts)  # (a prompt alone: the decodes wait)
             room = self.budget - n
             chunk = min(self.left, room if self.cap is None else min(room, self.cap))
             waiting = self._arrivals(end) if chunk != room else 0  # a chunk short of the budget runs only
             # if nobody waits, or beside the one it admits (a full chunk leaves them nothing)
             target = max(-(-(self.computed + chunk) // block_size), self.reserved)
-            grow = self.crossings[j] + max(0, target - self.prompt_blocks)
+            grow = (0 if self.alone else self.crossings[j]) + max(0, target - self.prompt_blocks)
             if chunk <= 0 or grow > self.free:
                 return None  # the policy would not run it so: step by step
             beside = None  # (the waiting request admitted beside the prompt's last chunk, its first chunk)
             if waiting:
-                if chunk != self.left or self._long(chunk):
+                if self.alone or chunk != self.left or self._long(chunk):
                     return None  # the policy could admit a waiting request as this run cannot: step by step
                 beside = self._first_chunk(room - chunk, n + 1, self.free - grow, waiting)
                 if beside is None:
@@ -340,7 +387,8 @@ class _SteadySteps:
             sampled = n + (chunk == self.left)
             if beside is not None:
                 prefill, sampled = self._beside(prefill, sampled, beside)
-            seconds = price(prefill, self.contexts, j, self.total + n * j, sampled)
+            seconds = price(prefill, (), 0, 0, sampled) if self.alone else \
+                price(prefill, self.contexts, j, self.total + n * j, sampled)
             later = end + seconds
             if not end < later < limit:
                 if not end < later < CLOCK_LIMIT:
@@ -411,8 +459,12 @@ class _SteadySteps:
         waiting = self._arrivals(self.ends[-1])
         if self.admission is None or not waiting:
             return False
-        decodes = len(self.contexts)
-        first = self._first_chunk(self.budget - decodes, decodes, self.free - self.crossings[j], waiting)
+        if self.alone and (len(self.contexts) >= self.admission.max_num_seqs
+                           or self.sampled is not None and self.sampled >= j):
+            return False  # the decode steps after would leave some out, or a recompute samples in step j: step by step
+        decodes = 0 if self.alone else len(self.contexts)  # (a prompt alone: the decodes wait)
+        free = self.free if self.alone else self.free - self.crossings[j]
+        first = self._first_chunk(self.budget - decodes, decodes, free, waiting)
         if first is None:
             return False
         self._join(first[0], j)
@@ -433,6 +485,8 @@ class _SteadySteps:
         req = self._queued_request()
         if req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs:
             return None  # a request that holds progress (a preempted one) is the policy's to plan
+        if self.kv.prefix is not None and (req.prefix_hashes or waiting > 1):
+            return None  # the cache could share its prompt, or order the queue by what it holds: step by step
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
             chunk = min(chunk, self.cap)
@@ -476,8 +530,10 @@ class _SteadySteps:
         """Apply step j: blocks, the prompt's chunk (`target` blocks; and its joining the decodes), the
         prompt admitted beside it (`beside`: it is the prompt from step j on), the step's row."""
         self.free -= grow
-        decodes = len(self.contexts)
-        contexts = self.total + decodes * j
+        if self.alone:
+            self._pause(j)
+        decodes = 0 if self.alone else len(self.contexts)
+        contexts = 0 if self.alone else self.total + decodes * j
         history = self.computed
         pairs = chunk * history + chunk * (chunk + 1) // 2
         self._advance(j, chunk, target)

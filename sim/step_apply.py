@@ -16,6 +16,7 @@ with hold_finished, when the whole batch is done).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from itertools import islice
 
 import numpy as np
@@ -263,28 +264,36 @@ def commit_prompt_run(replica, run) -> None:
     def row(j: int) -> int:
         return step if j == 0 else first + j - 1
 
-    previous, running = replica.prev_step, replica.state.running
+    previous, running, pauses = replica.prev_step, replica.state.running, run.pauses
     prompts = {segment.prompt for segment in run.prompts}
+    breaks: list = []  # (step, *run record): token runs broken in that step (with pauses only), in batch order
     leaving = []  # the finished, in the batch's order
     for req in running:
         if req in finish:
             leaving.append(req)
         if req not in prompts:
-            tokens = finish.get(req, count - 1) + 1
-            _decode_tokens(recorder, req, tokens, step, row(tokens - 1), previous)
+            last = finish.get(req, count - 1)
+            if not pauses:
+                _decode_tokens(recorder, req, last + 1, step, row(last), previous)
+            else:
+                _span_tokens(req, decode_spans(0, last, pauses), row, previous, breaks)
     for segment in run.prompts:
         if segment.first:
             _join(replica, segment.prompt, ends[segment.first - 1], row(segment.first))
             if segment.prompt in finish:
                 leaving.append(segment.prompt)
-        _commit_prompt(recorder, segment, run, row)
+        _commit_prompt(recorder, segment, run, row, breaks)
     recorder.add_run(replica.index, ends, padding_tokens=0, preemptions=0, swap_bytes=0.0, **run.columns)
     replica.prev_step = row(count - 1)
+    breaks.sort(key=_first)
+    closed = 0  # of the breaks, those recorded: a step's breaks before its leaves, as stepping has them
     if leaving:  # each at its own step's end, in the order stepping one by one releases them (a stable sort)
         leaving.sort(key=finish.__getitem__)
         for req in leaving:
+            closed = _record_breaks(recorder, breaks, closed, finish[req])
             leave_finished(replica, req, ends[finish[req]])
         replica.state.running = [req for req in running if req not in finish]
+    _record_breaks(recorder, breaks, closed, count)
     kv = replica.kv
     for req in replica.state.running:  # the blocks of their last step's context
         blocks = -(-req.num_computed_tokens // kv.block_size)
@@ -318,20 +327,64 @@ def _decode_tokens(recorder, req: Request, tokens: int, step: int, last: int, pr
     req.num_computed_tokens += tokens
 
 
-def _commit_prompt(recorder, segment, run, row) -> None:
+def _first(item):
+    return item[0]
+
+
+def _record_breaks(recorder, breaks: list, closed: int, step: int) -> int:
+    """Record the breaks from `closed` on up to those of step `step`; returns how many are recorded."""
+    while closed < len(breaks) and breaks[closed][0] <= step:
+        recorder.add_run_record(*breaks[closed][1:])
+        closed += 1
+    return closed
+
+
+def _span_tokens(req: Request, spans, row, previous: int, breaks: list, after: int = -1) -> None:
+    """`req` produced a token in each step of `spans` (a run's steps, from decode_spans); its open run goes on
+    into the first span if that is step after + 1 and its last token was in row `previous`. A run that
+    breaks is closed into `breaks` at the step it breaks in (recorded in step order with the leaves:
+    commit_prompt_run)."""
+    continues_from = previous if spans and spans[0][0] == after + 1 else None
+    for a, b in spans:
+        tokens = b - a + 1
+        if req.run_tokens and req.last_token_step == continues_from:
+            req.run_tokens += tokens
+        else:
+            if req.run_tokens:
+                breaks.append((a, req.id, req.run_start_step, req.last_token_step, req.run_tokens))
+            req.run_start_step = row(a)
+            req.run_tokens = tokens
+        req.last_token_step = row(b)
+        req.num_output_tokens += tokens
+        req.num_computed_tokens += tokens
+        continues_from = None
+
+
+def _commit_prompt(recorder, segment, run, row, breaks: list) -> None:
     """A prompt's chunks, then a token in step `segment.sampled` and in each step after it (each a decode
     row from the step after its last chunk on) until it finishes or the run ends."""
-    prompt, ends, sampled = segment.prompt, run.ends, segment.sampled
+    prompt, ends, sampled, pauses = segment.prompt, run.ends, segment.sampled, run.pauses
     computed = segment.history + sum(segment.chunks)
     if sampled is not None and sampled < len(ends):  # (a recompute's decode row may fall after the run)
         last = run.finish.get(prompt, len(ends) - 1)
-        computed += last - (segment.first + len(segment.chunks)) + 1  # its decode rows
+        rows = decode_spans(segment.first + len(segment.chunks), last, pauses)  # its decode rows
+        computed += sum(b - a + 1 for a, b in rows)
         _prompt_token(recorder, prompt, row(sampled), ends[sampled])
-        if last > sampled:
-            prompt.run_tokens += last - sampled
-            prompt.last_token_step = row(last)
-            prompt.num_output_tokens += last - sampled
+        _span_tokens(prompt, decode_spans(sampled + 1, last, pauses), row, row(sampled), breaks, sampled)
     prompt.num_computed_tokens = computed
+
+
+def decode_spans(first: int, last: int, pauses) -> list[tuple[int, int]]:
+    """The steps first..last of a run that a decode row runs, as (from, to) spans: all but the `pauses`
+    (ascending: steps that run a prompt alone)."""
+    spans, start = [], first
+    for pause in pauses[bisect_left(pauses, first):bisect_right(pauses, last)]:
+        if pause > start:
+            spans.append((start, pause - 1))
+        start = pause + 1
+    if start <= last:
+        spans.append((start, last))
+    return spans
 
 
 def _prompt_token(recorder, req: Request, step: int, end: float) -> None:

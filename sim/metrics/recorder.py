@@ -218,6 +218,13 @@ class Recorder:
             self.run_tokens.append(req.run_tokens)
             req.run_tokens = 0
 
+    def add_run_record(self, request_id: int, first_step: int, last_step: int, tokens: int) -> None:
+        """A token run closed elsewhere (a prompt run's commit, in the order stepping closes them)."""
+        self.run_request.append(request_id)
+        self.run_first_step.append(first_step)
+        self.run_last_step.append(last_step)
+        self.run_tokens.append(tokens)
+
     def step_table(self, sparse: bool = False) -> dict[str, np.ndarray]:
         """Every column whole, in STEP_COLUMNS order (dense ones are views of the recorder's buffers);
         with `sparse`, the SPARSE columns as pandas SparseArrays (their non-zero rows only)."""

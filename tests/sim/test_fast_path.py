@@ -151,6 +151,15 @@ ADMITTING = {
     "orca": {"name": "orca", "max_num_seqs": 8},
     "orca-paged": {"name": "orca", "max_num_seqs": 4, "kv_reservation": "paged"},
     "orca-budget": {"name": "orca", "max_num_seqs": 8, "token_budget": 96},
+    # vLLM V0's prefill-first: an admitted prompt runs alone, the decodes wait (SteadyAdmission.prefill_only)
+    "prefill_first": {"name": "prefill_first", "max_num_seqs": 8},
+    "prefill_first-seats": {"name": "prefill_first", "max_num_seqs": 1},
+    "prefill_first-budget": {"name": "prefill_first", "max_num_seqs": 8, "token_budget": 96},
+    # SGLang's prefill batches alone, whole prompts (a prompt over the chunk budget: stepped), its running-request cap
+    "sglang": {"name": "sglang", "max_num_seqs": 8},
+    "sglang-lpm": {"name": "sglang", "max_num_seqs": 8, "schedule_policy": "lpm"},
+    "sglang-chunked": {"name": "sglang", "max_num_seqs": 8, "chunked_prefill_size": 64},
+    "sglang-seats": {"name": "sglang", "max_num_seqs": 2},
 }
 # arrivals spread over the decode steps of the requests before them (a step takes ~0.02-0.2 s)
 SPREAD = st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.1, 0.25, 0.6, 2.0]), st.integers(1, 160),
@@ -200,6 +209,28 @@ def test_runs_on_several_replicas_admit_arrivals(router, policy, specs, replicas
     assert_same_run(routed(False), routed(True))
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["sglang-lpm", "sglang", "prefill_first", "sarathi", "orca"]), SPREAD,
+       st.lists(st.sampled_from([None, 0, 1]), min_size=18, max_size=18), st.integers(12, 160))
+def test_runs_under_prefix_caching_admit_as_stepping_does(policy, specs, documents, num_blocks):
+    """With a prefix cache, a run takes only requests it cannot share (no prefix hashes), and stops before
+    one it could: requests that share a document's leading blocks (or carry none) give what stepping one
+    by one gives, their hits, evictions and SGLang's lpm order included."""
+    def one(fast_forward: bool):
+        requests, t = [], 0.0
+        for i, (gap, prompt, output) in enumerate(specs):
+            t += gap
+            doc = documents[i]
+            hashes = None if doc is None else tuple(1000 * doc + j for j in range(prompt // 16))
+            requests.append(Request(i, t, prompt, output, prefix_hashes=hashes))
+        settings_ = ReplicaSettings(max_model_len=MAX_MODEL_LEN, fast_forward=fast_forward)
+        recorder, _ = simulate(requests, lambda: make_policy(ADMITTING[policy]), cost_model("linear"),
+                               lambda: KVCache(num_blocks, 16, 1, False, 1024.0, prefix_caching=True), settings_)
+        return requests, recorder
+
+    assert_same_run(one(False), one(True))
+
+
 @pytest.mark.parametrize("policy, specs", [
     ("sarathi-tight", [(0.0, 5, 100)] * 7 + [(0.5, 10, 20)]),  # the decodes fill the budget: no admission
     ("sarathi", [(0.0, 30, 100), (0.5, 10, 20), (0.5, 10, 20)]),  # two arrive together: the policy plans
@@ -210,6 +241,10 @@ def test_runs_on_several_replicas_admit_arrivals(router, policy, specs, replicas
     ("sarathi-capped", [(0.0, 30, 100), (0.5, 100, 20), (0.5, 10, 20)]),  # a capped head: the next one joins it
     ("sarathi-seats", [(0.0, 20, 100), (0.4, 10, 20), (0.4, 10, 20), (0.4, 10, 20)]),  # seats end the scan
     ("splitfuse", [(0.0, 50, 100), (0.3, 200, 20), (0.5, 30, 20)]),  # a first piece under min_chunk waits
+    ("prefill_first", [(0.0, 30, 100), (0.5, 10, 20), (0.8, 10, 20)]),  # each runs alone, the decodes wait
+    ("prefill_first", [(0.0, 30, 100), (0.5, 10, 20), (0.5, 10, 20)]),  # two arrive together: the policy plans
+    ("prefill_first", [(0.0, 30, 3), (0.01, 10, 1), (0.02, 10, 40)]),  # leaves around the steps alone
+    ("prefill_first-budget", [(0.0, 30, 100), (0.5, 90, 20), (0.5, 10, 20)]),  # the head fills the budget
 ])
 def test_runs_with_arrivals_in_examples(policy, specs):
     def one(fast_forward: bool):
@@ -222,7 +257,7 @@ def test_runs_with_arrivals_in_examples(policy, specs):
     assert_same_run(one(False), one(True))
 
 
-@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+@pytest.mark.parametrize("policy", ["sarathi", "orca", "prefill_first", "sglang-lpm"])
 @pytest.mark.parametrize("reserve", [False, True])
 def test_a_run_admits_the_arrivals_it_reaches(policy, reserve):
     """The reference shape (a request at a time, each arriving while the others decode) takes its
