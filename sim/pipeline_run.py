@@ -36,7 +36,7 @@ from collections import deque
 import numpy as np
 
 from cbsim.sim.durations import CLOCK_LIMIT
-from cbsim.sim.fast_forward import next_deadline, replica_leaps as plain_leaps
+from cbsim.sim.fast_forward import SCALAR_RUN, next_deadline, replica_leaps as plain_leaps
 from cbsim.sim.roles import Colocated
 
 MIN_EVENTS = 2  # a run of one micro-batch is stepped
@@ -100,23 +100,25 @@ def pipeline_run(replica) -> PipelineRun | None:
     visible = replica.next_visible()
     if visible is not None:
         limit = min(limit, visible)
+    if not batches[0].end < limit or (k > 1 and not batches[1].end < limit):
+        return None  # fewer than MIN_EVENTS outputs before the next outside event
     events = replica.settings.max_fast_forward
-    cycles = events // k + 2
+    stages = len(replica.stage_free)
     counts, sums, pricers, allowed, grows = [], [], [], [], []
     for batch in batches:
         plan = batch.plan
         contexts = [req.num_computed_tokens + 1 for req in plan.decode_requests]  # (the plan's may be a run old)
+        last = min(req.output_len - req.num_output_tokens for req in plan.decode_requests) - 1  # then one finishes
+        price, cycles = _relaunch_pricer(cost, contexts, min(last, events // k + 2), limit - batch.end, stages)
         counts.append(len(contexts))
         sums.append(sum(contexts))
-        pricers.append(cost.decode_pricer(contexts))
-        last = min(req.output_len - req.num_output_tokens for req in plan.decode_requests) - 1  # then one finishes
-        allowed.append(min(last, cycles))
-        grows.append(_crossings(plan, block_size, allowed[-1] + 1))
+        pricers.append(price)
+        allowed.append(cycles)
+        grows.append(_crossings(plan, block_size, cycles))
     run = PipelineRun(batches, k)
     ends = deque(batch.end for batch in batches)
     which = deque(range(k))
     free = list(replica.stage_free)
-    stages = len(free)
     kv_free = kv.free_blocks
     used = kv.num_blocks - kv_free
     commits = run.commits
@@ -152,6 +154,25 @@ def pipeline_run(replica) -> PipelineRun | None:
         return None
     run.stage_free = free
     return run
+
+
+def _relaunch_pricer(cost, contexts: list[int], cycles: int, span: float, stages: int):
+    """(context sum -> one stage's seconds of the batch's relaunch at that sum, how many relaunches are worth
+    pricing): the relaunches j = 1.. (contexts + j) that can return within `span` seconds of its first return
+    (each takes `stages` stage times at least, and cost models are monotone in context, as sim/fast_forward.py
+    has it), at most `cycles`. Priced as the run reaches them (cost.decode_pricer) for a few, all at once in
+    one vectorised call (cost.decode_run_times) for more."""
+    n, total = len(contexts), sum(contexts)
+    price = cost.decode_pricer(contexts)
+    if cycles <= SCALAR_RUN:
+        return price, cycles
+    first = price(total + n)
+    if span != math.inf and first > 0:
+        cycles = min(cycles, int(span / (stages * first)) + 2)
+        if cycles <= SCALAR_RUN:
+            return price, cycles
+    seconds = cost.decode_run_times(np.array(contexts, dtype=np.int64) + 1, cycles).tolist()
+    return (lambda context_sum: seconds[(context_sum - total) // n - 1]), cycles
 
 
 def _crossings(plan, block_size: int, cycles: int) -> list[int]:

@@ -62,11 +62,14 @@ def run(policy, cost, p, specs, num_blocks, fast_forward, chunk_pipelining=True,
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(sorted(POLICIES)), st.sampled_from(sorted(COSTS)), st.integers(2, 4), WORKLOADS,
        st.integers(26, 200), st.booleans(), st.sampled_from([1e6, 1e6, 0.5, 3.0]), st.sampled_from([1, 1, 2]),
-       st.sampled_from([None, None, 2.0]))
+       st.sampled_from([None, None, 2.0]), st.sampled_from([0, 8, 10**9]))
 def test_pipeline_runs_match_stepping(policy, cost, p, specs, num_blocks, chunk_pipelining, max_time, replicas,
-                                      timeout):
+                                      timeout, scalar_run):
+    """`scalar_run`: relaunches priced one by one up to this many a batch, else in one vectorised call."""
     stepped = run(policy, cost, p, specs, num_blocks, False, chunk_pipelining, max_time, replicas, timeout)
-    fast = run(policy, cost, p, specs, num_blocks, True, chunk_pipelining, max_time, replicas, timeout)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline_run_module, "SCALAR_RUN", scalar_run)
+        fast = run(policy, cost, p, specs, num_blocks, True, chunk_pipelining, max_time, replicas, timeout)
     assert_same_run(stepped, fast)
 
 
