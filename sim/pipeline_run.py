@@ -16,9 +16,9 @@ are free (the policy would preempt). Stepping takes over from there.
 
 `commit_pipeline_run` applies the run with the result of stepping through it: the returned batches'
 rows get their ends, the relaunched ones their rows (kept in flight, their ends unknown, for the last k),
-every request its tokens and token runs (Recorder.token for each batch's first two returns, where a run
-may continue from before; after that, with k >= 2 batches every token is a run of one, as stepping
-records it, and with one batch every token extends the run), its KV blocks, and the in-flight queue
+every request its tokens and token runs (Recorder.token at each batch's first return, where a run may
+continue from before; after that, with one batch every token extends the run, and with k >= 2 batches
+every return closes the run of the batch's previous one, appended in bulk: Recorder.closed_runs), its KV blocks, and the in-flight queue
 batches carrying their original (pure decode) plans, which commit as the re-planned ones would (commit reads
 a decode plan's rows and epochs, the same in every relaunch; its contexts and blocks, read only by `begin`,
 are stale, so a run reads the contexts from the requests).
@@ -102,13 +102,17 @@ def pipeline_run(replica) -> PipelineRun | None:
         limit = min(limit, visible)
     if not batches[0].end < limit or (k > 1 and not batches[1].end < limit):
         return None  # fewer than MIN_EVENTS outputs before the next outside event
+    # returns before one of a batch's rows finishes (its commit frees it and the next plan differs)
+    lasts = [min(req.output_len - req.num_output_tokens for req in batch.plan.decode_requests) - 1
+             for batch in batches]
+    if lasts[0] < 1 or (k > 1 and lasts[1] < 1):
+        return None
     events = replica.settings.max_fast_forward
     stages = len(replica.stage_free)
     counts, sums, pricers, allowed, grows = [], [], [], [], []
-    for batch in batches:
+    for batch, last in zip(batches, lasts):
         plan = batch.plan
         contexts = [req.num_computed_tokens + 1 for req in plan.decode_requests]  # (the plan's may be a run old)
-        last = min(req.output_len - req.num_output_tokens for req in plan.decode_requests) - 1  # then one finishes
         price, cycles = _relaunch_pricer(cost, contexts, min(last, events // k + 2), limit - batch.end, stages)
         counts.append(len(contexts))
         sums.append(sum(contexts))
@@ -138,7 +142,8 @@ def pipeline_run(replica) -> PipelineRun | None:
         used += grows[b][j]
         ends.popleft()
         which.popleft()
-        t = free[0] = max(now, free[0]) + seconds  # as PipelinedReplica._launch
+        start = max(now, free[0])  # as PipelinedReplica._launch
+        t = free[0] = start + seconds
         for s in range(1, stages):
             start = max(t, free[s])
             t = free[s] = start + seconds
@@ -221,35 +226,51 @@ def commit_pipeline_run(replica, run: PipelineRun) -> None:
 
 
 def _tokens(replica, run: PipelineRun, drained_rows: list[int]) -> None:
-    """Every request's tokens and token runs, as each output's commit (step_apply.commit) records them."""
+    """Every request's tokens and token runs, as each output's commit (step_apply.commit) records them: at a
+    batch's first return a run from before may go on (Recorder.token); after that, with one batch every
+    return extends the run, and with k >= 2 every return closes the run of the batch's previous one."""
     batches, m, k = run.batches, len(run.drained), len(run.batches)
     recorder = replica.recorder
     previous = replica.prev_step
-    for i in range(min(m, 2 * k)):  # each batch's first two returns: a run from before may go on
+    for i in range(min(m, k)):
         row = drained_rows[i]
-        for req in batches[run.batch[i]].plan.decode_requests:
+        for req in batches[i].plan.decode_requests:
             recorder.token(req, row, previous)
         previous = row
-    if m > 2 * k:
-        if k == 1:  # one batch: its rows' runs go on with every output
-            for req in batches[0].plan.decode_requests:
-                req.run_tokens += m - 2
-                req.last_token_step = drained_rows[-1]
-        else:  # output i closes the one-token run of the batch's previous return, row drained_rows[i - k]
-            later = run.batch[2 * k:]
-            ids = [np.fromiter((r.id for r in b.plan.decode_requests), np.int64) for b in batches]
-            recorder.one_token_runs(np.concatenate([ids[b] for b in later]),
-                                    np.repeat(drained_rows[k:m - k], [len(ids[b]) for b in later]))
-            for b, batch in enumerate(batches):
+    if m > k and k == 1:
+        for req in batches[0].plan.decode_requests:
+            req.run_tokens += m - 1
+            req.last_token_step = drained_rows[-1]
+    elif m > k:
+        _closed_runs(recorder, run, drained_rows)
+        for b, batch in enumerate(batches):
+            if run.commits[b] > 1:
                 last = _last_row(run, drained_rows, b)
-                if run.commits[b] > 2:
-                    for req in batch.plan.decode_requests:
-                        req.run_start_step = req.last_token_step = last
-                        req.run_tokens = 1
+                for req in batch.plan.decode_requests:
+                    req.run_start_step = req.last_token_step = last
+                    req.run_tokens = 1
     for batch, commits in zip(batches, run.commits):
         for req in batch.plan.decode_requests:
             req.num_computed_tokens += commits
             req.num_output_tokens += commits
+
+
+def _closed_runs(recorder, run: PipelineRun, drained_rows: list[int]) -> None:
+    """The runs closed by returns k.. of a run of k >= 2 batches, in order: at a batch's second return, each
+    row's run as its first return left it; at a later one, the one-token run of its previous return."""
+    batches, m, k = run.batches, len(run.drained), len(run.batches)
+    second = [batches[b].plan.decode_requests for b in run.batch[k:min(m, 2 * k)]]
+    ids, first, last, tokens = (np.array([getattr(req, name) for reqs in second for req in reqs], np.int64)
+                                for name in ("id", "run_start_step", "last_token_step", "run_tokens"))
+    if m > 2 * k:
+        later = run.batch[2 * k:]
+        members = [np.fromiter((r.id for r in b.plan.decode_requests), np.int64) for b in batches]
+        rows = np.repeat(drained_rows[k:m - k], [len(members[b]) for b in later])
+        ids = np.concatenate([ids, *(members[b] for b in later)])
+        first = np.concatenate([first, rows])
+        last = np.concatenate([last, rows])
+        tokens = np.concatenate([tokens, np.ones(len(rows), np.int64)])
+    recorder.closed_runs(ids, first, last, tokens)
 
 
 def _last_row(run: PipelineRun, drained_rows: list[int], b: int) -> int:
