@@ -23,6 +23,9 @@ batches carrying their original (pure decode) plans, which commit as the re-plan
 a decode plan's rows and epochs, the same in every relaunch; its contexts and blocks, read only by `begin`,
 are stale, so a run reads the contexts from the requests).
 
+Like sim/fast_forward.py's decode runs, a run relies on the policy's contract that a pure decode plan of
+every request it sees, with nothing waiting, repeats (and that with nothing to see it plans nothing: the
+empty plans stepping makes while fewer than P batches fly are skipped).
 Eligibility for the replica's life (`replica_leaps`) mirrors sim/fast_forward.py's; runs are off under P/D
 roles, prefix caching, KV tiers, speculative decoding, a decaying decode reserve, a sliding window,
 noise, recorded shapes and routers or clients that read or feed the replica amid a run.
@@ -37,6 +40,7 @@ import numpy as np
 
 from cbsim.sim.durations import CLOCK_LIMIT
 from cbsim.sim.fast_forward import SCALAR_RUN, next_deadline, replica_leaps as plain_leaps
+from cbsim.sim.request import Status
 from cbsim.sim.roles import Colocated
 
 MIN_EVENTS = 2  # a run of one micro-batch is stepped
@@ -69,7 +73,7 @@ def steady(replica) -> bool:
             return False
         epochs = plan.epochs
         for req in plan.decode_requests:
-            if req.epoch != epochs[req.id] or replica.busy[req.id] != 1:
+            if req.epoch != epochs[req.id] or req.status != Status.RUNNING or replica.busy[req.id] != 1:
                 return False
         rows += len(plan.scheduled)
     return rows == len(state.running)
