@@ -18,10 +18,10 @@ are free (the policy would preempt). Stepping takes over from there.
 rows get their ends, the relaunched ones their rows (kept in flight, their ends unknown, for the last k),
 every request its tokens and token runs (Recorder.token at each batch's first return, where a run may
 continue from before; after that, with one batch every token extends the run, and with k >= 2 batches
-every return closes the run of the batch's previous one, appended in bulk: Recorder.closed_runs), its KV blocks, and the in-flight queue
-batches carrying their original (pure decode) plans, which commit as the re-planned ones would (commit reads
-a decode plan's rows and epochs, the same in every relaunch; its contexts and blocks, read only by `begin`,
-are stale, so a run reads the contexts from the requests).
+every return closes the run of the batch's previous one, appended in bulk: Recorder.closed_runs), its KV
+blocks, and the in-flight queue batches carrying their original (pure decode) plans, which commit as the
+re-planned ones would (commit reads a decode plan's rows and epochs, the same in every relaunch; its
+contexts and blocks, read only by `begin`, are stale, so a run reads the contexts from the requests).
 
 Like sim/fast_forward.py's decode runs, a run relies on the policy's contract that a pure decode plan of
 every request it sees, with nothing waiting, repeats (and that with nothing to see it plans nothing: the
