@@ -47,8 +47,11 @@ come out (its end). A replica's rows do not overlap, so busy time, utilisation, 
 duration-weighted KV usage mean what they mean without PP; token times, TTFT and ITL are the
 output times. A request's `first_scheduled` is the time its batch was scheduled.
 
+Runs: where every running request is in a pure decode batch in flight and nothing waits, the batches'
+outputs and relaunches are advanced without planning each (sim/pipeline_run.py), bit for bit as stepped.
+
 Not modelled: unequal stage times per batch (every stage takes the slowest stage's time);
-fast-forward (every micro-batch is stepped); vLLM's async scheduling with the V1 runner under PP,
+prompt runs (a micro-batch with a prompt chunk is stepped); vLLM's async scheduling with the V1 runner under PP,
 which may put a decode in consecutive micro-batches and stall stage 1 on the broadcast token.
 """
 from __future__ import annotations
@@ -58,7 +61,7 @@ from dataclasses import dataclass
 
 from cbsim.core.errors import ConfigError
 
-from cbsim.sim import step_apply
+from cbsim.sim import pipeline_run, step_apply
 from cbsim.sim.clock import delay_to
 from cbsim.sim.replica import Replica, SchedulerStuck
 from cbsim.sim.request import Status
@@ -98,6 +101,7 @@ class PipelinedReplica(Replica):
 
     def run(self):
         env, state = self.env, self.state
+        leaps = pipeline_run.replica_leaps(self)  # decided once, after the replica's wiring
         while True:
             now = env.now if self._resume_at is None else self._resume_at
             self._resume_at = None
@@ -139,6 +143,14 @@ class PipelinedReplica(Replica):
                     yield from self._wait_for_visible()  # P/D: KV held for a hand-off; its release wakes us
                     continue
             # the queue is full, or nothing more can be scheduled: block until the oldest output returns
+            run = pipeline_run.pipeline_run(self) if leaps and pipeline_run.steady(self) else None
+            if run is not None:  # steady decode batches: advance through their outputs without planning each
+                end = self.step_end = run.drained[-1]
+                yield env.timeout(delay_to(env.now, end))
+                self.step_end = None
+                pipeline_run.commit_pipeline_run(self, run)
+                self._resume_at = end
+                continue
             end = self.step_end = self.in_flight[0].end
             yield env.timeout(delay_to(env.now, end))
             self.step_end = None

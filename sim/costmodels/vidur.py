@@ -97,6 +97,7 @@ class VidurCostModel(CostModel):
         self.attention = make_attention(profile["attention"], monotone)
         self.allreduce = AllReduce(profile["allreduce"], monotone) if profile.get("allreduce") else None
         self._token_terms: dict[tuple[int, int], tuple[float, float]] = {}  # steps repeat their sizes
+        self._stage_memo: dict[tuple[int, int], tuple] = {}  # (tokens, rows) -> _stage_terms
         self._decode_prices: dict[int, object] = {}  # batch size -> its decode step's price (_decode_price)
         self._decode_attention: dict[int, object] = {}  # batch size -> context sum -> its decode attention
         self._prefill_terms: dict[tuple[int, int], float] = {}  # (c, h) -> one chunk's attention; chunks repeat
@@ -161,11 +162,23 @@ class VidurCostModel(CostModel):
     def _slowest_stage(self, tokens: int, rows: int, layer):
         """One pipeline stage's seconds (the slowest; elementwise over arrays): its layers, the embedding
         on the first stage, the LM head on the last, and its activation hand-off."""
-        pipe = self._pipeline
-        last = pipe.stages - 1
-        lm = self._lm_head.at(rows) * self._lm_ratio if rows else 0.0
-        return slowest(n * layer + (self._emb.at(tokens) if s == 0 else 0.0) + (lm if s == last else 0.0)
-                       + pipe.handoff_seconds(tokens, s) for s, n in enumerate(pipe.layers))
+        return slowest(n * layer + embedding + lm + handoff for n, embedding, lm, handoff
+                       in self._stage_terms(tokens, rows))
+
+    def _stage_terms(self, tokens: int, rows: int) -> tuple:
+        """Per stage (its layers, the embedding's seconds on the first stage, the LM head's on the last, its
+        hand-off's; 0.0 where a stage has none): pure in (tokens, rows), remembered (steps repeat their sizes)."""
+        terms = self._stage_memo.get((tokens, rows))
+        if terms is None:
+            if len(self._stage_memo) >= TOKEN_TERMS_CACHE:
+                self._stage_memo.clear()
+            pipe = self._pipeline
+            last = pipe.stages - 1
+            lm = self._lm_head.at(rows) * self._lm_ratio if rows else 0.0
+            terms = self._stage_memo[tokens, rows] = tuple(
+                (n, self._emb.at(tokens) if s == 0 else 0.0, lm if s == last else 0.0, pipe.handoff_seconds(tokens, s))
+                for s, n in enumerate(pipe.layers))
+        return terms
 
     def _token_terms_of(self, tokens: int, rows: int) -> tuple[float, float]:
         """(per-layer seconds without attention, per-step fixed seconds): pure in (tokens, rows)."""

@@ -209,6 +209,13 @@ class Recorder:
             req.run_tokens += count
             req.last_token_step = last_step
 
+    def closed_runs(self, request_ids, first_steps, last_steps, tokens) -> None:
+        """Append closed runs in bulk, in order (int64 arrays alike): what close_run records, one by one, for
+        a pipelined replica's decode run (sim/pipeline_run.py)."""
+        for column, values in ((self.run_request, request_ids), (self.run_first_step, first_steps),
+                               (self.run_last_step, last_steps), (self.run_tokens, tokens)):
+            column.frombytes(np.asarray(values, np.int64).tobytes())
+
     def close_run(self, req: Request) -> None:
         """End the request's open run, if any (on a break, a preemption or its completion)."""
         if req.run_tokens:
