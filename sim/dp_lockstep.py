@@ -15,8 +15,11 @@ its next layer before the slowest rank reaches it.
   vllm/v1/worker/gpu_worker.py `execute_dummy_batch` runs `_dummy_run(1, uniform_decode=True)`, one
   decode token. `_has_global_unfinished_reqs` all-reduces only every 32 steps, so a wave runs on up
   to 31 dummy steps after the last request: not modelled (idle ranks sleep at once here).
-- SGLang: python/sglang/srt/managers/scheduler.py, DP attention: `prepare_mlp_sync_batch` all-gathers
-  every rank's batch size before each forward and a rank with nothing to run runs an idle batch.
+- SGLang: python/sglang/srt/managers/scheduler_dp_attn_mixin.py `prepare_mlp_sync_batch_raw` (commit
+  not pinned) all-gathers every rank's token count before each forward; a rank with nothing to run
+  runs `get_idle_batch()`.
+prefill_schedule_interval (vLLM PR #44558; the rule: LockstepReplica._defers_prefills) is in
+docs/validation/moe.md with its sources.
 
 The MoE layer's own token count is the roofline's (sim/costmodels/moe_gemms.py: each rank's tokens
 times D), unchanged: this module only aligns the steps' start and end times.
