@@ -21,8 +21,9 @@ its next layer before the slowest rank reaches it.
 prefill_schedule_interval (vLLM PR #44558; the rule: LockstepReplica._defers_prefills) is in
 docs/validation/moe.md with its sources.
 
-The MoE layer's own token count is the roofline's (sim/costmodels/moe_gemms.py: each rank's tokens
-times D), unchanged: this module only aligns the steps' start and end times.
+The routed experts receive every rank's tokens: a rank priced alone assumes D x its own
+(sim/costmodels/moe_gemms.py); at a step's close the group re-prices each rank's forward with the
+experts at the ranks' sum, where the cost model can (roofline `step_time_among`; LockstepGroup._seconds).
 """
 from __future__ import annotations
 
@@ -47,15 +48,18 @@ class LockstepGroup:
     `at + max(joined seconds, the dummy batch's if a rank did not join)`, its joiners are the members
     of the next boundary (at that end), and every joiner resumes at that end."""
 
-    def __init__(self, env, size: int, dummy_seconds: float, prefill_schedule_interval: int = 1):
+    def __init__(self, env, size: int, cost, prefill_schedule_interval: int = 1):
         self.env = env
         self.size = size  # D ranks
-        self.dummy_seconds = dummy_seconds  # a dummy batch's forward (one decode token)
+        self.cost = cost
+        # the experts' share of the ranks' tokens: cost.step_time_among(shape, share), where the cost
+        # model prices the routed experts apart (roofline); else each rank's own price stands
+        self.among = getattr(cost, "step_time_among", None)
         self.prefill_schedule_interval = prefill_schedule_interval
         self.step_counter = 0  # steps of the group since it last went idle (vLLM's step_counter, one wave)
         self.at = -math.inf  # the open boundary (or the end of the last step, when idle)
         self.members: set[int] = set()  # ranks that report at `at`
-        self.joined: dict[int, float] = {}  # rank -> seconds, reported at `at`
+        self.joined: dict[int, tuple] = {}  # rank -> join's (whole, forward, own, shape), reported at `at`
         self.skipped: set[int] = set()
         self.closed = env.event()  # succeeds with the step's end when the boundary at `at` closes
 
@@ -74,15 +78,38 @@ class LockstepGroup:
             yield self.env.timeout(delay_to(self.env.now, self.at))
         return self.at
 
+    def _seconds(self, steps: list[tuple]) -> list[float]:
+        """Each joined rank's step time, and an idle rank's dummy batch's where a rank sat out. The
+        routed experts receive every rank's tokens (a dummy batch's one included): where the cost model
+        prices them apart, each rank's forward is re-priced with the experts at the ranks' sum instead
+        of D x its own (the roofline's assumption for a rank priced alone); the rest of its step (host
+        work, swap-ins, noise) is kept."""
+        if not steps:
+            return []
+        idle = self.size - len(steps)
+        if self.among is None:
+            dummy = [self.cost.step_time(DUMMY_BATCH)] if idle else []
+            return [whole for whole, _, _, _ in steps] + dummy
+        total = sum(shape.num_tokens for _, _, _, shape in steps) + idle * DUMMY_BATCH.num_tokens
+        out = []
+        for whole, forward, own, shape in steps:
+            scale = self.among(shape, total / shape.num_tokens) / own if own > 0 and shape.num_tokens else 1.0
+            out.append(whole + forward * (scale - 1.0))
+        if idle:
+            out.append(self.among(DUMMY_BATCH, total / DUMMY_BATCH.num_tokens))
+        return out
+
     @property
     def throttles_prefills(self) -> bool:
         """vLLM DPEngineCoreProc._should_throttle_prefills: prefills wait for every Nth step of the wave."""
         interval = self.prefill_schedule_interval
         return interval > 1 and self.step_counter % interval != 0
 
-    def join(self, rank: int, seconds: float):
-        """`rank` runs a step of `seconds` at the boundary; returns (yields for) the step's end."""
-        self.joined[rank] = seconds
+    def join(self, rank: int, whole: float, forward: float, own: float, shape: StepShape):
+        """`rank` runs `shape` at the boundary: `whole` seconds as the replica priced it, of which
+        `forward` the cost model's forward (noise included), `own` the same without noise. Returns
+        (yields for) the step's end."""
+        self.joined[rank] = (whole, forward, own, shape)
         closed = self.closed
         if not self._close_if_complete():
             return (yield closed)
@@ -98,9 +125,7 @@ class LockstepGroup:
         if len(self.joined) + len(self.skipped) < len(self.members):
             return False
         closed, joined = self.closed, self.joined
-        seconds = list(joined.values())
-        if seconds and len(joined) < self.size:
-            seconds.append(self.dummy_seconds)  # an idle rank's dummy batch joins the collectives
+        seconds = self._seconds(list(joined.values()))
         end = self.at + max(seconds) if seconds else self.at
         self.step_counter = self.step_counter + 1 if seconds else 0  # every rank idle: the wave ends
         self.at, self.members = end, set(joined)
@@ -143,8 +168,9 @@ class LockstepReplica(Replica):
             shape, swap_bytes = self.begin(plan, start)
             if not deferred and not plan.preempted:  # vLLM updates the latch in its waiting pass only
                 self.prefill_capacity_bound = bool(state.waiting)
-            _, duration = self._priced(plan, shape, swap_bytes, start)
-            end = yield from group.join(self.index, duration)
+            forward, duration = self._priced(plan, shape, swap_bytes, start)
+            own = forward if self.noise is None else self.cost.step_time(shape)
+            end = yield from group.join(self.index, duration, forward, own, shape)
             self.step_end = end
             yield env.timeout(delay_to(env.now, end))
             self.commit(plan, end)
@@ -206,7 +232,6 @@ def lockstep_groups(env, cost, settings, replicas: int) -> list[LockstepGroup | 
                 "true, no pipeline stages): vLLM applies it in DPEngineCoreProc only",
                 settings.prefill_schedule_interval)
         return [None] * replicas
-    dummy = cost.step_time(DUMMY_BATCH)
-    groups = [LockstepGroup(env, size, dummy, settings.prefill_schedule_interval)
+    groups = [LockstepGroup(env, size, cost, settings.prefill_schedule_interval)
               for _ in range(-(-replicas // size))]
     return [groups[i // size] for i in range(replicas)]

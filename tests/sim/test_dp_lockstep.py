@@ -23,6 +23,7 @@ from cbsim.sim.costmodels import load_cost_model
 from cbsim.sim.dp_lockstep import DUMMY_BATCH, LockstepReplica
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.replica import ReplicaSettings
+from cbsim.sim.shape import StepShape
 from cbsim.sim.simulation import simulate
 
 from factories import make_requests
@@ -47,8 +48,23 @@ class DataParallel(CostModel):
         return DUMMY_SECONDS if shape == DUMMY_BATCH else self.inner.step_time(shape)
 
 
-def run(requests, ranks: int, replicas: int, **fields):
-    cost = DataParallel(load_cost_model(LINEAR), ranks)
+class Among(DataParallel):
+    """DataParallel whose routed experts cost EXPERT seconds a token they receive: alone, a rank's
+    experts receive D x its tokens; in lockstep, the ranks' sum (step_time_among, as the roofline)."""
+
+    def step_time_among(self, shape, share: float) -> float:
+        base = DUMMY_SECONDS if shape == DUMMY_BATCH else self.inner.step_time(shape)
+        return base + EXPERT * share * shape.num_tokens
+
+    def step_time(self, shape) -> float:
+        return self.step_time_among(shape, self.data_parallel)
+
+
+EXPERT = 2e-3
+
+
+def run(requests, ranks: int, replicas: int, cost_class=DataParallel, **fields):
+    cost = cost_class(load_cost_model(LINEAR), ranks)
     recorder, pool = simulate(requests, lambda: make_policy({"name": "sarathi", "token_budget": 64}), cost,
                               lambda: KVCache(2000, 16, 0), ReplicaSettings(max_model_len=1000, **fields),
                               replicas=replicas, max_time=1e5)
@@ -114,3 +130,29 @@ def test_prefill_waits_for_the_aligned_step():
 def test_interval_needs_lockstep_ranks():
     with pytest.raises(ConfigError, match="prefill_schedule_interval"):
         run(make_requests([(0.0, 4, 2)]), 2, 2, dp_lockstep=False, prefill_schedule_interval=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(WORKLOADS, st.integers(2, 3))
+def test_experts_receive_the_ranks_sum(specs, ranks):
+    """Each rank's step re-priced with its experts at every rank's tokens (an idle rank's dummy token
+    included), not D x its own: a step lasts max over ranks of (own forward + EXPERT x total)."""
+    steps, _, _ = run(to_requests(specs), ranks, ranks, cost_class=Among)
+    for start, group in steps.groupby("start"):
+        rows = list(group.itertuples())
+        idle = ranks - len(rows)
+        total = sum(r.prefill_tokens + r.decode_tokens for r in rows) + idle
+        seconds = [step_seconds(Among(load_cost_model(LINEAR), ranks), r) + EXPERT * total for r in rows]
+        seconds += [DUMMY_SECONDS + EXPERT * total] if idle else []
+        assert rows[0].end - start == pytest.approx(max(seconds), rel=1e-9)
+
+
+def test_roofline_prices_the_ranks_sum():
+    """step_time_among at share D is step_time; a prompt chunk's rank among decoding ranks is cheaper
+    at the ranks' real sum than at D x its chunk."""
+    from cbsim.sim.costmodels.catalog.lookup import model_spec
+    cost = load_cost_model({"type": "roofline", "gpu": "h200", "tp": 1, "expert_parallel": True,
+                            "data_parallel": 8}, model_spec("deepseek-v3"))
+    mixed = StepShape.from_batch(prefill=[(1948, 0)], decode=[1500] * 100)
+    assert cost.step_time_among(mixed, 8) == cost.step_time(mixed)
+    assert cost.step_time_among(mixed, (2048 + 700) / 2048) < 0.9 * cost.step_time(mixed)
