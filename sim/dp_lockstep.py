@@ -78,27 +78,6 @@ class LockstepGroup:
             yield self.env.timeout(delay_to(self.env.now, self.at))
         return self.at
 
-    def _seconds(self, steps: list[tuple]) -> list[float]:
-        """Each joined rank's step time, and an idle rank's dummy batch's where a rank sat out. The
-        routed experts receive every rank's tokens (a dummy batch's one included): where the cost model
-        prices them apart, each rank's forward is re-priced with the experts at the ranks' sum instead
-        of D x its own (the roofline's assumption for a rank priced alone); the rest of its step (host
-        work, swap-ins, noise) is kept."""
-        if not steps:
-            return []
-        idle = self.size - len(steps)
-        if self.among is None:
-            dummy = [self.cost.step_time(DUMMY_BATCH)] if idle else []
-            return [whole for whole, _, _, _ in steps] + dummy
-        total = sum(shape.num_tokens for _, _, _, shape in steps) + idle * DUMMY_BATCH.num_tokens
-        out = []
-        for whole, forward, own, shape in steps:
-            scale = self.among(shape, total / shape.num_tokens) / own if own > 0 and shape.num_tokens else 1.0
-            out.append(whole + forward * (scale - 1.0))
-        if idle:
-            out.append(self.among(DUMMY_BATCH, total / DUMMY_BATCH.num_tokens))
-        return out
-
     @property
     def throttles_prefills(self) -> bool:
         """vLLM DPEngineCoreProc._should_throttle_prefills: prefills wait for every Nth step of the wave."""
@@ -132,6 +111,27 @@ class LockstepGroup:
         self.joined, self.skipped, self.closed = {}, set(), self.env.event()
         closed.succeed(end)
         return True
+
+    def _seconds(self, steps: list[tuple]) -> list[float]:
+        """Each joined rank's step time, and an idle rank's dummy batch's where a rank sat out. The
+        routed experts receive every rank's tokens (a dummy batch's one included): where the cost model
+        prices them apart, each rank's forward is re-priced with the experts at the ranks' sum instead
+        of D x its own (the roofline's assumption for a rank priced alone); the rest of its step (host
+        work, swap-ins, noise) is kept."""
+        if not steps:
+            return []
+        idle = self.size - len(steps)
+        if self.among is None:
+            dummy = [self.cost.step_time(DUMMY_BATCH)] if idle else []
+            return [whole for whole, _, _, _ in steps] + dummy
+        total = sum(shape.num_tokens for _, _, _, shape in steps) + idle * DUMMY_BATCH.num_tokens
+        out = []
+        for whole, forward, own, shape in steps:
+            scale = self.among(shape, total / shape.num_tokens) / own if own > 0 and shape.num_tokens else 1.0
+            out.append(whole + forward * (scale - 1.0))
+        if idle:
+            out.append(self.among(DUMMY_BATCH, total / DUMMY_BATCH.num_tokens))
+        return out
 
 
 class LockstepReplica(Replica):
