@@ -5,16 +5,17 @@ D > 1: vLLM --data-parallel-size with --enable-expert-parallel, SGLang --enable-
 every step together and end it together. A step lasts as long as its slowest rank's forward; a rank
 with nothing to run while another rank has work runs a dummy batch of one decode token, and that
 dummy forward counts in the max too. A rank that gets work while a group step runs starts at the
-step's end; when every rank is idle the group sleeps, and the first rank to get work starts a step
-at once (the others join it with dummies).
+step's end; when every rank is idle the wave runs on in dummy steps to vLLM's next all-reduce, then the
+group sleeps, and the first rank to get work starts a step at once (the others join it with dummies).
 
 Why: every MoE layer's dispatch and combine is a collective over all D ranks, so no rank can run
 its next layer before the slowest rank reaches it.
 - vLLM: vllm/v1/engine/core.py @00080ee1 (`DPEngineCoreProc.run_busy_loop`): a rank whose step ran
   no requests calls `execute_dummy_batch()` while the wave runs (`engines_running`);
   vllm/v1/worker/gpu_worker.py `execute_dummy_batch` runs `_dummy_run(1, uniform_decode=True)`, one
-  decode token. `_has_global_unfinished_reqs` all-reduces only every 32 steps, so a wave runs on up
-  to 31 dummy steps after the last request: not modelled (idle ranks sleep at once here).
+  decode token. `_has_global_unfinished_reqs` all-reduces only every 32 steps, so when every rank has
+  run out of work the wave runs on in dummy steps until its step counter is a multiple of 32: a rank
+  that gets work then starts at the next dummy step's end (LockstepGroup._wave_boundary).
 - SGLang: python/sglang/srt/managers/scheduler_dp_attn_mixin.py `prepare_mlp_sync_batch_raw` (commit
   not pinned) all-gathers every rank's token count before each forward; a rank with nothing to run
   runs `get_idle_batch()`.
@@ -37,6 +38,7 @@ from cbsim.sim.clock import delay_to
 from cbsim.sim.replica import Replica, SchedulerStuck
 from cbsim.sim.shape import StepShape
 
+WAVE_SYNC_STEPS = 32  # vLLM _has_global_unfinished_reqs: "only perform finish-sync all-reduce every 32 steps"
 DUMMY_BATCH = StepShape.from_batch(decode=(1,))  # vLLM execute_dummy_batch: _dummy_run(1, uniform_decode=True)
 
 
@@ -56,7 +58,8 @@ class LockstepGroup:
         # model prices the routed experts apart (roofline); else each rank's own price stands
         self.among = getattr(cost, "step_time_among", None)
         self.prefill_schedule_interval = prefill_schedule_interval
-        self.step_counter = 0  # steps of the group since it last went idle (vLLM's step_counter, one wave)
+        self.step_counter = 0  # steps of the wave so far (vLLM's step_counter, the same on every rank)
+        self.tail: tuple[float, int, int] | None = None  # all ranks idle: (from, step_counter, dummy steps left)
         self.at = -math.inf  # the open boundary (or the end of the last step, when idle)
         self.members: set[int] = set()  # ranks that report at `at`
         self.joined: dict[int, tuple] = {}  # rank -> join's (whole, forward, own, shape), reported at `at`
@@ -69,10 +72,10 @@ class LockstepGroup:
         step's end (its dummy batch is in that step)."""
         opens = not self.members
         if opens:
-            self.at = start
+            self.at = self._wave_boundary(start)
         self.members.add(rank)
         self.skipped.discard(rank)  # skipped at this instant, then woken by an arrival: it reports again
-        if opens:  # ranks woken at this same instant join this step (the wave starts on all of them)
+        if opens and self.at == start:  # ranks woken at this same instant join this step (the wave starts)
             yield self.env.timeout(0)
         elif self.at > start:
             yield self.env.timeout(delay_to(self.env.now, self.at))
@@ -106,11 +109,33 @@ class LockstepGroup:
         closed, joined = self.closed, self.joined
         seconds = self._seconds(list(joined.values()))
         end = self.at + max(seconds) if seconds else self.at
-        self.step_counter = self.step_counter + 1 if seconds else 0  # every rank idle: the wave ends
+        if seconds:
+            self.step_counter += 1
+        else:  # every rank idle: dummy steps until vLLM's every-32-steps all-reduce ends the wave
+            left = -self.step_counter % WAVE_SYNC_STEPS
+            self.tail = (self.at, self.step_counter, left) if left else None
+            self.step_counter = self.step_counter if left else 0
         self.at, self.members = end, set(joined)
         self.joined, self.skipped, self.closed = {}, set(), self.env.event()
         closed.succeed(end)
         return True
+
+    def _wave_boundary(self, start: float) -> float:
+        """The first step boundary at or after `start` for a rank that finds every rank idle: `start`
+        itself once the wave has ended, else the end of the tail's dummy step in progress (the step
+        counter advanced by the dummy steps run)."""
+        if self.tail is None:
+            self.step_counter = 0
+            return start
+        since, counter, left = self.tail
+        self.tail = None
+        dummy = self.cost.step_time(DUMMY_BATCH)  # every rank runs it: the experts see D x one token
+        ran = max(0, math.ceil((start - since) / dummy)) if dummy > 0 else left
+        if ran >= left:  # the all-reduce after the last dummy step found no work: a new wave starts now
+            self.step_counter = 0
+            return start
+        self.step_counter = counter + ran
+        return since + ran * dummy
 
     def _seconds(self, steps: list[tuple]) -> list[float]:
         """Each joined rank's step time, and an idle rank's dummy batch's where a rank sat out. The

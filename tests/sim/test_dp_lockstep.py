@@ -156,3 +156,16 @@ def test_roofline_prices_the_ranks_sum():
     mixed = StepShape.from_batch(prefill=[(1948, 0)], decode=[1500] * 100)
     assert cost.step_time_among(mixed, 8) == cost.step_time(mixed)
     assert cost.step_time_among(mixed, (2048 + 700) / 2048) < 0.9 * cost.step_time(mixed)
+
+
+def test_wave_runs_on_in_dummy_steps_to_the_all_reduce():
+    """vLLM all-reduces the ranks' unfinished work every 32 steps: after the last request, every rank
+    runs dummy steps (DUMMY_SECONDS each) until the wave's step counter reaches 32. Request 0 takes
+    steps 0 and 1 (ending at 0.10, a dummy on the idle rank setting each step's time); request 1,
+    arriving at 0.12 amid the third dummy-only step, starts at its end (0.15); request 2, arriving
+    after the 30 dummy steps (0.10 + 30 x 0.05 = 1.6), starts at its arrival."""
+    steps, _, _ = run(make_requests([(0.0, 4, 2), (0.12, 4, 2), (5.0, 4, 2)]), 2, 2)
+    starts = sorted(set(steps.start))
+    assert starts[:2] == pytest.approx([0.0, DUMMY_SECONDS])
+    assert starts[2] == pytest.approx(3 * DUMMY_SECONDS)
+    assert starts[4] == 5.0
