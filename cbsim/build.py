@@ -46,7 +46,9 @@ def build_replica_parts(cfg: ExperimentConfig, pool: str = "cluster"):
         max_model_len=cluster.max_model_len or model.max_model_len, fast_forward=cfg.sim.fast_forward,
         record_shapes=cfg.output.shapes > 0, max_predicted_ttft=cfg.admission.max_predicted_ttft,
         admission_window=cfg.admission.window_steps, admission_probe_tokens=cfg.admission.probe_tokens,
-        pp_chunk_pipelining=cluster.pp_chunk_pipelining, **preemption_admission_settings(cfg))
+        pp_chunk_pipelining=cluster.pp_chunk_pipelining,
+        dp_lockstep=cluster.dp_lockstep,
+        prefill_schedule_interval=cluster.prefill_schedule_interval, **preemption_admission_settings(cfg))
 
     hash_block = None
     if kv_cfg.prefix_caching:

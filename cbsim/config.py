@@ -185,6 +185,15 @@ class ClusterConfig:
                                        "joins the next micro-batch while its previous one is in flight, as vLLM V1 "
                                        "(num_computed_tokens advanced at scheduling) and SGLang do; false: it waits "
                                        "for the previous chunk's output, as early vLLM V1 (scheduled_req_ids)")
+    dp_lockstep: bool = option(True, help="with data-parallel attention (cost_model.data_parallel D > 1): each "
+                               "run of D replicas is one deployment whose ranks step together, a step lasting its "
+                               "slowest rank's forward and an idle rank running a one-token dummy batch, as vLLM "
+                               "(DPEngineCoreProc) and SGLang (DP attention) do; false: each rank steps alone "
+                               "(cbsim before issue 28)")
+    prefill_schedule_interval: int = option(1, help="vLLM --prefill-schedule-interval N, with dp_lockstep ranks: "
+                                             "prompts (new and in progress) run only on every Nth step of the "
+                                             "ranks' wave while a running request can decode, unless the last "
+                                             "admitting step left prompts waiting; 1 (vLLM's default) = every step")
     mode: Literal["colocated", "pd"] = option("colocated", help="colocated: every replica runs prefill and "
                                               "decode; pd: prefill/decode disaggregation (prefill and decode "
                                               "pools joined by KV links; `replicas` is then unused)")
@@ -209,6 +218,8 @@ class ClusterConfig:
         require(self.tp is None or 1 <= self.tp <= 1024, "tp", "an integer >= 1 and <= 1024 or null", self.tp)
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "an integer >= 2",
                 self.max_model_len)
+        require(self.prefill_schedule_interval >= 1, "prefill_schedule_interval", "an integer >= 1 (vLLM: ge=1)",
+                self.prefill_schedule_interval)
         if self.mode == "pd":
             require(self.kv_cache.tiers is None, "kv_cache.tiers", "null with mode pd (cbsim does not model KV "
                     "tiers on P/D pools yet)", "a tiers section")

@@ -320,7 +320,12 @@ def pipeline_stages(cost) -> int:
 
 
 def make_replica(env, index: int, policy, cost, kv, recorder, settings, horizon, **kwargs) -> Replica:
-    """A replica for `cost`: pipelined when the cost model prices one of P > 1 stages."""
+    """A replica for `cost`: pipelined when the cost model prices one of P > 1 stages; a data-parallel
+    attention rank stepping with its `group` when it has one (sim/dp_lockstep.py)."""
+    group = kwargs.pop("group", None)
+    if group is not None:
+        from cbsim.sim.dp_lockstep import LockstepReplica  # (it imports sim/replica.py, as this module does)
+        return LockstepReplica(env, index, policy, cost, kv, recorder, settings, horizon, group=group, **kwargs)
     stages = pipeline_stages(cost)
     kind = replica_class(stages)
     if kind is Replica:

@@ -72,6 +72,8 @@ class ReplicaSettings:
     max_queued_requests: int | None = None  # overload: reject an arrival when this many wait (sim/admission.py)
     speculative: object = None  # sim/speculative.py Speculation: each replica makes its Speculator; None: off
     pp_chunk_pipelining: bool = True  # pipeline stages: a prompt's next chunk joins the next micro-batch (sim/pipeline.py)
+    dp_lockstep: bool = True  # data-parallel attention: the D ranks of a deployment step together (sim/dp_lockstep.py)
+    prefill_schedule_interval: int = 1  # vLLM: with lockstep ranks, prompts run on every Nth step of the wave
 
 
 class Replica:

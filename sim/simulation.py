@@ -18,6 +18,7 @@ from cbsim.sim.clock import UrgentTimeout, delay_to
 from cbsim.sim.cost import CostModel
 from cbsim.sim.kv.cache import KVCache
 from cbsim.sim.metrics.recorder import Recorder
+from cbsim.sim.dp_lockstep import lockstep_groups
 from cbsim.sim.pipeline import make_replica
 from cbsim.sim.replica import Replica, ReplicaSettings
 from cbsim.sim.request import Request
@@ -129,8 +130,9 @@ def simulate(requests: Sequence[Request], make_policy: Callable[[], object], cos
         settings = replace(settings, runs_end_before_horizon=True)
         if clients is not None and clients.sequenced:  # a reply elsewhere may route a request amid a run,
             settings = replace(settings, fast_forward=False)  # whose steps are committed only at its end
+    groups = lockstep_groups(env, cost, settings, replicas)  # data-parallel attention ranks (sim/dp_lockstep.py)
     pool = [make_replica(env, i, make_policy(), cost, make_kv(), recorder, settings, lambda: feed.next_time,
-                         noise=noise, pull=feed.deliver_until) for i in range(replicas)]
+                         noise=noise, pull=feed.deliver_until, group=groups[i]) for i in range(replicas)]
     if hasattr(feed, "attach"):  # closed loop: the clients hear when a request leaves
         feed.attach(pool)
     if clients is None and replicas == 1:  # every arrival goes to it, open loop: a prompt run may look ahead

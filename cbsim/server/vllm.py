@@ -59,6 +59,9 @@ ARG_UTILS = "vllm/engine/arg_utils.py @99d7eb5d"
 SCHED = "vllm/config/scheduler.py @01230b40"
 CACHE = "vllm/config/cache.py @01230b40"
 PARALLEL = "vllm/config/parallel.py @01230b40"
+# --prefill-schedule-interval: SchedulerConfig.prefill_schedule_interval (default 1, ge=1), added by
+# vllm-project/vllm PR #44558 (after 01230b40); applied by DPEngineCoreProc._should_throttle_prefills
+DP_PREFILL = "vllm/v1/engine/core.py @00080ee1 (PR #44558)"
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # CACHE: BlockSize = Literal[1, 8, 16, 32, 64, 128, 256], the flag's choices
 MODEL = "vllm/config/model.py"
 QUANT = "vllm/model_executor/layers/quantization/__init__.py"
@@ -131,6 +134,7 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "tensor-parallel-size": Flag(int, PARALLEL, default=1, key="cluster.tp"),
     "pipeline-parallel-size": Flag(int, PARALLEL, default=1, key="cost_model.pp"),
     "data-parallel-size": Flag(int, PARALLEL, default=1, key="cluster.replicas"),
+    "prefill-schedule-interval": Flag(int, DP_PREFILL, default=1, key="cluster.prefill_schedule_interval"),
     "enable-expert-parallel": Flag(bool, PARALLEL, boolean=True, default=False, key="cost_model.expert_parallel"),
     "max-model-len": Flag(int, MODEL, default=None, key="cluster.max_model_len"),
     "async-scheduling": Flag(bool, SCHED, boolean=True, default=False, key="cost_model.engine",
@@ -205,7 +209,8 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
         settings["policy.max_long_partial_prefills"] = settings["policy.max_num_seqs"]
     else:
         settings["policy.kv_reservation"] = "paged"
-    optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model", "data-parallel-size")
+    optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model", "data-parallel-size",
+                "prefill-schedule-interval")
     settings.update({FLAGS[name].key: flags[name] for name in optional if name in flags})
     settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
     settings.update(_precision(flags, path))

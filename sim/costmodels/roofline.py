@@ -407,6 +407,19 @@ class RooflineCost(CostModel):
                 + alltoall_seconds(combine * tokens, n, self.gpus_per_node, self._link, self.topology,
                                    gpu.inter_node_bandwidth))
 
+    def step_time_among(self, shape: StepShape, share: float) -> float:
+        """step_time with the routed experts receiving `share` x this step's tokens instead of
+        data_parallel x (the ranks of data-parallel attention in lockstep, sim/dp_lockstep.py: every
+        rank's tokens over this rank's). Staged pricing caches no GEMM term, so the swap is exact."""
+        if not self.model.is_moe or self.data_parallel <= 1:
+            return self.step_time(shape)
+        moe, ranks = self._moe, self._moe.ranks
+        moe.ranks = float(share)
+        try:
+            return self.step_time(shape)
+        finally:
+            moe.ranks = ranks
+
     def collective_time(self, tokens: float) -> float:
         """Seconds a step of `tokens` tokens spends in all-reduces (2 per layer, +1 for the embedding,
         when tp > 1; 0 on one GPU): the term `_seconds` adds. Asked after the run for the steps table

@@ -41,7 +41,7 @@ VLLM_DOCUMENTED = {
     "gpu-memory-utilization": 0.9, "block-size": 16, "kv-cache-dtype": "auto", "num-gpu-blocks-override": None,
     "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1, "max-loras": 1,
     "disable-hybrid-kv-cache-manager": False, "data-parallel-size": 1, "enable-expert-parallel": False,
-    "quantization": None,
+    "quantization": None, "prefill-schedule-interval": 1,  # SchedulerConfig (vLLM PR #44558): Field(default=1, ge=1)
     "enforce-eager": False, "dtype": "auto", "enable-lora": False, "max-model-len": None, "speculative-config": None,
     "kv-offloading-size": None, "kv-offloading-backend": None, "kv-transfer-config": None,
     "max-num-batched-tokens": NO_STATIC_DEFAULT, "max-num-seqs": NO_STATIC_DEFAULT, "model": NO_STATIC_DEFAULT,
@@ -97,3 +97,13 @@ def test_vllm_hybrid_kv_cache_manager_flag(args, expected):
     merged, resolution = apply_server({"server": {"engine": "vllm", "args": args}})
     assert resolution.settings["cluster.kv_cache.hybrid_kv_cache_manager"] is expected
     assert merged["cluster"]["kv_cache"]["hybrid_kv_cache_manager"] is expected
+
+
+@pytest.mark.parametrize("args, expected", [("", None), ("--prefill-schedule-interval 2", 2),
+                                            ("--prefill_schedule_interval=4", 4)])
+def test_vllm_prefill_schedule_interval_flag(args, expected):
+    """vLLM's --prefill-schedule-interval (DP ranks: prompts on every Nth step) sets
+    cluster.prefill_schedule_interval only when given (sim/dp_lockstep.py applies it)."""
+    merged, resolution = apply_server({"server": {"engine": "vllm", "args": args}})
+    assert resolution.settings.get("cluster.prefill_schedule_interval") == expected
+    assert merged.get("cluster", {}).get("prefill_schedule_interval") == expected
