@@ -225,6 +225,9 @@ class ClusterConfig:
                     "tiers on P/D pools yet)", "a tiers section")
             require(self.prefill is not None, "prefill", "a pool section {replicas, policy} (mode pd)", None)
             require(self.decode is not None, "decode", "a pool section {replicas, policy} (mode pd)", None)
+            require(self.prefill_schedule_interval == 1, "prefill_schedule_interval", "1 with mode pd (P/D pools' "
+                    "data-parallel ranks step alone in cbsim: no lockstep wave to count steps in)",
+                    self.prefill_schedule_interval)
 
 
 @dataclass

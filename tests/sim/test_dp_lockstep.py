@@ -169,3 +169,15 @@ def test_wave_runs_on_in_dummy_steps_to_the_all_reduce():
     assert starts[:2] == pytest.approx([0.0, DUMMY_SECONDS])
     assert starts[2] == pytest.approx(3 * DUMMY_SECONDS)
     assert starts[4] == 5.0
+
+
+def test_interval_is_refused_on_pd_pools():
+    """P/D pools' ranks step alone: an interval there would be silently ignored, so the config refuses it."""
+    from cbsim.config import load_config
+    config = {"name": "pd-interval", "model": "llama-2-7b", "cost_model": {"type": "roofline", "gpu": "h100"},
+              "workload": {"num_requests": 2, "arrival": {"type": "poisson", "rate": 1.0},
+                           "prompt_len": {"type": "fixed", "value": 8}, "output_len": {"type": "fixed", "value": 4}},
+              "cluster": {"mode": "pd", "prefill_schedule_interval": 2, "prefill": {"replicas": 1},
+                          "decode": {"replicas": 1}}}
+    with pytest.raises(ConfigError, match="prefill_schedule_interval.*mode pd"):
+        load_config(config)
