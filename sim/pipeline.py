@@ -57,22 +57,14 @@ which may put a decode in consecutive micro-batches and stall stage 1 on the bro
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass
 
 from cbsim.core.errors import ConfigError
 
 from cbsim.sim import pipeline_run, step_apply
 from cbsim.sim.clock import delay_to
+from cbsim.sim.micro_batch import MicroBatch
 from cbsim.sim.replica import Replica, SchedulerStuck
 from cbsim.sim.request import Status
-
-
-@dataclass(slots=True)
-class MicroBatch:
-    plan: object  # the StepPlan it runs
-    step: int  # its row in the recorder
-    end: float  # when its tokens come out of the last stage
-    members: tuple[int, ...]  # request ids in it (scheduled and padding): invisible to the policy meanwhile
 
 
 class PipelinedReplica(Replica):

@@ -40,6 +40,7 @@ import numpy as np
 
 from cbsim.sim.durations import CLOCK_LIMIT
 from cbsim.sim.fast_forward import SCALAR_RUN, next_deadline, replica_leaps as plain_leaps
+from cbsim.sim.micro_batch import MicroBatch
 from cbsim.sim.request import Status
 from cbsim.sim.roles import Colocated
 
@@ -197,7 +198,6 @@ def _crossings(plan, block_size: int, cycles: int) -> list[int]:
 
 def commit_pipeline_run(replica, run: PipelineRun) -> None:
     """Apply `run` to the replica as stepping through its outputs would have (see the module docstring)."""
-    from cbsim.sim.pipeline import MicroBatch  # (sim/pipeline.py imports this module)
     batches, m, k = run.batches, len(run.drained), len(run.batches)
     recorder = replica.recorder
     first = recorder.num_steps  # the row of the first relaunch
