@@ -187,15 +187,20 @@ class PDCluster:
         return replica.policy.reject_reason(req, replica.state)
 
     def horizon(self, replica: Replica, next_arrival: float) -> float:
-        """The earliest time anything outside `replica` could touch its cache or queue: another
-        replica's step (or fast-forwarded run) ending or starting now (woken at this instant), or a
-        request becoming visible there (each may reserve room on any decode replica), a hop ending
-        (a landing, or a pool hop that places), an arrival. A decode replica fast-forwards only
-        through runs that end before it."""
+        """The earliest time anything outside `replica` could touch its cache or queue that does not cut
+        its run where it touches it: a hop ending (a landing, or a pool hop that places), an arrival. A
+        placement (at another replica's step end or start) cuts the run itself (Replica.settle_run, called
+        by `place`). Where it cannot (closed-loop clients: roles.Decode.placements_cut_runs), and while
+        requests wait for room (then a preemption elsewhere, which calls no `place`, lets the next
+        step start of any decode replica place one), also
+        another replica's step (or fast-forwarded run) ending or starting now (woken at this instant), or a
+        request becoming visible there. A decode replica fast-forwards only through runs that end before it."""
         hops = self._hop_ends
         while hops and hops[0][2].processed:  # this hop's end has been handled
             heapq.heappop(hops)
         times = [next_arrival, hops[0][0] if hops else math.inf]
+        if replica.role.placements_cut_runs and not self.pending:
+            return min(times)
         for other in self.prefill + self.decode:
             if other is not replica:
                 if other.step_end is not None:
@@ -245,6 +250,10 @@ class PDCluster:
     def place(self, time: float) -> None:
         """Reserve decode room for pending requests, oldest first, and start their transfers."""
         pending = self.pending
+        if pending:  # every decode replica's room shows what stepping one by one shows now
+            for replica in self.decode:
+                if replica.progress is not None:
+                    replica.settle_run()
         while pending:
             rec = pending[0]
             dst = self._choose(rec.req)
@@ -291,9 +300,14 @@ class PDCluster:
             return None
         fits = [r for r in pool if self._has_room(r, req)]
         if self.settings.decode_router == "prefix_affinity":  # most of the prompt cached there, then least loaded
-            return min(fits, key=lambda r: (-len(r.kv.cached_prompt(req)), outstanding_tokens(r)
-                                            + self.reserved_tokens[r.index], r.index), default=None)
-        return min(fits, key=lambda r: (outstanding_tokens(r) + self.reserved_tokens[r.index], r.index), default=None)
+            return min(fits, key=lambda r: (-len(r.kv.cached_prompt(req)), self._load(r), r.index), default=None)
+        return min(fits, key=lambda r: (self._load(r), r.index), default=None)
+
+    def _load(self, replica: Replica) -> int:
+        """Decode tokens `replica` still owes, those on their way to it included; amid a run, less what its
+        steps that ended took off (sim/run_progress.py)."""
+        load = outstanding_tokens(replica) + self.reserved_tokens[replica.index]
+        return load - replica.progress.tokens_passed() if replica.progress is not None else load
 
     def _reserve(self, rec: HandOff, dst: Replica, time: float) -> None:
         req = rec.req

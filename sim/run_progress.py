@@ -13,11 +13,18 @@ class RunProgress:
     """`ends[j]`: when step j of the run ends; `done(c)`: the outstanding tokens committing its first c steps
     takes off (c >= 1)."""
 
-    __slots__ = ("ends", "done")
+    __slots__ = ("ends", "done", "used", "passed", "kept")
 
-    def __init__(self, ends, done: Callable[[int], int]):
+    def __init__(self, ends, done: Callable[[int], int], used: int = 0):
         self.ends = ends
         self.done = done
+        self.used = used  # P/D decode run: KV blocks in use in its first step (sim/replica.py _stepped)
+        self.passed = 0  # ... its steps that have ended
+        self.kept = len(ends)  # ... its steps that run (fewer once a placement cut it: Replica.settle_run)
+
+    def tokens_passed(self) -> int:
+        """Outstanding tokens the steps that have ended (`passed`) took off."""
+        return self.done(self.passed) if self.passed else 0
 
     def tokens_done(self, at: float) -> int:
         """Outstanding tokens the steps that ended before `at` took off."""
@@ -25,12 +32,12 @@ class RunProgress:
         return self.done(count) if count else 0
 
     @classmethod
-    def of_decodes(cls, ends, running) -> RunProgress:
+    def of_decodes(cls, ends, running, used: int = 0) -> RunProgress:
         """A run of identical decode steps of `running` (sim/fast_forward.py): a token a row a step, and one
         more for each row whose last token comes in the last step (it leaves then)."""
         rows, count = len(running), len(ends)
         leaving = sum(1 for req in running if req.output_len - req.num_output_tokens == count)
-        return cls(ends, lambda c: rows * c + (leaving if c == count else 0))
+        return cls(ends, lambda c: rows * c + (leaving if c == count else 0), used)
 
     @classmethod
     def of_steps(cls, ends, done_by_step: list[int]) -> RunProgress:
