@@ -39,13 +39,25 @@ replicas never preempt. A decode replica can: when reservations for incoming tra
 room its lone running request needs, its plan only preempts, which costs no forward pass (see
 sim/roles.py, evict_only).
 
-Fast-forward: a decode replica advances a run of identical decode steps at once only if every step
-of the run ends before `PDCluster.horizon`, the earliest time anything outside could touch its cache
-or queue: another replica's step ending or a request becoming visible there (either may place a
-hand-off, reserving room on any decode replica), a hop ending (a landing, or a pool hop that places),
-an arrival. A reservation can take blocks mid-step, so, unlike a colocated replica's run (which only
-needs to start before the next arrival), the run must end before it. Prefill replicas never run pure
-decode steps and step one by one. tests/sim/test_pd.py checks that runs equal stepping, bit for bit.
+Fast-forward: a decode replica advances a run of identical decode steps at once, and other replicas'
+steps do not end it: only a placement or a landing touches a decode replica's cache or queue. Its run
+waits out its steps with the very timeouts stepping one by one would create (Replica._stepped: events at
+the same instant fall in stepping's order; each step start pulls the arrival feed, as stepping does), and
+counts the steps that ended. `place` (when requests wait for room) and `_land` first call
+Replica.settle_run on each decode replica amid a run: the run is cut to its step in progress (a landed
+request is visible from the next step start; a reservation's blocks constrain the next plan), and that
+step holds the blocks its start gave it when stepping (step_apply.grow_decodes, the rule commit_run
+applies too), so the room the placement reads, and the least-loaded router's outstanding tokens (less the
+steps that ended: RunProgress.tokens_passed), are what stepping shows at that instant. While requests
+wait for decode room, a run instead ends before `PDCluster.horizon` (any other replica's step, a
+request becoming visible, a hop end, an arrival): a preemption elsewhere calls no `place`, and the next
+step start of any decode replica may then place one. Prefill replicas never run pure decode steps and
+step one by one. tests/sim/test_pd.py and test_pd_prefix.py check that runs equal stepping, bit for
+bit (hypothesis: 1-2 replicas a pool, p2p and pool, every decode router, prefix caching, tight decode
+KV, cuts by max_time). benchmarks/speed_matrix.py pd_1p1d, 10,000 requests: the decode replica plans
+~28,200 steps (69,800 when every prefill step ended its runs); 360-395 us a request (7.2-7.6x the
+benchmark; 404-412 us, 8.7-8.9x, before). What each request still pays for: the prefill replica's
+~20,800 planned steps (one by one) and a SimPy timeout for each of ~173,000 decode steps.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
 sim/kv/prefix.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated

@@ -315,8 +315,9 @@ class Replica:
             else:
                 ends, extra = run
                 end = self.step_end = float(ends[-1])
+                used = self.kv.used_blocks  # in the run's first step (a P/D reservation may add to it later)
                 if self.role.placements_cut_runs:  # P/D decode: a placement may cut the run (settle_run)
-                    self.progress = RunProgress.of_decodes(ends, state.running, self.kv.used_blocks)
+                    self.progress = RunProgress.of_decodes(ends, state.running)
                     count = yield from self._stepped(ends)
                     ends, extra = ends[:count], extra[:count]
                     end = float(ends[-1])
@@ -331,7 +332,6 @@ class Replica:
                 if len(ends) == 1:
                     self.commit(plan, end)
                 else:
-                    used = self.progress.used if self.progress is not None else self.kv.used_blocks
                     step_apply.commit_run(self, ends, extra, plan.hold_finished, used)
             self.progress = None
             self.step_end = None
