@@ -199,20 +199,23 @@ class PDCluster:
         return replica.policy.reject_reason(req, replica.state)
 
     def horizon(self, replica: Replica, next_arrival: float) -> float:
-        """The earliest time anything outside `replica` could touch its cache or queue that does not cut
-        its run where it touches it: a hop ending (a landing, or a pool hop that places), an arrival. A
-        placement (at another replica's step end or start) cuts the run itself (Replica.settle_run, called
-        by `place`). Where it cannot (closed-loop clients: roles.Decode.placements_cut_runs), and while
-        requests wait for room (then a preemption elsewhere, which calls no `place`, lets the next
-        step start of any decode replica place one), also
-        another replica's step (or fast-forwarded run) ending or starting now (woken at this instant), or a
-        request becoming visible there. A decode replica fast-forwards only through runs that end before it."""
+        """The earliest time anything outside `replica` could touch its cache or queue without cutting its run
+        where it touches it (a decode replica fast-forwards only through runs that end before it).
+        Placements and landings cut a run themselves (Replica.settle_run, called by `place` and `_land`), so,
+        while no request waits for decode room, nothing else bounds it: inf (the next arrival where the
+        decode policy has an arrival gate, quotas or overload: `reject_reason` asks replica 0's). Otherwise (requests wait for
+        room: a preemption elsewhere, which calls no `place`, lets the next step start of any decode replica
+        place one; or closed-loop clients, roles.Decode.placements_cut_runs): another replica's step (or
+        fast-forwarded run) ending or starting now (woken at this instant), a request becoming visible there
+        (each may reserve room on any decode replica), a hop ending, an arrival."""
         hops = self._hop_ends
         while hops and hops[0][2].processed:  # this hop's end has been handled
             heapq.heappop(hops)
-        times = [next_arrival, hops[0][0] if hops else math.inf]
         if replica.role.placements_cut_runs and not self.pending:
-            return min(times)
+            # an arrival reads decode replica 0's state only through an arrival gate (reject_reason)
+            gated = replica is self.decode[0] and getattr(replica.policy, "gate", None) is not None
+            return next_arrival if gated else math.inf
+        times = [next_arrival, hops[0][0] if hops else math.inf]
         for other in self.prefill + self.decode:
             if other is not replica:
                 if other.step_end is not None:
@@ -354,6 +357,8 @@ class PDCluster:
         if math.isnan(rec.released_src):
             self._release_src(rec, time)  # p2p: the hop that leaves the prefill replica just ended
         req, dst = rec.req, rec.dst
+        if dst.progress is not None:  # amid a run: the landed request is visible from its next step on
+            dst.settle_run()
         dst.kv.receive(req, rec.holder, self._blocks(req))
         rec.holder = None
         rec.landed = time

@@ -367,10 +367,13 @@ class Replica:
         create (so events at the same instant fall in stepping's order), counting the steps that ended
         (`progress.passed`); a P/D placement may cut the run meanwhile (settle_run). Returns how many of its
         steps ran."""
-        env, progress = self.env, self.progress
+        env, progress, pull = self.env, self.progress, self.pull
         while progress.passed < progress.kept:
-            yield env.timeout(delay_to(env.now, float(ends[progress.passed])))
+            end = float(ends[progress.passed])
+            yield env.timeout(delay_to(env.now, end))
             progress.passed += 1
+            if progress.passed < progress.kept:
+                pull(end)  # each step's start delivers the arrivals due, as `_take_arrivals` does stepping
         return progress.kept
 
     def settle_run(self) -> None:
