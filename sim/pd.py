@@ -40,7 +40,8 @@ room its lone running request needs, its plan only preempts, which costs no forw
 sim/roles.py, evict_only).
 
 Fast-forward: a decode replica advances a run of identical decode steps at once, and other replicas'
-steps do not end it: only a placement or a landing touches a decode replica's cache or queue. Its run
+steps do not end it: only a placement or a landing touches a decode replica's cache or queue (and an
+arrival, where the decode policy has an arrival gate: see `horizon`). Its run
 waits out its steps with the very timeouts stepping one by one would create (Replica._stepped: events at
 the same instant fall in stepping's order; each step start pulls the arrival feed, as stepping does), and
 counts the steps that ended. `place` (when requests wait for room) and `_land` first call
@@ -54,10 +55,10 @@ request becoming visible, a hop end, an arrival): a preemption elsewhere calls n
 step start of any decode replica may then place one. Prefill replicas never run pure decode steps and
 step one by one. tests/sim/test_pd.py and test_pd_prefix.py check that runs equal stepping, bit for
 bit (hypothesis: 1-2 replicas a pool, p2p and pool, every decode router, prefix caching, tight decode
-KV, cuts by max_time). benchmarks/speed_matrix.py pd_1p1d, 10,000 requests: the decode replica plans
-~28,200 steps (69,800 when every prefill step ended its runs); 360-395 us a request (7.2-7.6x the
-benchmark; 404-412 us, 8.7-8.9x, before). What each request still pays for: the prefill replica's
-~20,800 planned steps (one by one) and a SimPy timeout for each of ~173,000 decode steps.
+KV, cuts by max_time). benchmarks/speed_matrix.py pd_1p1d, 10,000 requests: the decode replica
+plans 28,237 steps (69,782 when every other replica's step ended its runs), 297-322 us a request
+(388-411 us before; 3 alternated rounds against c7708f2). What each request still pays for: the prefill
+replica's 20,798 planned steps (one by one) and a SimPy timeout for each of 173,237 decode steps.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
 sim/kv/prefix.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated

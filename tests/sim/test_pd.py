@@ -338,16 +338,18 @@ WOKEN_AT_RUN_START = dict(
 
 
 MAX_TIMES = st.one_of(st.none(), st.floats(0.5, 60, allow_nan=False))
+# the decode pool's arrival gate reads decode replica 0's state at every arrival (PDCluster.reject_reason)
+GATED_DECODE = {"name": "sarathi", "token_budget": 16, "overload": {"enter_queued": 1, "exit_queued": 0}}
 
 
 @pytest.mark.slow
-@given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS, MAX_TIMES)
+@given(WORKLOADS, PREFILL_POLICIES, st.one_of(DECODE_POLICIES, st.just(GATED_DECODE)), CLUSTERS, LINKS, MAX_TIMES)
 @example(**WOKEN_AT_RUN_START, max_time=None)
 def test_pd_fast_forward_changes_nothing(rows, prefill_policy, decode_policy, cluster, link, max_time):
     """Decode replicas advance runs of identical decode steps at once, past other replicas' steps, cut
     where a placement or a landing touches them (and by max_time); the result equals stepping one by one,
     bit for bit (1-2 replicas a pool, p2p and pool links, every decode router, tight decode KV, so that
-    reservations block)."""
+    reservations block, a decode policy with an arrival gate)."""
     specs = to_specs(rows)
     on = run_pd(specs, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link, max_time=max_time,
                 **cluster)
