@@ -377,8 +377,8 @@ class Replica:
         return progress.kept
 
     def settle_run(self) -> None:
-        """Called by a P/D placement about to read or reserve this replica's room now, while a decode run of
-        it is in flight: the run is cut to its step in progress, and that step holds the blocks its start
+        """Called by a P/D placement about to read or reserve this replica's room now, or a landing here,
+        while a decode run of it is in flight: the run is cut to its step in progress, and that step holds the blocks its start
         would have given it (step_apply.grow_decodes, as its commit does), so the cache shows exactly what
         stepping one by one shows now. Completions come only at a run's last step: none yet."""
         progress = self.progress
