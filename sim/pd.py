@@ -39,13 +39,26 @@ replicas never preempt. A decode replica can: when reservations for incoming tra
 room its lone running request needs, its plan only preempts, which costs no forward pass (see
 sim/roles.py, evict_only).
 
-Fast-forward: a decode replica advances a run of identical decode steps at once only if every step
-of the run ends before `PDCluster.horizon`, the earliest time anything outside could touch its cache
-or queue: another replica's step ending or a request becoming visible there (either may place a
-hand-off, reserving room on any decode replica), a hop ending (a landing, or a pool hop that places),
-an arrival. A reservation can take blocks mid-step, so, unlike a colocated replica's run (which only
-needs to start before the next arrival), the run must end before it. Prefill replicas never run pure
-decode steps and step one by one. tests/sim/test_pd.py checks that runs equal stepping, bit for bit.
+Fast-forward: a decode replica advances a run of identical decode steps at once, and other replicas'
+steps do not end it: only a placement or a landing touches a decode replica's cache or queue (and an
+arrival, where the decode policy has an arrival gate: see `horizon`). Its run
+waits out its steps with the very timeouts stepping one by one would create (Replica._stepped: events at
+the same instant fall in stepping's order; each step start pulls the arrival feed, as stepping does), and
+counts the steps that ended. `place` (when requests wait for room) and `_land` first call
+Replica.settle_run on each decode replica amid a run: the run is cut to its step in progress (a landed
+request is visible from the next step start; a reservation's blocks constrain the next plan), and that
+step holds the blocks its start gave it when stepping (step_apply.grow_decodes, the rule commit_run
+applies too), so the room the placement reads, and the least-loaded router's outstanding tokens (less the
+steps that ended: RunProgress.tokens_passed), are what stepping shows at that instant. While requests
+wait for decode room, a run instead ends before `PDCluster.horizon` (any other replica's step, a
+request becoming visible, a hop end, an arrival): a preemption elsewhere calls no `place`, and the next
+step start of any decode replica may then place one. Prefill replicas never run pure decode steps and
+step one by one. tests/sim/test_pd.py and test_pd_prefix.py check that runs equal stepping, bit for
+bit (hypothesis: 1-2 replicas a pool, p2p and pool, every decode router, prefix caching, tight decode
+KV, cuts by max_time). benchmarks/speed_matrix.py pd_1p1d, 10,000 requests: the decode replica
+plans 28,237 steps (69,782 when every other replica's step ended its runs), 297-322 us a request
+(388-411 us before; 3 alternated rounds against c7708f2). What each request still pays for: the prefill
+replica's 20,798 planned steps (one by one) and a SimPy timeout for each of 173,237 decode steps.
 
 Prefix caching (kv_cache.prefix_caching: every replica of both pools keeps a radix tree, see
 sim/kv/prefix.py; a pool's own prefix_caching overrides it), as in vLLM's disaggregated
@@ -187,14 +200,22 @@ class PDCluster:
         return replica.policy.reject_reason(req, replica.state)
 
     def horizon(self, replica: Replica, next_arrival: float) -> float:
-        """The earliest time anything outside `replica` could touch its cache or queue: another
-        replica's step (or fast-forwarded run) ending or starting now (woken at this instant), or a
-        request becoming visible there (each may reserve room on any decode replica), a hop ending
-        (a landing, or a pool hop that places), an arrival. A decode replica fast-forwards only
-        through runs that end before it."""
+        """The earliest time anything outside `replica` could touch its cache or queue without cutting its run
+        where it touches it (a decode replica fast-forwards only through runs that end before it).
+        Placements and landings cut a run themselves (Replica.settle_run, called by `place` and `_land`), so,
+        while no request waits for decode room, nothing else bounds it: inf (the next arrival where the
+        decode policy has an arrival gate, quotas or overload: `reject_reason` asks replica 0's). Otherwise (requests wait for
+        room: a preemption elsewhere, which calls no `place`, lets the next step start of any decode replica
+        place one; or closed-loop clients, roles.Decode.placements_cut_runs): another replica's step (or
+        fast-forwarded run) ending or starting now (woken at this instant), a request becoming visible there
+        (each may reserve room on any decode replica), a hop ending, an arrival."""
         hops = self._hop_ends
         while hops and hops[0][2].processed:  # this hop's end has been handled
             heapq.heappop(hops)
+        if replica.role.placements_cut_runs and not self.pending:
+            # an arrival reads decode replica 0's state only through an arrival gate (reject_reason)
+            gated = replica is self.decode[0] and getattr(replica.policy, "gate", None) is not None
+            return next_arrival if gated else math.inf
         times = [next_arrival, hops[0][0] if hops else math.inf]
         for other in self.prefill + self.decode:
             if other is not replica:
@@ -245,6 +266,10 @@ class PDCluster:
     def place(self, time: float) -> None:
         """Reserve decode room for pending requests, oldest first, and start their transfers."""
         pending = self.pending
+        if pending:  # every decode replica's room shows what stepping one by one shows now
+            for replica in self.decode:
+                if replica.progress is not None:
+                    replica.settle_run()
         while pending:
             rec = pending[0]
             dst = self._choose(rec.req)
@@ -291,9 +316,14 @@ class PDCluster:
             return None
         fits = [r for r in pool if self._has_room(r, req)]
         if self.settings.decode_router == "prefix_affinity":  # most of the prompt cached there, then least loaded
-            return min(fits, key=lambda r: (-len(r.kv.cached_prompt(req)), outstanding_tokens(r)
-                                            + self.reserved_tokens[r.index], r.index), default=None)
-        return min(fits, key=lambda r: (outstanding_tokens(r) + self.reserved_tokens[r.index], r.index), default=None)
+            return min(fits, key=lambda r: (-len(r.kv.cached_prompt(req)), self._load(r), r.index), default=None)
+        return min(fits, key=lambda r: (self._load(r), r.index), default=None)
+
+    def _load(self, replica: Replica) -> int:
+        """Decode tokens `replica` still owes, those on their way to it included; amid a run, less what its
+        steps that ended took off (sim/run_progress.py)."""
+        load = outstanding_tokens(replica) + self.reserved_tokens[replica.index]
+        return load - replica.progress.tokens_passed() if replica.progress is not None else load
 
     def _reserve(self, rec: HandOff, dst: Replica, time: float) -> None:
         req = rec.req
@@ -328,6 +358,8 @@ class PDCluster:
         if math.isnan(rec.released_src):
             self._release_src(rec, time)  # p2p: the hop that leaves the prefill replica just ended
         req, dst = rec.req, rec.dst
+        if dst.progress is not None:  # amid a run: the landed request is visible from its next step on
+            dst.settle_run()
         dst.kv.receive(req, rec.holder, self._blocks(req))
         rec.holder = None
         rec.landed = time

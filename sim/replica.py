@@ -317,7 +317,13 @@ class Replica:
             else:
                 ends, extra = run
                 end = self.step_end = float(ends[-1])
-                if not cuttable:
+                used = self.kv.used_blocks  # in the run's first step (a P/D reservation may add to it later)
+                if self.role.placements_cut_runs:  # P/D decode: a placement may cut the run (settle_run)
+                    self.progress = RunProgress.of_decodes(ends, state.running)
+                    count = yield from self._stepped(ends)
+                    ends, extra = ends[:count], extra[:count]
+                    end = float(ends[-1])
+                elif not cuttable:
                     yield env.timeout(delay_to(env.now, end))
                 else:  # a request routed here mid-run cuts the run short
                     if self.cut_by_arrivals:
@@ -328,7 +334,7 @@ class Replica:
                 if len(ends) == 1:
                     self.commit(plan, end)
                 else:
-                    step_apply.commit_run(self, ends, extra, plan.hold_finished)
+                    step_apply.commit_run(self, ends, extra, plan.hold_finished, used)
             self.progress = None
             self.step_end = None
             self.role.committed(plan, end)
@@ -357,6 +363,32 @@ class Replica:
                 yield done
         self._cut = None
         return count
+
+    def _stepped(self, ends):
+        """Wait out a decode run one step end at a time, with the very timeouts stepping one by one would
+        create (so events at the same instant fall in stepping's order), counting the steps that ended
+        (`progress.passed`); a P/D placement may cut the run meanwhile (settle_run). Returns how many of its
+        steps ran."""
+        env, progress, pull = self.env, self.progress, self.pull
+        while progress.passed < progress.kept:
+            end = float(ends[progress.passed])
+            yield env.timeout(delay_to(env.now, end))
+            progress.passed += 1
+            if progress.passed < progress.kept:
+                pull(end)  # each step's start delivers the arrivals due, as `_take_arrivals` does stepping
+        return progress.kept
+
+    def settle_run(self) -> None:
+        """Called by a P/D placement about to read or reserve this replica's room now, or a landing here,
+        while a decode run of it is in flight: the run is cut to its step in progress, and that step holds the blocks its start
+        would have given it (step_apply.grow_decodes, as its commit does), so the cache shows exactly what
+        stepping one by one shows now. Completions come only at a run's last step: none yet."""
+        progress = self.progress
+        if progress is None or progress.kept == progress.passed:
+            return
+        progress.kept = progress.passed + 1
+        self.step_end = float(progress.ends[progress.passed])
+        step_apply.grow_decodes(self, progress.passed)
 
     def _priced(self, plan: StepPlan, shape: StepShape, swap_bytes: float, start: float) -> tuple[float, float]:
         """(the forward's seconds as the cost model prices them, noise included; the step's whole time:

@@ -28,6 +28,7 @@ class Colocated:
 
     name = "colocated"
     runs_eviction_steps = True  # a plan that only preempts runs as a (possibly empty) step of its own
+    placements_cut_runs = False  # P/D decode: a decode run goes on until a placement touches it (sim/pd.py)
     leaps_prompts = True  # a prompt's chunks may be fast-forwarded (its hooks see only the run's first step)
 
     def __init__(self, replica):
@@ -130,6 +131,13 @@ class Decode(_PDRole):
     """Receives prefilled requests (their KV lands here) and decodes them."""
 
     name = "decode"
+
+    @property
+    def placements_cut_runs(self) -> bool:
+        """A decode run goes on past other replicas' steps and is cut only where a placement reads or reserves
+        this replica's room (Replica.settle_run); closed-loop clients (who may send requests at any step end)
+        keep runs within the horizon of every other replica's steps (sim/pd.py PDCluster.horizon)."""
+        return self.replica.on_leave is None
 
     def began(self, plan, start: float) -> None:
         """Note first decode admissions; room may have changed."""

@@ -207,28 +207,34 @@ def verified(replica, req: Request, drafts: int) -> int:
     return emitted
 
 
-def commit_run(replica, ends, extra, hold_finished: bool) -> None:
+def grow_decodes(replica, j: int) -> None:
+    """Give each running request of a decode run, not yet committed, the blocks its context in the run's
+    step j needs (what that step's start gives it when stepping one by one; nothing once it holds them)."""
+    kv = replica.kv
+    block_size, grow = kv.block_size, kv.grow
+    for req in replica.state.running:
+        blocks = -(-(req.num_computed_tokens + 1 + j) // block_size)
+        if blocks > req.num_blocks:
+            grow(req, blocks)
+
+
+def commit_run(replica, ends, extra, hold_finished: bool, used: int) -> None:
     """Commit a run of identical decode steps: rows in bulk, every request +len(ends) tokens and
-    the blocks its last step's context needs; `extra[j]`: blocks held after step j beyond those
-    held in the first."""
+    the blocks its last step's context needs; `used`: blocks in use in the run's first step, `extra[j]`:
+    blocks held after step j beyond those."""
     count = len(ends)
     running = replica.state.running
     n = len(running)
-    kv = replica.kv
-    used = kv.used_blocks
     recorder = replica.recorder
     step = replica.step
     recorder.set_end(step, float(ends[0]))
     last = recorder.num_steps + count - 2  # the run's last step (rows are appended below)
-    grow, previous = kv.grow, replica.prev_step
+    previous = replica.prev_step
+    grow_decodes(replica, count - 1)
     contexts = n  # the first step's decode contexts, summed
-    block_size = kv.block_size
     for req in running:
         contexts += req.num_computed_tokens
         _decode_tokens(recorder, req, count, step, last, previous)
-        blocks = -(-req.num_computed_tokens // block_size)  # for its last step's context
-        if blocks > req.num_blocks:
-            grow(req, blocks)
     finished = any(req.num_output_tokens >= req.output_len for req in running)
     if isinstance(ends, list):  # a short run (fast_forward.scalar_run): plain lists, appended as they are
         used = [used + e for e in extra[1:]]

@@ -62,9 +62,9 @@ def check_kv_places(replicas, cluster) -> None:
 
 def run_pd(specs, *, prefill_policy=None, decode_policy=None, prefill_replicas=1, decode_replicas=1,
            prefill_blocks=1000, decode_blocks=1000, block_size=4, link=None, cost=None, preemption="recompute",
-           watermark=0, check=False, fast_forward=True):
+           watermark=0, check=False, fast_forward=True, max_time=None):
     """Simulate a P/D cluster on CPU (unit cost unless `cost`); with `check`, every plan of every
-    replica is preceded by check_kv_places."""
+    replica is preceded by check_kv_places; `max_time` ends the simulation there."""
     reqs = make_requests(specs)
     cost_model = load_cost_model(cost or {"type": "unit"})
     settings = ReplicaSettings(preemption_mode=preemption, max_model_len=10_000, swap_bandwidth=1e9,
@@ -74,7 +74,8 @@ def run_pd(specs, *, prefill_policy=None, decode_policy=None, prefill_replicas=1
                         lambda: KVCache(prefill_blocks, block_size, watermark, False, 1.0), settings)
     decode = PoolParts(decode_replicas, lambda: make_policy(decode_policy or default), cost_model,
                        lambda: KVCache(decode_blocks, block_size, watermark, False, 1.0), settings)
-    recorder, replicas, cluster = run_pd_cluster(reqs, prefill, decode, link, check_kv_places if check else None)
+    recorder, replicas, cluster = run_pd_cluster(reqs, prefill, decode, link, check_kv_places if check else None,
+                                                 max_time=max_time)
     return reqs, recorder, replicas, cluster
 
 
@@ -321,9 +322,9 @@ def outcome(reqs, recorder, cluster) -> tuple:
     handoffs = [(rid, rec.prefilled, rec.reserved, rec.released_src, rec.in_pool, rec.landed, rec.decode_admitted,
                  rec.cached_on_decode, [(h.link, h.start, h.end, h.nbytes) for h in rec.hops])
                 for rid, rec in sorted(cluster.records.items())]
-    steps = {name: column.tolist() for name, column in recorder.step_table().items()}
+    steps = {name: [None if v != v else v for v in column.tolist()] for name, column in recorder.step_table().items()}
     runs = {name: column.tolist() for name, column in recorder.run_table().items()}
-    return requests, handoffs, steps, runs
+    return requests, handoffs, steps, runs  # (a step still running at max_time ends at NaN: None here, to compare)
 
 
 # A prefill replica woken at the instant a decode run was planned: its step ends with the run's first one
@@ -336,17 +337,46 @@ WOKEN_AT_RUN_START = dict(
     link=make_link("p2p", 1, "prefill", "round_robin", 0.25))
 
 
+MAX_TIMES = st.one_of(st.none(), st.floats(0.5, 60, allow_nan=False))
+# the decode pool's arrival gate reads decode replica 0's state at every arrival (PDCluster.reject_reason)
+GATED_DECODE = {"name": "sarathi", "token_budget": 16, "overload": {"enter_queued": 1, "exit_queued": 0}}
+
+
 @pytest.mark.slow
-@given(WORKLOADS, PREFILL_POLICIES, DECODE_POLICIES, CLUSTERS, LINKS)
-@example(**WOKEN_AT_RUN_START)
-def test_pd_fast_forward_changes_nothing(rows, prefill_policy, decode_policy, cluster, link):
-    """Decode replicas advance runs of identical decode steps at once, up to the next hand-off
-    event anywhere in the cluster; the result equals stepping one by one, bit for bit."""
+@given(WORKLOADS, PREFILL_POLICIES, st.one_of(DECODE_POLICIES, st.just(GATED_DECODE)), CLUSTERS, LINKS, MAX_TIMES)
+@example(**WOKEN_AT_RUN_START, max_time=None)
+def test_pd_fast_forward_changes_nothing(rows, prefill_policy, decode_policy, cluster, link, max_time):
+    """Decode replicas advance runs of identical decode steps at once, past other replicas' steps, cut
+    where a placement or a landing touches them (and by max_time); the result equals stepping one by one,
+    bit for bit (1-2 replicas a pool, p2p and pool links, every decode router, tight decode KV, so that
+    reservations block, a decode policy with an arrival gate)."""
     specs = to_specs(rows)
-    on = run_pd(specs, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link, **cluster)
+    on = run_pd(specs, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link, max_time=max_time,
+                **cluster)
     off = run_pd(specs, prefill_policy=prefill_policy, decode_policy=decode_policy, link=link, fast_forward=False,
-                 **cluster)
+                 max_time=max_time, **cluster)
     assert outcome(on[0], on[1], on[3]) == outcome(off[0], off[1], off[3])
+
+
+def test_a_decode_run_goes_on_through_prefill_chunks_that_hand_nothing_off(monkeypatch):
+    """A long prompt's chunks on the prefill replica end steps there; they touch nothing on the decode
+    side, so the decode replica's run goes on through them (as stepping: same tables), cut only where a
+    hand-off is placed and where its KV lands."""
+    from cbsim.policies.sarathi import Sarathi
+
+    plans = []
+    schedule = Sarathi.schedule
+    monkeypatch.setattr(Sarathi, "schedule", lambda self, state: plans.append(state) or schedule(self, state))
+    specs = [(0, 8, 120), (2, 900, 3), (40, 900, 3)]  # two prompts of 29 chunks (budget 32) amid 119 decodes
+    found = {}
+    for fast in (True, False):
+        plans.clear()
+        reqs, recorder, replicas, cluster = run_pd(specs, fast_forward=fast)
+        decode_state = replicas[1].state
+        found[fast] = outcome(reqs, recorder, cluster), sum(1 for state in plans if state is decode_state)
+    assert found[True][0] == found[False][0]
+    assert found[False][1] > 120
+    assert found[True][1] <= 10  # the first run, and two per hand-off (its placement, its landing) and after
 
 
 def test_decode_replicas_fast_forward_between_hand_offs(monkeypatch):
