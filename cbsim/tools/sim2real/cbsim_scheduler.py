@@ -4,8 +4,8 @@ The stream's limits are turned into `vllm serve` flags and resolved by cbsim.ser
 flag rules): the policy (sarathi with V1's settings), the KV cache (block size, prefix caching, the
 blocks), recompute preemption of the last admitted request. The cost model is `unit` (one second a
 step), so step k starts at second k as in the vLLM run; fast-forward is off, so every step is planned
-and recorded. The KV cache holds num_gpu_blocks - 1 blocks: vLLM's BlockPool keeps one as its null block
-(vllm/v1/core/block_pool.py: `self.null_block = self.free_block_queue.popleft()`).
+and recorded. The KV cache holds the blocks cbsim.server.vllm resolves `--num-gpu-blocks-override` to
+(vLLM's num_gpu_blocks less its null block).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def run_cbsim(stream: Stream, version: tuple[int, ...] | None = VERSION) -> tupl
     requests = [Request(i, float(r.arrival), len(r.prompt), r.output_len,
                         prefix_hashes=block_hashes(r.prompt, limits.block_size) if prefix else None)
                 for i, r in enumerate(stream.requests)]
-    units = settings["cluster.kv_cache.num_blocks"] - 1
+    units = settings["cluster.kv_cache.num_blocks"]
     kv = KVCacheConfig(**{key.rsplit(".", 1)[1]: value for key, value in settings.items()
                           if key.startswith("cluster.kv_cache.") and key.rsplit(".", 1)[1] in KV_KEYS})
     steps: list[Step] = []
