@@ -1,0 +1,62 @@
+"""Output blocks in the prefix cache (sim/kv/prefix.py): a request whose `output_hashes` continue its chain
+caches the full blocks its output completes, as vLLM V1 caches every full block a request computes, so a
+later prompt that repeats the output hits them; without them only prompt blocks are cached."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cbsim.sim.kv.prefix import PrefixCache
+from cbsim.sim.request import Request
+from cbsim.workloads.prefixes import content_id, hash_chain
+
+from test_prefix import run_prefix
+
+SARATHI = {"name": "sarathi", "token_budget": 512, "max_num_seqs": 8}
+
+
+def turns(prompt: int, output: int, added: int, with_outputs: bool) -> list[Request]:
+    """An agent's two turns: the second's prompt is the first's prompt + output + `added` tokens, one
+    content id per 16-token block of the context (as workloads/agentic.py names them)."""
+    context = hash_chain(content_id(4, 0, j) for j in range((prompt + output + added) // 16))
+    first = Request(0, 0.0, prompt, output, prefix_hashes=context[:prompt // 16],
+                    output_hashes=context[prompt // 16:(prompt + output) // 16] if with_outputs else None)
+    second = Request(1, 1000.0, prompt + output + added, 4, prefix_hashes=context)
+    return [first, second]
+
+
+def test_the_next_turn_hits_the_blocks_of_the_previous_output():
+    """40 prompt + 30 output tokens compute 69: four full blocks, two of them completed by the output. The
+    next turn (80 tokens) hits all four with output_hashes, the two prompt blocks without."""
+    hits = {}
+    for with_outputs in (True, False):
+        run = run_prefix(SARATHI, turns(40, 30, 10, with_outputs))
+        hits[with_outputs] = run.caches[0].prefix.hit_tokens[1]
+    assert hits == {True: 64, False: 32}
+
+
+def test_a_block_the_last_output_token_would_fill_is_not_cached():
+    """vLLM never computes the last sampled token: 32 prompt + 17 output tokens compute 48, three blocks."""
+    run = run_prefix(SARATHI, turns(32, 17, 40, True))
+    assert run.caches[0].prefix.hit_tokens[1] == 48
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt=st.integers(1, 100), output=st.integers(1, 60), computed=st.integers(0, 200),
+       generated=st.integers(0, 60))
+def test_publish_covers_full_blocks_of_sampled_tokens_only(prompt, output, computed, generated):
+    """Draft tokens beyond the sampled ones (speculative steps) are never cached: vLLM caps what it caches
+    at request.num_tokens (kv_cache_manager.py allocate_slots)."""
+    generated = min(generated, output)
+    chain = hash_chain(content_id(4, 1, j) for j in range((prompt + output) // 16))
+    req = Request(0, 0.0, prompt, output, prefix_hashes=chain[:prompt // 16],
+                  output_hashes=chain[prompt // 16:] or None)
+    req.num_output_tokens = generated
+    cache = PrefixCache(16, 16)
+    cache.publish(req, computed)
+    assert len(cache.held(req)) == min(computed, prompt + generated) // 16
+
+
+def test_output_hashes_that_do_not_follow_the_prompt_chain_are_ignored():
+    """A chain that stops short of the prompt's full blocks (a system prompt only) cannot go on with outputs."""
+    chain = hash_chain(content_id(1, 0, j) for j in range(2))
+    req = Request(0, 0.0, 64, 64, prefix_hashes=chain, output_hashes=(11, 12, 13))
+    assert PrefixCache(16, 16).num_units(req) == 2
