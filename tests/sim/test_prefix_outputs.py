@@ -60,3 +60,28 @@ def test_output_hashes_that_do_not_follow_the_prompt_chain_are_ignored():
     chain = hash_chain(content_id(1, 0, j) for j in range(2))
     req = Request(0, 0.0, 64, 64, prefix_hashes=chain, output_hashes=(11, 12, 13))
     assert PrefixCache(16, 16).num_units(req) == 2
+
+
+def test_fast_forward_caches_output_blocks_as_stepping_does():
+    """Decode runs publish the output blocks at their end (sim/step_apply.py commit_run): the hits and the
+    times are those of stepping one by one. Six agents of three turns 200 s apart (id 6t + a), each turn's
+    prompt its history + 20 tokens."""
+    def requests():
+        out, contexts = [], [30 + 7 * agent for agent in range(6)]
+        for turn in range(3):
+            for agent in range(6):
+                context, output = contexts[agent], 25 + 11 * ((agent + turn) % 4)
+                chain = hash_chain(content_id(4, agent, j) for j in range((context + output) // 16))
+                out.append(Request(len(out), 200.0 * turn + agent, context, output,
+                                   prefix_hashes=chain[:context // 16], output_hashes=chain[context // 16:] or None))
+                contexts[agent] = context + output + 20
+        return out
+
+    reqs = requests()
+    for blocks, later_turns_hitting_outputs in ((60, 11), (200, 12)):  # 60: one history is evicted
+        runs = [run_prefix(SARATHI, requests(), num_blocks=blocks, fast_forward=ff) for ff in (False, True)]
+        stepped, leapt = (run.caches[0].prefix for run in runs)
+        assert stepped.hit_tokens == leapt.hit_tokens
+        assert [r.completion_time for r in runs[0].requests] == [r.completion_time for r in runs[1].requests]
+        beyond = [r.id for r in reqs[6:] if stepped.hit_tokens[r.id] > reqs[r.id - 6].prompt_len // 16 * 16]
+        assert len(beyond) == later_turns_hitting_outputs
