@@ -112,10 +112,9 @@ class PrefixCache:
         return prompt[index] if index < len(prompt) else req.output_hashes[index - len(prompt)]
 
     def lookup(self, req: Request, limit: int | None = None) -> list[Node]:
-        """The longest cached root path of `req`'s chain (at most `limit` units)."""
-        units = self.num_units(req)
-        if limit is not None:
-            units = min(units, limit)
+        """The longest cached root path of `req`'s chain (at most `limit` units; None: its prompt's full
+        units, what routers and a P/D decode replica ask about)."""
+        units = min(self.num_units(req), req.prompt_len // self.unit_tokens if limit is None else limit)
         path, node, key = [], self.root, self.unit_key
         for unit in range(units):
             node = node.children.get(key(req, unit))

@@ -85,3 +85,13 @@ def test_fast_forward_caches_output_blocks_as_stepping_does():
         assert [r.completion_time for r in runs[0].requests] == [r.completion_time for r in runs[1].requests]
         beyond = [r.id for r in reqs[6:] if stepped.hit_tokens[r.id] > reqs[r.id - 6].prompt_len // 16 * 16]
         assert len(beyond) == later_turns_hitting_outputs
+
+
+def test_a_lookup_without_a_limit_stops_at_the_prompt():
+    """Routers and a P/D decode replica ask how much of the prompt is cached: never output units."""
+    chain = hash_chain(content_id(4, 2, j) for j in range(5))
+    req = Request(0, 0.0, 32, 50, prefix_hashes=chain[:2], output_hashes=chain[2:])
+    req.num_output_tokens = 50
+    cache = PrefixCache(16, 16)
+    cache.publish(req, 81)
+    assert len(cache.held(req)) == 5 and len(cache.lookup(req)) == 2 and len(cache.lookup(req, 5)) == 5
