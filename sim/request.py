@@ -31,6 +31,10 @@ class Request:
     prompt_len: int
     output_len: int
     prefix_hashes: tuple[int, ...] | None = None
+    # the chain's continuation over the full blocks the request's own output completes (prompt + output),
+    # where the workload knows their content (a later prompt repeats them: sim/kv/prefix.py); needs a
+    # prefix_hashes that covers every full prompt block. None: its output blocks are not cached
+    output_hashes: tuple[int, ...] | None = None
     priority: int = 0  # larger is more important
     tenant: str | None = None  # who sent it (fair sharing, policies/fairness.py); None: no tenant
     adapter: str | None = None  # the LoRA adapter it asks for (policies/lora.py); None: base model

@@ -31,7 +31,7 @@ from cbsim.sim.request import Request, Status
 
 INPUTS = {"id": np.int64, "arrival": np.float64, "prompt_len": np.int64, "output_len": np.int64,
           "priority": np.int64}
-OBJECT_FIELDS = ("prefix_hashes", "tenant", "adapter", "mm_inputs", "reject_reason", "session")  # not columns
+OBJECT_FIELDS = ("prefix_hashes", "output_hashes", "tenant", "adapter", "mm_inputs", "reject_reason", "session")  # not columns
 RESULTS = {  # every other Request field, with its value before the request arrives
     "num_computed_tokens": (np.int64, 0), "num_output_tokens": (np.int64, 0), "status": (np.int8, int(Status.WAITING)),
     "replica": (np.int32, -1), "epoch": (np.int32, 0), "admit_seq": (np.int64, -1), "num_blocks": (np.int64, 0),

@@ -72,7 +72,7 @@ def begin(replica, plan, now: float) -> tuple[StepShape, float]:
             add_prefill((n, computed))
         if n >= left:
             sampled += 1
-    if kv.prefix is not None:  # cache the full prompt blocks this step computes
+    if kv.prefix is not None:  # cache the full blocks this step computes (prompt, and output: sim/kv/prefix.py)
         for rid, n in plan.scheduled.items():
             kv.publish(by_id[rid], by_id[rid].num_computed_tokens + n)
     num_padding = len(plan.padding)
@@ -235,6 +235,10 @@ def commit_run(replica, ends, extra, hold_finished: bool, used: int) -> None:
     for req in running:
         contexts += req.num_computed_tokens
         _decode_tokens(recorder, req, count, step, last, previous)
+    kv = replica.kv
+    if kv.prefix is not None:  # the output blocks the run's steps complete (Request.output_hashes), held
+        for req in running:  # by their request until it leaves, so caching them at the run's end is exact
+            kv.publish(req, req.num_computed_tokens)
     finished = any(req.num_output_tokens >= req.output_len for req in running)
     if isinstance(ends, list):  # a short run (fast_forward.scalar_run): plain lists, appended as they are
         used = [used + e for e in extra[1:]]

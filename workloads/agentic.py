@@ -3,8 +3,10 @@
 An agent is a program of T turns (LLM calls). Turn k's prompt is the agent's whole history: the
 system prompt, the task, then every earlier turn's prompt additions and output, the results of the
 tool calls each turn made, and the final outputs of the sub-agents it spawned. So turn k+1's
-prompt starts with turn k's prompt, and its block hash chain extends turn k's (workloads/prefixes.py):
-the prefix cache, not this module, decides whether the history is still resident when turn k+1
+prompt starts with turn k's prompt, and its block hash chain extends turn k's (workloads/prefixes.py).
+Turn k's own output is turn k+1's prompt too: its `output_hashes` are the hashes turn k+1's chain gives
+the full blocks turn k's prompt + output fill, so the prefix cache keeps them as vLLM keeps every full
+block a request computes (sim/kv/prefix.py). The prefix cache, not this module, decides whether the history is still resident when turn k+1
 arrives (a hit), was evicted during the gap (recomputed), or sits on another replica.
 
 Between turn k and k+1 (the gap) an agent either
@@ -92,6 +94,8 @@ class AgenticProgram:
     session: list[int] = field(default_factory=list)  # per agent: its top-level session
     spawn_row: list[int] = field(default_factory=list)  # per agent: the row whose reply started it (-1: top level)
     sessions: list[list[int]] = field(default_factory=list)  # rows of each top-level session (first: its start)
+    # per row: the chain's continuation over the full blocks its output completes (its next turn's hashes)
+    output_hashes: list[tuple[int, ...]] = field(default_factory=list)
 
     def renumbered(self, ids: np.ndarray) -> "AgenticProgram":
         """The same program with rows named by request id (`ids[row]`; make_requests sorts by arrival)."""
@@ -102,7 +106,7 @@ class AgenticProgram:
             self.agent[order], self.turn[order],
             [tuple((int(ids[r]), d) for r, d in self.waits[k]) for k in order], [self.tool_times[k] for k in order],
             list(self.parent), list(self.session), [int(ids[r]) if r >= 0 else -1 for r in self.spawn_row],
-            [inv(rows) for rows in self.sessions])
+            [inv(rows) for rows in self.sessions], [self.output_hashes[k] for k in order])
 
 
 class _Stream:
@@ -152,7 +156,7 @@ class _Builder:
     def __init__(self, cfg: AgenticConfig, rng, streams):
         self.cfg, self.rng, self.streams = cfg, rng, streams
         self.rows: dict[str, list] = {k: [] for k in ("arrival", "prompt", "output", "hashes", "agent", "turn",
-                                                      "waits", "tools")}
+                                                      "waits", "tools", "output_hashes")}
         self.parent, self.session_of, self.spawn_row, self.sessions = [], [], [], []
 
     def session(self, start: float) -> None:
@@ -176,6 +180,7 @@ class _Builder:
             row = len(rows["prompt"])
             extend_chain(chain, context // block, block, sys_len, system, agent, AGENT_CONTENT)
             output = int(streams["output"].take()[0])
+            rows["output_hashes"].append(_continuation(chain, context + output, block, sys_len, system, agent))
             for name, value in (("arrival", start), ("prompt", context), ("output", output),
                                 ("hashes", tuple(chain)), ("agent", agent), ("turn", k), ("waits", waits)):
                 rows[name].append(value)
@@ -202,7 +207,17 @@ class _Builder:
         return AgenticProgram(np.asarray(r["arrival"], dtype=np.float64), np.asarray(r["prompt"], dtype=np.int64),
                               np.asarray(r["output"], dtype=np.int64), r["hashes"],
                               np.asarray(r["agent"], dtype=np.int64), np.asarray(r["turn"], dtype=np.int64),
-                              r["waits"], r["tools"], self.parent, self.session_of, self.spawn_row, self.sessions)
+                              r["waits"], r["tools"], self.parent, self.session_of, self.spawn_row, self.sessions,
+                              r["output_hashes"])
+
+
+def _continuation(chain: list[int], tokens: int, block: int, sys_len: int, system: int | None,
+                  agent: int) -> tuple[int, ...]:
+    """The hashes `chain` goes on with over the full blocks of the first `tokens` tokens of the agent's
+    context: the same ones its next turn's chain gets (extend_chain names block j by the agent and j)."""
+    longer = list(chain)
+    extend_chain(longer, tokens // block, block, sys_len, system, agent, AGENT_CONTENT)
+    return tuple(longer[len(chain):])
 
 
 def check_agentic(cfg: AgenticConfig, key: str) -> None:

@@ -109,8 +109,9 @@ def _from_agentic(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path 
     ids = np.empty(len(requests), dtype=np.int64)
     ids[np.argsort(program.arrival, kind="stable")] = np.arange(len(requests))
     program = program.renumbered(ids)
-    for req, agent in zip(requests, program.agent.tolist()):
+    for req, agent, output in zip(requests, program.agent.tolist(), program.output_hashes):
         req.session = agent
+        req.output_hashes = output or None
     clients = ClientPlan(cfg.timeout, cfg.max_concurrency, None, program.sessions, waits=program.waits)
     if cfg.tenants:
         _draw_tenants(cfg.tenants, requests, rng)

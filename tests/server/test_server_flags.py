@@ -55,6 +55,14 @@ def test_vllm_without_chunked_prefill_runs_whole_prompts():
     assert policy == {"name": "orca", "token_budget": 8192, "max_num_seqs": 256, "kv_reservation": "paged"}
 
 
+def test_num_gpu_blocks_override_leaves_out_vllms_null_block():
+    # vllm/v1/core/block_pool.py BlockPool.__init__: `self.null_block = self.free_block_queue.popleft()`
+    assert resolved("--num-gpu-blocks-override 40").cluster.kv_cache.num_blocks == 39
+    assert resolved("--num-gpu-blocks-override 2").cluster.kv_cache.num_blocks == 1
+    with pytest.raises(ConfigError, match="server.args --num-gpu-blocks-override"):
+        resolved("--num-gpu-blocks-override 1")
+
+
 @pytest.mark.parametrize("args,key", [
     ("--max-num-partial-prefills 2", "--max-num-partial-prefills"),  # V1 rejects concurrent partial prefills
     ("--frobnicate 3", "--frobnicate"),

@@ -49,6 +49,11 @@ def test_each_turn_extends_its_agents_history_and_chain():
         prev = before[0]
         assert p.turn[prev] == p.turn[rid] - 1
         assert p.hashes[rid][:len(p.hashes[prev])] == p.hashes[prev]  # the prefix cache sees the history
+        # the previous turn's output blocks carry the hashes this turn's chain gives them (cached as computed)
+        outputs = p.output_hashes[prev]
+        assert len(outputs) == (p.prompt_len[prev] + p.output_len[prev]) // block - len(p.hashes[prev])
+        assert p.hashes[rid][len(p.hashes[prev]):len(p.hashes[prev]) + len(outputs)] == outputs
+        assert run.requests[prev].output_hashes == (outputs or None)
         children = [w for w, _ in p.waits[rid] if p.agent[w] != p.agent[rid]]
         added = p.prompt_len[rid] - p.prompt_len[prev] - p.output_len[prev]
         if children:  # each sub-agent's final output joins the context

@@ -4,8 +4,8 @@ The stream's limits are turned into `vllm serve` flags and resolved by cbsim.ser
 flag rules): the policy (sarathi with V1's settings), the KV cache (block size, prefix caching, the
 blocks), recompute preemption of the last admitted request. The cost model is `unit` (one second a
 step), so step k starts at second k as in the vLLM run; fast-forward is off, so every step is planned
-and recorded. The KV cache holds num_gpu_blocks - 1 blocks: vLLM's BlockPool keeps one as its null block
-(vllm/v1/core/block_pool.py: `self.null_block = self.free_block_queue.popleft()`).
+and recorded. The KV cache holds the blocks cbsim.server.vllm resolves `--num-gpu-blocks-override` to
+(vLLM's num_gpu_blocks less its null block).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from cbsim.sim.request import Request
 from cbsim.sim.simulation import simulate
 
 from cbsim.tools.sim2real.streams import Stream, block_hashes
-from cbsim.tools.sim2real.vllm_scheduler import Step
+from cbsim.tools.sim2real.vllm_scheduler import FAKE_TOKEN, Step
 
 KV_KEYS = ("block_size", "watermark", "reserve_full_prompt", "check_full_input")
 
@@ -54,16 +54,26 @@ class _Traced:
         return self.inner.reject_reason(req, state)
 
 
+def _request(i: int, r, block_size: int, prefix: bool) -> Request:
+    """Stream request `r` as cbsim's request `i`: with prefix caching, the hash chains of its prompt and of
+    the full blocks its output completes (vLLM samples FAKE_TOKEN every step, and hashes and caches
+    those blocks too: sim/kv/prefix.py)."""
+    if not prefix:
+        return Request(i, float(r.arrival), len(r.prompt), r.output_len)
+    chain = block_hashes(r.prompt + (FAKE_TOKEN,) * r.output_len, block_size)
+    split = len(r.prompt) // block_size
+    return Request(i, float(r.arrival), len(r.prompt), r.output_len, prefix_hashes=chain[:split],
+                   output_hashes=chain[split:] or None)
+
+
 def run_cbsim(stream: Stream, version: tuple[int, ...] | None = VERSION) -> tuple[list[Step], list[Request]]:
     """Every planned step of the stream under cbsim, and its requests (their end states)."""
     settings = resolved(stream, version)
     policy = {key.split(".", 1)[1]: value for key, value in settings.items() if key.startswith("policy.")}
     limits = stream.limits
     prefix = settings["cluster.kv_cache.prefix_caching"]
-    requests = [Request(i, float(r.arrival), len(r.prompt), r.output_len,
-                        prefix_hashes=block_hashes(r.prompt, limits.block_size) if prefix else None)
-                for i, r in enumerate(stream.requests)]
-    units = settings["cluster.kv_cache.num_blocks"] - 1
+    requests = [_request(i, r, limits.block_size, prefix) for i, r in enumerate(stream.requests)]
+    units = settings["cluster.kv_cache.num_blocks"]
     kv = KVCacheConfig(**{key.rsplit(".", 1)[1]: value for key, value in settings.items()
                           if key.startswith("cluster.kv_cache.") and key.rsplit(".", 1)[1] in KV_KEYS})
     steps: list[Step] = []

@@ -12,11 +12,6 @@ first differing step:
   schedule() hits them (vllm/v1/core/kv_cache_manager.py `allocate_slots`: `cache_blocks(request,
   num_tokens_to_cache)`); cbsim publishes a step's blocks when the step starts (sim/prefix_cache.py
   `publish`), after the plan, so the later request computes them again.
-- `output_block_hit` (a known difference): a request resumed after a recompute preemption hit blocks
-  of its own generated tokens. vLLM hashes every full block of a request, outputs included
-  (vllm/v1/core/kv_cache_utils.py `get_request_block_hasher` over `request.all_token_ids`), and caches
-  them; cbsim's requests carry hash chains of their prompts only (Request.prefix_hashes), so a resumed
-  request recomputes its generated tokens.
 - `lru_eviction` (a known difference): vLLM's allocations evicted cached prompt blocks that cbsim
   keeps. Its free blocks and its evictable cached blocks are one LRU queue (vllm/v1/core/block_pool.py
   `get_new_blocks`: `free_block_queue.popleft_n`, then `_maybe_evict_cached_block`), so an old cached
@@ -26,6 +21,13 @@ first differing step:
   when no free block is left, when the step starts (sim/kv_cache.py `grow`), after its plan took its
   hits (which spares their blocks).
 - `unexplained`: anything else. A new one is a bug to fix in cbsim or a difference to name here.
+
+No longer a difference: a request resumed after a recompute preemption hits blocks of its own generated
+tokens in both. vLLM hashes every full block of a request, outputs included (vllm/v1/core/kv_cache_utils.py
+`get_request_block_hasher` over `request.all_token_ids`), and caches it as it is computed
+(kv_cache_manager.py `allocate_slots`); cbsim's parity requests carry the chain over their prompt and the
+fake sampled tokens (`output_hashes`, cbsim_scheduler.py), and its cache keeps those blocks (sim/kv/prefix.py).
+Streams that show it count under coverage `output_hit`.
 """
 from __future__ import annotations
 
@@ -35,8 +37,9 @@ from cbsim.tools.sim2real.cbsim_scheduler import run_cbsim
 from cbsim.tools.sim2real.streams import Stream, random_stream
 from cbsim.tools.sim2real.vllm_scheduler import Step, VllmScheduler
 
-COVERAGE = ("prefix_caching", "preemption", "chunked_prefill", "prefix_hit", "max_num_seqs_bound", "budget_bound")
-KNOWN = ("same_step_prefix_hit", "output_block_hit", "lru_eviction")
+COVERAGE = ("prefix_caching", "preemption", "chunked_prefill", "prefix_hit", "output_hit", "max_num_seqs_bound",
+            "budget_bound")
+KNOWN = ("same_step_prefix_hit", "lru_eviction")
 
 
 @dataclass
@@ -107,6 +110,8 @@ def shown(stream: Stream, steps: list[Step]) -> set[str]:
         out.add("chunked_prefill")
     if any(step.hits for step in steps):
         out.add("prefix_hit")
+    if any(step.output_hits for step in steps):
+        out.add("output_hit")
     if any(len(step.scheduled) == limits.max_num_seqs for step in steps):
         out.add("max_num_seqs_bound")
     if any(sum(step.scheduled.values()) == limits.max_num_batched_tokens for step in steps):
@@ -119,8 +124,6 @@ def _kind(steps: list[Step]) -> str:
     for step in steps:
         if step.same_step_hits:
             return "same_step_prefix_hit"
-        if step.output_hits:
-            return "output_block_hit"
         if step.early_eviction:
             return "lru_eviction"
     return "unexplained"

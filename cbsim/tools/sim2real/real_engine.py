@@ -5,7 +5,8 @@ preempt, engine_flags.EngineFlags.for_experiment) and `cbsim sim2real grid` need
 `max_num_batched_tokens`: `Engines.get(flags)` keeps the running engine while the settings are the
 same and otherwise shuts it down and starts one with the new settings (in this process, ~30-60 s here).
 Each engine's KV block count is read from its own block pool (what vLLM derived from memory, or the
-override), never copied by hand: cbsim is configured with it (less vLLM's null block).
+override), never copied by hand: cbsim is configured with it as `--num-gpu-blocks-override`, which
+cbsim.server.vllm resolves to the blocks less vLLM's null block.
 """
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ class RealEngine:
 
     @property
     def num_blocks(self) -> int:
-        """vLLM's KV blocks, its null block included (cbsim gets num_blocks - 1)."""
+        """vLLM's KV blocks, its null block included (cbsim.server.vllm resolves the usable ones)."""
         return self.core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks
 
     @property
     def server_args(self) -> str:
         """The engine's settings as `vllm serve` flags for cbsim, its real block count included."""
-        return self.flags.serve_args(self.num_blocks - 1)
+        return self.flags.serve_args(self.num_blocks)
 
 
 class Engines:

@@ -5,8 +5,8 @@ reset before every replay). First the calibration workload is replayed with the 
 trace.jsonl) calibrate cbsim's `linear` cost model (linear_fit.py). Then every workload is replayed
 `repeats` times on the engine (measured: bench.json in vLLM's schema, preemptions and peak KV usage from
 the recorder) and run once in cbsim (predicted), with the same requests (workload.py) and the engine's
-own settings as a `server: {engine: vllm, version: "0.32"}` block, KV blocks included (vLLM's count
-less its null block). DIR/sim2real.json holds, per workload and metric, the measured mean over repeats,
+own settings as a `server: {engine: vllm, version: "0.32"}` block, KV blocks included (vLLM's own count;
+cbsim.server.vllm takes off its null block). DIR/sim2real.json holds, per workload and metric, the measured mean over repeats,
 the prediction, the signed error (predicted / measured - 1) and the measured spread over repeats
 ((max - min) / mean); `same_run`, the error of cbsim calibrated on each repeat's own recorded steps (the
 machine's speed in that very run, so what remains is the simulator's own error); `step_speed`, the median

@@ -34,7 +34,7 @@ class Step:
     # them); cbsim's cache publishes a step's blocks when the step starts, after the plan (a known difference)
     same_step_hits: tuple[int, ...] = field(default=(), compare=False)
     # vLLM only: requests resumed after a preemption whose hit covers blocks of their generated tokens
-    # (vLLM hashes and caches every full block, outputs included; cbsim's cache holds prompt blocks only)
+    # (vLLM hashes and caches every full block, outputs included; cbsim too where Request.output_hashes say)
     output_hits: tuple[int, ...] = field(default=(), compare=False)
     # vLLM only: the step evicted cached prompt blocks cbsim keeps: more of them (vLLM's free queue is one
     # LRU list of free and evictable blocks; cbsim evicts only when no free block is left), or one a request
@@ -199,8 +199,11 @@ def _output_hits(stream: Stream, out, block_size: int) -> tuple[int, ...]:
 
 def _watch_evictions(pool, events: list, prompt_hashes: set, lost: set) -> None:
     """Note in `events` every allocation of n blocks that evicts more cached prompt blocks than cbsim
-    would: cbsim first takes the blocks it counts as free (no hash, or blocks of generated tokens, which
-    its cache does not keep) and evicts only the rest; vLLM takes the first n of its one LRU queue.
+    would: cbsim first takes the blocks it counts as free and evicts only the rest; vLLM takes the first
+    n of its one LRU queue. Blocks of generated tokens count as free here although cbsim's parity requests
+    now cache them too (output_hashes): the order in which cbsim's LRU leaves and vLLM's queue give up
+    output and prompt blocks differs (seed 355 of the 1000: vLLM evicts a prompt block of a preempted
+    request that cbsim keeps), and counting only prompt blocks names that an `lru_eviction`.
     `lost` collects the hashes of the cached blocks evicted (the caller clears it every step)."""
     from vllm.v1.core.kv_cache_utils import get_block_hash
 

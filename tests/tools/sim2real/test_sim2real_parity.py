@@ -2,6 +2,7 @@
 
 Needs vLLM (skipped without it, a failure in CI). Without prefix caching every stream is identical; with
 it, a stream either is identical or first differs by one of the named differences (parity.KNOWN).
+A request resumed after preemption hits its own output blocks in both (no longer a difference).
 """
 import dataclasses
 
@@ -70,6 +71,27 @@ def test_same_step_prefix_hit_is_the_named_difference():
     assert divergence.kind == "same_step_prefix_hit" and divergence.step == 0
     off = _shared_prefix_stream(False)
     assert first_difference(ENGINE.run(off), run_cbsim(off)[0]) is None
+
+
+def test_a_resumed_request_hits_its_own_output_blocks_in_both():
+    """9 blocks (8 usable) for two 32-token prompts generating 40 tokens each: request 1 is preempted mid-decode
+    and, resumed, vLLM hits its prompt and output blocks (cached with hashes over all its tokens). cbsim
+    caches the output blocks too (Request.output_hashes over the fake sampled tokens), so the schedules agree."""
+    stream = Stream(0, Limits(512, 4, num_gpu_blocks=9),
+                    (StreamRequest(0, tuple(range(3, 35)), 40), StreamRequest(0, tuple(range(100, 132)), 40)))
+    vllm = ENGINE.run(stream)
+    resumed = [step for step in vllm if step.output_hits]
+    assert resumed and resumed[0].output_hits == (1,) and resumed[0].hits[1] > 32
+    assert first_difference(vllm, run_cbsim(stream)[0]) is None
+
+
+@pytest.mark.parametrize("seed,step", [(38, 19), (355, 59)])
+def test_lru_eviction_is_the_named_difference(seed, step):
+    """Streams of the recorded 1000 (docs/howto/sim2real-cpu/parity.json) whose first difference is vLLM's
+    eviction order: its one LRU queue of free and cached blocks gives up a cached block cbsim keeps (355: a
+    prompt block of a preempted request, which cbsim hits on resuming, one block more than vLLM)."""
+    divergence, _ = compare(random_stream(seed), ENGINE)
+    assert (divergence.kind, divergence.step) == ("lru_eviction", step)
 
 
 def test_a_lone_long_prompt_is_not_capped_in_either():
