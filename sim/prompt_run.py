@@ -25,7 +25,7 @@ A policy whose prefill steps run alone (SteadyAdmission.prefill_only: vLLM V0's 
 prefill batches) runs each admitted prompt whole in a step of its own, and a run may start at such a
 step: the decode rows wait it out (a pause, PromptRun.pauses: their later steps, block crossings and last
 steps come one step later), and only while they all fit max_num_seqs.
-With a prefix cache, a run takes only requests the cache cannot share (no prefix hashes: no hit, nothing
+With a prefix cache, a run takes only requests the cache cannot share (no prefix or output hashes: no hit, nothing
 published, a leave frees its blocks), and only one waiting at a time (so no cache-aware order can
 differ from the queue's); a request it could share ends the run.
 Anything else (a request that holds progress at the head, a chunk that leaves budget while requests
@@ -158,7 +158,7 @@ def prompt_run(replica, plan, shape, start: float, duration: float, where) -> Pr
     prompt, decodes = _alone(replica, plan) if alone else _prompt_and_decodes(replica, plan, shape)
     if prompt is None or prompt.mm_inputs or shape.prefill[0][1] != prompt.num_computed_tokens:
         return None
-    if replica.kv.prefix is not None and any(r.prefix_hashes for r in replica.state.running):
+    if replica.kv.prefix is not None and any(r.prefix_hashes or r.output_hashes for r in replica.state.running):
         return None  # a request the prefix cache could share: step by step (module docstring)
     if alone and shape.prefill[0][0] + 1 < prompt.need:
         return None  # a prompt alone that goes on in later steps (a chunked one): step by step
@@ -485,7 +485,7 @@ class _SteadySteps:
         req = self._queued_request()
         if req.status != Status.WAITING or req.num_output_tokens or req.mm_inputs:
             return None  # a request that holds progress (a preempted one) is the policy's to plan
-        if self.kv.prefix is not None and (req.prefix_hashes or waiting > 1):
+        if self.kv.prefix is not None and (req.prefix_hashes or req.output_hashes or waiting > 1):
             return None  # the cache could share its prompt, or order the queue by what it holds: step by step
         chunk = min(req.prompt_len, room)
         if self.cap is not None:
