@@ -84,8 +84,11 @@ def build_run(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | No
         if lengths != "file":
             notes["token_lengths"] = lengths
     else:
-        *columns, groups = _synthetic(cfg, rng, base_dir, path)
+        *columns, groups, outputs = _synthetic(cfg, rng, base_dir, path)
         requests, sessions = make(*columns), _renumber(groups, columns[0])
+        if outputs is not None:  # multi_turn: each turn's output blocks, the next turn's prompt
+            for req, k in zip(requests, np.argsort(columns[0], kind="stable").tolist()):
+                req.output_hashes = outputs[k] or None
     if cfg.source != "requests":
         _check_clock(columns[0], f"{path}.trace" if cfg.source == "trace" else f"{path}.arrival")
     clients = _clients(cfg, requests, sessions, rng)
@@ -194,7 +197,8 @@ def make_table_or_requests(arrival: np.ndarray, prompt_len: np.ndarray, output_l
 
 
 def _synthetic(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None, path: str):
-    """(arrival, prompt, output, hashes, sessions: rows of each conversation or None)."""
+    """(arrival, prompt, output, hashes, sessions: rows of each conversation or None, output hashes: a
+    multi_turn request's output blocks (prefixes.multi_turn) or None)."""
     n = cfg.num_requests
     prefix = cfg.shared_prefix
     if prefix is not None and prefix.mode == "multi_turn":
@@ -205,13 +209,13 @@ def _synthetic(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | N
         n = len(arrival)
     prompt = sample_lengths(cfg.prompt_len, n, rng, role="prompt", base_dir=base_dir, path=f"{path}.prompt_len")
     output = sample_lengths(cfg.output_len, n, rng, role="output", base_dir=base_dir, path=f"{path}.output_len")
-    hashes = sessions = None
+    hashes = sessions = outputs = None
     if prefix is not None and prefix.mode == "multi_turn":
-        arrival, prompt, hashes = multi_turn(prefix, starts, prompt, output, rng)
+        arrival, prompt, hashes, outputs = multi_turn(prefix, starts, prompt, output, rng)
         sessions = [list(range(c, min(c + prefix.turns, n))) for c in range(0, n, prefix.turns)]
     elif prefix is not None:
         prompt, hashes = system_prompts(prefix, prompt, rng)
-    return arrival, prompt, output, hashes, sessions
+    return arrival, prompt, output, hashes, sessions, outputs
 
 
 def _from_trace(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None, path: str):

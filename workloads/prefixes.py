@@ -99,7 +99,10 @@ def multi_turn(cfg: SharedPrefixConfig, starts: np.ndarray, user_len: np.ndarray
 
     `starts` holds one start time per conversation; `user_len[i]` and `output_len[i]` belong to
     request i, and conversation c owns requests c*turns .. c*turns + turns - 1. Returns arrays
-    (arrival, prompt_len) and the hash chains, all indexed like the inputs.
+    (arrival, prompt_len), the hash chains and each request's output hashes (the chain's continuation
+    over the full blocks of its prompt + output: the ids its next turn's chain gives them, so an engine
+    that caches computed output blocks, as vLLM does, serves them to the next turn), all indexed like
+    the inputs.
     """
     n = len(user_len)
     think = rng.exponential(cfg.think_time, n) if cfg.think_time > 0 else np.zeros(n)
@@ -107,6 +110,7 @@ def multi_turn(cfg: SharedPrefixConfig, starts: np.ndarray, user_len: np.ndarray
     arrival = np.empty(n)
     prompt = np.empty(n, dtype=np.int64)
     chains: list[tuple[int, ...]] = []
+    outputs: list[tuple[int, ...]] = []
     for c, start in enumerate(starts):
         first, last = c * cfg.turns, min((c + 1) * cfg.turns, n)
         sys_len = cfg.prefix_len if system is not None else 0
@@ -119,7 +123,11 @@ def multi_turn(cfg: SharedPrefixConfig, starts: np.ndarray, user_len: np.ndarray
                          None if system is None else int(system[c]), c)
             chains.append(tuple(chain))
             context = int(prompt[i]) + int(output_len[i])
-    return arrival, prompt, chains
+            longer = list(chain)
+            extend_chain(longer, context // cfg.hash_block_size, cfg.hash_block_size, sys_len,
+                         None if system is None else int(system[c]), c)
+            outputs.append(tuple(longer[len(chain):]))
+    return arrival, prompt, chains, outputs
 
 
 def session_chains(sessions: np.ndarray, prompt_len: np.ndarray, block_size: int) -> list[tuple[int, ...]]:

@@ -117,7 +117,9 @@ def test_multi_turn_session_next_prompt_holds_the_previous_turn_and_hits_the_cac
     assert second.prefix_hashes[:len(first.prefix_hashes)] == first.prefix_hashes
     _, kvs = run(wl.requests, wl.clients, prefix=True)
     assert second.arrival >= first.completion_time  # sent after the reply
-    assert kvs[0].prefix.hit_tokens[second.id] == (first.prompt_len // 16) * 16  # its first turn's full blocks
+    # its first turn's full computed blocks, output included (vLLM caches computed output blocks; the last
+    # sampled token is never computed): 40 + 12 - 1 = 51 tokens, 3 blocks
+    assert kvs[0].prefix.hit_tokens[second.id] == ((first.prompt_len + first.output_len - 1) // 16) * 16
 
 
 def test_closed_loop_experiment_hits_the_prefix_cache_and_is_deterministic():

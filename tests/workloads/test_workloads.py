@@ -430,7 +430,8 @@ def test_multi_turn_prompts_grow_and_chains_extend():
                              think_time=5.0)
     user = np.array([30, 20, 10, 30, 20, 10, 25])
     output = np.array([16, 8, 4, 16, 8, 4, 9])
-    arrival, prompt, chains = multi_turn(cfg, np.array([0.0, 1.0, 2.0]), user, output, np.random.default_rng(0))
+    arrival, prompt, chains, outputs = multi_turn(cfg, np.array([0.0, 1.0, 2.0]), user, output,
+                                                  np.random.default_rng(0))
     assert list(prompt) == [70, 70 + 16 + 20, 106 + 8 + 10, 70, 106, 124, 65]  # 7 requests: turns 3, 3, 1
     for c in (0, 1):
         turns = slice(3 * c, 3 * c + 3)
@@ -441,6 +442,30 @@ def test_multi_turn_prompts_grow_and_chains_extend():
     # conversations share exactly the system prompt's full blocks (40 tokens: 2 blocks of 16)
     system = hash_chain(content_id(1, 0, j) for j in range(2))
     assert chains[0][:2] == chains[3][:2] == system and chains[0][2] != chains[3][2]
+    # a turn's output hashes continue its chain over the full blocks of prompt + output: the blocks its
+    # next turn's chain holds there (70 + 16 = 86 tokens: block 4 of 16 full, the next turn's 5th block)
+    assert outputs[0] == chains[1][len(chains[0]):86 // 16]
+    for k in range(7):
+        assert len(chains[k]) + len(outputs[k]) == (prompt[k] + output[k]) // 16
+        if k + 1 < 7 and k % 3 != 2:
+            assert chains[k + 1][:len(chains[k]) + len(outputs[k])] == chains[k] + outputs[k]
+
+
+def test_multi_turn_requests_carry_their_output_hashes():
+    """build_run gives each multi_turn request its output hashes, in arrival order: a conversation's
+    outputs are the next turn's prompt blocks, so a prefix cache that keeps computed outputs serves them."""
+    workload = dict(SYNTHETIC, num_requests=12, shared_prefix={"mode": "multi_turn", "num_prefixes": 0, "turns": 3,
+                                                                "hash_block_size": 16})
+    reqs = build_requests(parse_workload(workload), np.random.default_rng(4))
+    followed = 0
+    for r in reqs:
+        assert len(r.prefix_hashes) + len(r.output_hashes or ()) == (r.prompt_len + r.output_len) // 16
+        following = [q for q in reqs if q.prefix_hashes[:len(r.prefix_hashes)] == r.prefix_hashes and q is not r
+                     and len(q.prefix_hashes) > len(r.prefix_hashes)]
+        for q in following:
+            followed += 1
+            assert q.prefix_hashes[len(r.prefix_hashes):][:len(r.output_hashes or ())] == (r.output_hashes or ())
+    assert followed  # some turn had a later one
 
 
 def test_multi_turn_build_is_deterministic_and_counts_requests():
