@@ -35,7 +35,7 @@ from cbsim.core.schema import require
 
 from cbsim.sim import step_apply
 from cbsim.sim.clock import delay_to
-from cbsim.sim.replica import Replica, SchedulerStuck
+from cbsim.sim.replica import Replica
 from cbsim.sim.shape import StepShape
 
 WAVE_SYNC_STEPS = 32  # vLLM _has_global_unfinished_reqs: "only perform finish-sync all-reduce every 32 steps"
@@ -184,7 +184,7 @@ class LockstepReplica(Replica):
             self._take_arrivals(start)
             deferred = self._defers_prefills()
             plan = self._plan(start, deferred)
-            if plan.is_empty or not (plan.scheduled or plan.padding or plan.rejected or self.role.runs_eviction_steps):
+            if not self._steps(plan):
                 group.skip(self.index)
                 yield from self._not_stepping(plan, start)
                 continue
@@ -229,20 +229,6 @@ class LockstepReplica(Replica):
             return self.policy.schedule(state)
         finally:
             state.running, state.waiting, state.in_flight = running, waiting, in_flight
-
-    def _not_stepping(self, plan, start: float):
-        """Replica.run's answers to a plan that runs no forward: wait for a time, for work, or evict."""
-        if plan.is_empty:
-            if plan.idle_until is not None:
-                yield from self._idle_until(plan.idle_until)
-            elif not self.role.holds_kv():
-                raise SchedulerStuck(self._stuck_message())
-            else:
-                yield from self._wait_for_visible()
-        else:
-            self.step_start = start
-            self.recovery.swap_out_booked = 0.0
-            yield from self.role.evict_only(plan, start)
 
 
 def lockstep_groups(env, cost, settings, replicas: int) -> list[LockstepGroup | None]:

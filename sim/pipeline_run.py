@@ -38,6 +38,7 @@ from collections import deque
 
 import numpy as np
 
+from cbsim.sim import step_apply
 from cbsim.sim.durations import CLOCK_LIMIT
 from cbsim.sim.fast_forward import SCALAR_RUN, next_deadline, replica_leaps as plain_leaps
 from cbsim.sim.micro_batch import MicroBatch
@@ -210,13 +211,9 @@ def commit_pipeline_run(replica, run: PipelineRun) -> None:
                        decode_tokens=counts, padding_tokens=0, num_seqs=counts, kv_blocks_used=run.used,
                        preemptions=0, swap_bytes=0.0, decode_context_tokens=run.sums)
     _tokens(replica, run, drained_rows)
-    kv = replica.kv
-    for batch in batches:
-        for req in batch.plan.decode_requests:
-            blocks = -(-(req.num_computed_tokens + 1) // kv.block_size)  # for its last relaunch's context
-            if blocks > req.num_blocks:
-                kv.grow(req, blocks)
-    kv.evicted_in_step = False
+    for batch in batches:  # the blocks of each row's last relaunch's context
+        step_apply.grow_decodes(replica, 0, batch.plan.decode_requests)
+    replica.kv.evicted_in_step = False
     in_flight = deque(batches[m:])  # (only where the run returned fewer outputs than batches flew)
     for i in range(max(0, m - k), m):
         batch = batches[run.batch[i]]

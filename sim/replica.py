@@ -281,19 +281,11 @@ class Replica:
                 continue
             state.now = start
             plan = self.policy.schedule(state)
-            if plan.is_empty:
-                if plan.idle_until is not None:  # the policy waits for a time (a token bucket refills)
-                    yield from self._idle_until(plan.idle_until)
-                    continue
-                if not self.role.holds_kv():
-                    raise SchedulerStuck(self._stuck_message())
-                yield from self._wait_for_visible()  # P/D: KV held for a hand-off; its release wakes us
+            if not self._steps(plan):
+                yield from self._not_stepping(plan, start)
                 continue
             self.step_start = start
             self.recovery.swap_out_booked = 0.0
-            if not (plan.scheduled or plan.padding or plan.rejected) and not self.role.runs_eviction_steps:
-                yield from self.role.evict_only(plan, start)
-                continue
             shape, swap_bytes = self.begin(plan, start)
             _, duration = self._priced(plan, shape, swap_bytes, start)
             run = decode_run(self, start, duration, self._step_context) if leaps and may_leap(
@@ -343,6 +335,27 @@ class Replica:
                 step_apply.expire(self, end)
             if self.on_leave is not None:  # closed loop: every request leaving at this instant leaves first
                 yield env.timeout(0)
+
+    def _steps(self, plan) -> bool:
+        """Whether `plan` runs a forward pass (anything scheduled, padded or rejected, or a role whose
+        evictions take a step of their own)."""
+        return not plan.is_empty and bool(plan.scheduled or plan.padding or plan.rejected
+                                          or self.role.runs_eviction_steps)
+
+    def _not_stepping(self, plan, start: float):
+        """A plan that runs no forward: wait for a time (a token bucket refills), for work (P/D: KV held for a
+        hand-off; its release wakes us), or evict without a step (sim/roles.py evict_only)."""
+        if plan.is_empty:
+            if plan.idle_until is not None:
+                yield from self._idle_until(plan.idle_until)
+            elif not self.role.holds_kv():
+                raise SchedulerStuck(self._stuck_message())
+            else:
+                yield from self._wait_for_visible()
+        else:
+            self.step_start = start
+            self.recovery.swap_out_booked = 0.0
+            yield from self.role.evict_only(plan, start)
 
     def _cuttable(self, ends):
         """Wait out a run whose steps end at `ends`, unless a request routed here arrives during it; then only

@@ -207,12 +207,13 @@ def verified(replica, req: Request, drafts: int) -> int:
     return emitted
 
 
-def grow_decodes(replica, j: int) -> None:
-    """Give each running request of a decode run, not yet committed, the blocks its context in the run's
-    step j needs (what that step's start gives it when stepping one by one; nothing once it holds them)."""
+def grow_decodes(replica, j: int, requests=None) -> None:
+    """Give each running request of a decode run (or each of `requests`: a pipeline run's batch), not yet
+    committed, the blocks its context in the run's step j needs (what that step's start gives it when
+    stepping one by one; nothing once it holds them)."""
     kv = replica.kv
     block_size, grow = kv.block_size, kv.grow
-    for req in replica.state.running:
+    for req in replica.state.running if requests is None else requests:
         blocks = -(-(req.num_computed_tokens + 1 + j) // block_size)
         if blocks > req.num_blocks:
             grow(req, blocks)

@@ -34,7 +34,7 @@ import numpy as np
 
 from cbsim.core.schema import option, require
 from cbsim.workloads.lengths import FixedLength, LengthConfig, sample_lengths
-from cbsim.workloads.prefixes import extend_chain
+from cbsim.workloads.prefixes import continuation, extend_chain
 from cbsim.workloads.tool_times import ToolTimeConfig, sample_tool_times
 
 AGENT_CONTENT = 4  # content-id kind of an agent's own blocks (prefixes.py: 1 system, 2 conversation, 3 dataset)
@@ -180,7 +180,7 @@ class _Builder:
             row = len(rows["prompt"])
             extend_chain(chain, context // block, block, sys_len, system, agent, AGENT_CONTENT)
             output = int(streams["output"].take()[0])
-            rows["output_hashes"].append(_continuation(chain, context + output, block, sys_len, system, agent))
+            rows["output_hashes"].append(continuation(chain, context + output, block, sys_len, system, agent, AGENT_CONTENT))
             for name, value in (("arrival", start), ("prompt", context), ("output", output),
                                 ("hashes", tuple(chain)), ("agent", agent), ("turn", k), ("waits", waits)):
                 rows[name].append(value)
@@ -209,15 +209,6 @@ class _Builder:
                               np.asarray(r["agent"], dtype=np.int64), np.asarray(r["turn"], dtype=np.int64),
                               r["waits"], r["tools"], self.parent, self.session_of, self.spawn_row, self.sessions,
                               r["output_hashes"])
-
-
-def _continuation(chain: list[int], tokens: int, block: int, sys_len: int, system: int | None,
-                  agent: int) -> tuple[int, ...]:
-    """The hashes `chain` goes on with over the full blocks of the first `tokens` tokens of the agent's
-    context: the same ones its next turn's chain gets (extend_chain names block j by the agent and j)."""
-    longer = list(chain)
-    extend_chain(longer, tokens // block, block, sys_len, system, agent, AGENT_CONTENT)
-    return tuple(longer[len(chain):])
 
 
 def check_agentic(cfg: AgenticConfig, key: str) -> None:

@@ -123,10 +123,8 @@ def multi_turn(cfg: SharedPrefixConfig, starts: np.ndarray, user_len: np.ndarray
                          None if system is None else int(system[c]), c)
             chains.append(tuple(chain))
             context = int(prompt[i]) + int(output_len[i])
-            longer = list(chain)
-            extend_chain(longer, context // cfg.hash_block_size, cfg.hash_block_size, sys_len,
-                         None if system is None else int(system[c]), c)
-            outputs.append(tuple(longer[len(chain):]))
+            outputs.append(continuation(chain, context, cfg.hash_block_size, sys_len,
+                                        None if system is None else int(system[c]), c))
     return arrival, prompt, chains, outputs
 
 
@@ -151,6 +149,16 @@ def extend_chain(chain: list[int], blocks: int, block_size: int, sys_len: int, s
         inside_system = system is not None and (j + 1) * block_size <= sys_len
         content = content_id(_SYSTEM, system, j) if inside_system else content_id(kind, conv, j)
         chain.append(block_hash(chain[-1] if chain else 0, content))
+
+
+def continuation(chain: list[int], tokens: int, block_size: int, sys_len: int, system: int | None, conv: int,
+                 kind: int = _CONVERSATION) -> tuple[int, ...]:
+    """The hashes `chain` goes on with over the full blocks of the first `tokens` tokens of its context:
+    the ones the conversation's next turn gets there (extend_chain names block j by the owner and j), so a
+    turn's output hashes (Request.output_hashes) are its next turn's prompt blocks."""
+    longer = list(chain)
+    extend_chain(longer, tokens // block_size, block_size, sys_len, system, conv, kind)
+    return tuple(longer[len(chain):])
 
 
 def _mix(x: int) -> int:
